@@ -1,0 +1,42 @@
+"""The contract between the tape and a compute backend (NumPy on the CPU, CuPy on the GPU).
+
+The tape validates, records and walks the graph; a backend only stores arrays and runs the
+forward and backward of one op on inputs the tape has already checked and shaped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from convgen.geometry import Geometry
+
+
+class BackendError(Exception):
+    """A failure inside a backend (a device error, a failed compile); the tape turns it into a
+    `Result` error `autograd: {backend}: {op}: {message}`."""
+
+
+class Backend(Protocol):
+    name: str  # "cpu" | "cuda": messages start `autograd: {name}: {op}: `
+    buffer_label: str  # "CPU" | "CUDA": `autograd: {buffer_label} buffer size mismatch (...)`
+
+    def store(self, value: Any) -> Any:
+        """A leaf's value as this backend's float32 array (copied or taken as is, per SEMANTICS §6)."""
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        """A float32 array of zeros."""
+
+    def device_of(self, array: Any) -> str:
+        """Where `array` lives, as messages print it: `cpu`, `cuda:0`."""
+
+    @property
+    def device(self) -> str:
+        """Where this backend's arrays live."""
+
+    def forward(self, geom: Geometry, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
+        """Run the op. `inputs` are (kernel, bias, input) or (x,), float32, shaped per
+        `geom.parent_shapes`; the output has no elements only if a dimension is zero, which the
+        tape handles itself. Returns (output shaped `geom.output_shape`, saved state for backward)."""
+
+    def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
+        """Gradients of the op, one per input and shaped like it, given `grad` shaped like the output."""

@@ -1,0 +1,106 @@
+"""Validated geometry of one op call: the families, the output extents of SEMANTICS §2, and the
+`Geometry` value that the generated validators build and both backends consume.
+
+Imports nothing beyond the standard library: the generator, the generated code and the runtime share it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+U32_LIMIT = 1 << 32
+MAX_RANK = 8
+
+
+class Family(enum.Enum):
+    """The kernel families; each has one CUDA source per rank."""
+
+    CONV = "conv"
+    CONV_TRANSPOSE = "conv_transpose"
+    MAX_POOL = "max_pool"
+    AVG_POOL = "avg_pool"
+    SMOOTH_MAX_POOL = "smooth_max_pool"
+
+    @property
+    def is_conv(self) -> bool:
+        """True for the families with a kernel and a bias (parents kernel, bias, input)."""
+        return self in (Family.CONV, Family.CONV_TRANSPOSE)
+
+
+def window(n: int, k: int, s: int, p: int) -> int:
+    """Number of windows of size k, stride s, along an axis of n cells padded by p on each side."""
+    if k == 0 or s == 0 or n + 2 * p < k:
+        return 0
+    return (n + 2 * p - k) // s + 1
+
+
+def axis_extent(family: Family, n: int, k: int, s: int, p: int) -> int:
+    """Output extent along one axis (SEMANTICS §2); invalid geometry gives 0."""
+    if family is Family.CONV:
+        return window(n, k, s, p)
+    if family is Family.CONV_TRANSPOSE:
+        if n == 0 or k == 0 or s == 0:
+            return 0
+        return max((n - 1) * s + k - 2 * p, 0)
+    if n == 0 or k == 0 or p > k // 2:
+        return 0
+    return window(n, k, s, p)
+
+
+def fits_u32(shape: tuple[int, ...]) -> bool:
+    """Every dimension and the element count are below 2**32."""
+    return all(n < U32_LIMIT for n in shape) and math.prod(shape) < U32_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """Everything a backend needs to run one op; built only by the generated validators."""
+
+    family: Family
+    in_c: int
+    out_c: int
+    in_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    out_spatial: tuple[int, ...]
+    beta: float | None = None  # smooth max only, already rounded to float32
+
+    @classmethod
+    def build(cls, family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
+              kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+              beta: float | None = None) -> Geometry:
+        out = tuple(axis_extent(family, *axis) for axis in zip(in_spatial, kernel, stride, padding))
+        return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta)
+
+    @property
+    def rank(self) -> int:
+        return len(self.in_spatial)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.in_c, *self.in_spatial)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (self.out_c, *self.out_spatial)
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        """conv: [outC, inC, *K]; conv transpose: [inC, outC, *K] (SEMANTICS §1)."""
+        if self.family is Family.CONV_TRANSPOSE:
+            return (self.in_c, self.out_c, *self.kernel)
+        return (self.out_c, self.in_c, *self.kernel)
+
+    @property
+    def bias_shape(self) -> tuple[int, ...]:
+        return (self.out_c,)
+
+    @property
+    def parent_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Shapes of the op's inputs in parent order: (kernel, bias, input) or (x,)."""
+        if self.family.is_conv:
+            return (self.kernel_shape, self.bias_shape, self.input_shape)
+        return (self.input_shape,)

@@ -1,0 +1,199 @@
+"""The tape: an immutable value recording leaves and op nodes, and its backward pass (SEMANTICS §5-§6).
+
+Op methods come from the generated op table (`GeneratedOps`); this module reads and checks their
+inputs, sizes the output, calls the backend and records the node. Backends subclass `Tape` and set
+`backend_class` (convgen.cpu, convgen.cuda).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from convgen.backend import Backend, BackendError
+from convgen.checking import TOO_LARGE
+from convgen.generated.ops import GeneratedOps
+from convgen.geometry import Geometry, fits_u32
+from convgen.op import OpInfo
+from convgen.result import Result, TapeError
+
+INVALID_ID = "autograd: invalid node id"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """How an op node was made: enough to run its backward."""
+
+    info: OpInfo
+    geom: Geometry
+    saved: Any  # the backend's state for backward (argmax offsets, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    value: Any  # the backend's array; a leaf given `shape` keeps its flat buffer
+    shape: tuple[int, ...]
+    name: str | None
+    requires_grad: bool
+    parents: tuple[int, ...]
+    op: OpRecord | None  # None for a leaf
+
+
+def _is_node_id(value: object, count: int) -> bool:
+    return type(value) is int and 0 <= value < count
+
+
+class Tape(GeneratedOps):
+    """A recording of values and ops. Every op returns a new tape; this one stays as it was."""
+
+    __slots__ = ("_nodes", "_count", "_backend")
+    backend_class: ClassVar[type]
+    _backends: ClassVar[dict[type, Backend]] = {}
+
+    def __init__(self) -> None:
+        cls = type(self)
+        if cls not in Tape._backends:
+            Tape._backends[cls] = cls.backend_class()
+        self._backend: Backend = Tape._backends[cls]
+        self._nodes: list[Node] = []
+        self._count = 0
+
+    # Recording. Tapes share one append-only list; a tape sees its first `_count` nodes. Appending
+    # to the newest tape is O(1); appending to an older one copies its prefix first.
+
+    def _append(self, node: Node) -> tuple[Tape, int]:
+        nodes = self._nodes if len(self._nodes) == self._count else self._nodes[: self._count]
+        nodes.append(node)
+        tape = object.__new__(type(self))
+        tape._backend, tape._nodes, tape._count = self._backend, nodes, self._count + 1
+        return tape, self._count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def leaf(self, value: Any, *, shape: Any = None, name: str | None = None,
+             requires_grad: bool = True) -> tuple[Tape, int]:
+        """Record `value` as float32 with no parents; with `shape`, `value` is a flat buffer and the
+        shape is recorded unchecked (the ops check what they read)."""
+        stored = self._backend.store(value)
+        if shape is None:
+            recorded = tuple(stored.shape)
+        else:
+            stored, recorded = stored.reshape(-1), tuple(shape)
+        return self._append(Node(stored, recorded, name, bool(requires_grad), (), None))
+
+    def _node(self, node_id: int) -> Node:
+        if not _is_node_id(node_id, self._count):
+            raise TapeError(INVALID_ID)
+        return self._nodes[node_id]
+
+    def value(self, node_id: int) -> Any:
+        """The node's array, shaped as recorded (a mismatched flat buffer comes back as given)."""
+        node = self._node(node_id)
+        return node.value.reshape(node.shape) if node.value.size == math.prod(node.shape) else node.value
+
+    def shape(self, node_id: int) -> tuple[int, ...]:
+        return self._node(node_id).shape
+
+    def name(self, node_id: int) -> str | None:
+        return self._node(node_id).name
+
+    def parents(self, node_id: int) -> tuple[int, ...]:
+        return self._node(node_id).parents
+
+    # Ops: the generated methods validate their arguments (steps 1-5) and call `_apply`.
+
+    def _read(self, ids: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, ...] | str:
+        """SEMANTICS §5 `requireValue` on each input in order: the arrays, shaped, or the error."""
+        arrays = []
+        for node_id, shape in zip(ids, shapes):
+            if not _is_node_id(node_id, self._count):
+                return INVALID_ID
+            node = self._nodes[node_id]
+            if node.shape != shape:
+                return "autograd: shape mismatch"
+            expected = math.prod(shape)
+            if node.value.size != expected:
+                return self._size_mismatch(expected, node.value.size)
+            arrays.append(node.value.reshape(shape))
+        return tuple(arrays)
+
+    def _size_mismatch(self, expected: int, actual: int) -> str:
+        return (f"autograd: {self._backend.buffer_label} buffer size mismatch "
+                f"(shape elements={expected}, native elements={actual})")
+
+    def _apply(self, info: OpInfo, ids: tuple[Any, ...], checked: Geometry | str) -> Result:
+        if type(checked) is str:
+            return Result.err(checked)
+        geom: Geometry = checked
+        if info.reads_first:
+            inputs = self._read(ids, geom.parent_shapes)
+            if type(inputs) is str:
+                return Result.err(inputs)
+            if not (fits_u32(geom.out_spatial) and fits_u32(geom.output_shape)):
+                return Result.err(TOO_LARGE)
+        else:
+            if not (fits_u32(geom.out_spatial) and fits_u32(geom.output_shape)):
+                return Result.err(TOO_LARGE)
+            inputs = self._read(ids, geom.parent_shapes)
+            if type(inputs) is str:
+                return Result.err(inputs)
+
+        backend = self._backend
+        out_shape = geom.output_shape
+        numel = math.prod(out_shape)
+        if numel == 0:  # nothing to compute: an empty node, zero gradients (SEMANTICS §2)
+            out, saved = backend.zeros(out_shape), None
+        else:
+            try:
+                out, saved = backend.forward(geom, inputs)
+            except BackendError as error:
+                return Result.err(f"autograd: {backend.name}: {info.name}: {error}")
+        if out.size != numel:
+            return Result.err(self._size_mismatch(numel, out.size))
+        where = backend.device_of(out)
+        if out.dtype != "float32" or where != backend.device:
+            return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on {where}, "
+                              f"expected float32 on {backend.device}")
+        node = Node(out.reshape(out_shape), out_shape, info.name, True, tuple(ids), OpRecord(info, geom, saved))
+        return Result.ok(self._append(node))
+
+    # Backward (SEMANTICS §6).
+
+    def backward(self, out_id: int, seed: Any) -> Result:
+        """Gradients of `out_id` seeded with `seed`: a list with one array per node, shaped like it."""
+        if not _is_node_id(out_id, self._count):
+            return Result.err("autograd: invalid output id")
+        backend, nodes = self._backend, self._nodes
+        seed_array = backend.store(seed)
+        if tuple(seed_array.shape) != nodes[out_id].shape:
+            return Result.err("autograd: seed gradient shape mismatch for output")
+
+        ancestor = [False] * (out_id + 1)
+        ancestor[out_id] = True
+        for i in range(out_id, -1, -1):
+            if ancestor[i]:
+                for parent in nodes[i].parents:
+                    ancestor[parent] = True
+
+        grads: dict[int, Any] = {out_id: seed_array}
+        for i in range(out_id, -1, -1):
+            node = nodes[i]
+            if node.op is None or not ancestor[i] or not node.requires_grad or i not in grads:
+                continue
+            grad = grads[i]
+            if tuple(grad.shape) != node.shape:
+                return Result.err("autograd: upstream gradient shape mismatch")
+            record = node.op
+            if math.prod(node.shape) == 0:
+                continue  # an empty output passes nothing back
+            inputs = tuple(nodes[p].value.reshape(shape) for p, shape in zip(node.parents, record.geom.parent_shapes))
+            try:
+                contributions = backend.backward(record.geom, inputs, record.saved, grad)
+            except BackendError as error:
+                return Result.err(f"autograd: {backend.name}: {record.info.name}: {error}")
+            for parent, contribution in zip(node.parents, contributions):
+                if nodes[parent].requires_grad:
+                    grads[parent] = grads[parent] + contribution if parent in grads else contribution
+        return Result.ok([grads[i] if i in grads else backend.zeros(nodes[i].shape) for i in range(self._count)])
