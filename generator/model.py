@@ -93,6 +93,17 @@ class Binder:
     type: Expr
     explicit: bool
     loc: Loc = _loc()
+    name_locs: tuple[Loc, ...] = field(default=(), compare=False, repr=False)  # one per name, if parsed
+
+    def name_loc(self, name: str) -> Loc:
+        """Where `name` is written, so a message can point at it (the binder's start if unknown)."""
+        if len(self.name_locs) == len(self.names):
+            return self.name_locs[self.names.index(name)]
+        return self.loc
+
+    def to_spec(self) -> str:
+        inner = f"{' '.join(self.names)} : {format_expr(self.type)}"
+        return f"({inner})" if self.explicit else f"{{{inner}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,9 @@ class Attribute:
     name: str
     value: str | None
     loc: Loc = _loc()
+
+    def to_spec(self) -> str:
+        return self.name if self.value is None else f"{self.name} {self.value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +127,60 @@ class Decl:
     name: str
     binders: tuple[Binder, ...]
     result: Expr
-    loc: Loc = _loc()
+    loc: Loc = _loc()  # where the name is written
 
     @property
     def short_name(self) -> str:
         """The last component of the qualified name: `conv2d` of `Runtime.Autograd.Cuda.Tape.conv2d`."""
         return self.name.rsplit(".", 1)[-1]
 
+    def to_spec(self) -> str:
+        """Canonical spec text (Unicode spellings), which parses back to an equal `Decl`."""
+        doc = "" if self.doc is None else f"/-- {self.doc} -/\n"
+        attributes = f"@[{', '.join(a.to_spec() for a in self.attributes)}]\n" if self.attributes else ""
+        binders = "".join(f" {b.to_spec()}" for b in self.binders)
+        return f"{doc}{attributes}def {self.name}{binders} : {format_expr(self.result)}"
+
 
 @dataclass(frozen=True, slots=True)
 class SpecFile:
     path: str
     decls: tuple[Decl, ...]
+    source: str = field(default="", compare=False, repr=False)  # the text, for quoting error lines
+
+
+# Binding strength, as in Lean: ∀ extends furthest, then ×, then ≠; application binds tightest.
+_FORALL, _PROD, _NE, _APP, _ATOM = 0, 35, 50, 1024, 1025
+
+
+def format_expr(expr: Expr, context: int = _FORALL) -> str:
+    """Spec text for `expr`, parenthesised where it stands in a position binding `context` tightly."""
+    match expr:
+        case Ident(name):
+            return name
+        case NatLit(value):
+            return str(value)
+        case App(fn, args):
+            text, strength = " ".join(format_expr(e, _ATOM) for e in (fn, *args)), _APP
+        case Prod(left, right):  # right-associative
+            text, strength = f"{format_expr(left, _PROD + 1)} × {format_expr(right, _PROD)}", _PROD
+        case Ne(left, right):
+            text, strength = f"{format_expr(left, _NE + 1)} ≠ {format_expr(right, _NE + 1)}", _NE
+        case Forall(binders, body):
+            text = f"∀ {' '.join(b.to_spec() for b in binders)}, {format_expr(body)}"
+            strength = _FORALL
+    return f"({text})" if strength < context else text
+
+
+class SpecError(Exception):
+    """A mistake in a spec file. `str(e)` is `path:line:col: error: what`, then the offending line
+    and a caret under the column: ready to print as is."""
+
+    def __init__(self, loc: Loc, message: str, source: str) -> None:
+        lines = source.split("\n")  # as the parser counts lines
+        line = lines[loc.line - 1].rstrip("\r") if 0 < loc.line <= len(lines) else ""
+        # Keep the line's tabs so the caret lines up however the terminal expands them.
+        indent = "".join(c if c == "\t" else " " for c in line[: loc.column - 1])
+        super().__init__(f"{loc}: error: {message}\n{line}\n{indent}^")
+        self.loc = loc
+        self.message = message

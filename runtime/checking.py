@@ -41,7 +41,7 @@ def real(value: object) -> float | None:
     try:
         return float(value)
     except OverflowError:  # an int beyond float range: as infinite as float32 will make it
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def float32(value: float) -> float:

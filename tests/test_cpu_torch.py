@@ -1,0 +1,77 @@
+"""The NumPy backend against PyTorch's CPU ops (float64) at ranks 1..3: conv, conv transpose, max
+pool and avg pool (count_include_pad), forward and backward, on random geometry. Skipped without
+torch (`pip install torch==2.13.0`, the CPU build)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference
+from convgen.cpu import NumpyBackend
+from convgen.geometry import Family, Geometry
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+BACKEND = NumpyBackend()
+TORCH_FAMILIES = (Family.CONV, Family.CONV_TRANSPOSE, Family.MAX_POOL, Family.AVG_POOL)
+
+
+def torch_run(geom: Geometry, inputs, grad) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Output and input gradients from torch.nn.functional in float64, with a batch axis of 1."""
+    leaves = [torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in inputs]
+    rank, geometry = geom.rank, dict(stride=geom.stride, padding=geom.padding)
+    if geom.family.is_conv:
+        weight, bias, x = leaves
+        op = getattr(F, f"conv{rank}d" if geom.family is Family.CONV else f"conv_transpose{rank}d")
+        out = op(x[None], weight, bias, **geometry)
+    elif geom.family is Family.MAX_POOL:
+        out = getattr(F, f"max_pool{rank}d")(leaves[0][None], geom.kernel, **geometry)
+    else:
+        out = getattr(F, f"avg_pool{rank}d")(leaves[0][None], geom.kernel, count_include_pad=True, **geometry)
+    out[0].backward(torch.tensor(np.asarray(grad, np.float64)))
+    return out[0].detach().numpy(), [leaf.grad.numpy() for leaf in leaves]
+
+
+def torch_accepts(geom: Geometry) -> bool:
+    """Torch refuses an empty input axis even where padding gives an output, and avg_pool3d an
+    unpadded input smaller than the kernel."""
+    if 0 in geom.in_spatial:
+        return False
+    return geom.family is not Family.AVG_POOL or geom.rank != 3 or all(
+        n >= k for n, k in zip(geom.in_spatial, geom.kernel))
+
+
+LARGER_CASES = {
+    "conv2d": Geometry.build(Family.CONV, 4, 5, (17, 13), (3, 4), (2, 1), (1, 2)),
+    "conv_transpose2d": Geometry.build(Family.CONV_TRANSPOSE, 3, 2, (9, 7), (4, 3), (3, 2), (2, 1)),
+    "conv3d": Geometry.build(Family.CONV, 2, 3, (6, 5, 7), (3, 2, 3), (1, 2, 3), (1, 0, 2)),
+    "max_pool3d": Geometry.build(Family.MAX_POOL, 3, 3, (8, 7, 6), (3, 2, 3), (2, 1, 2), (1, 1, 1)),
+    "avg_pool1d": Geometry.build(Family.AVG_POOL, 2, 2, (40,), (5,), (2,), (2,)),
+}
+
+
+def check_against_torch(geom: Geometry, rng: np.random.Generator) -> None:
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    out, saved = BACKEND.forward(geom, inputs)
+    grads = BACKEND.backward(geom, inputs, saved, grad)
+    reference.check_against_reference(geom, inputs, grad, out, grads, oracle=torch_run)
+
+
+@pytest.mark.parametrize("rank", (1, 2, 3))
+@pytest.mark.parametrize("family", TORCH_FAMILIES, ids=lambda f: f.value)
+def test_matches_torch(family: Family, rank: int) -> None:
+    rng = reference.case_rng("torch", family.value, rank)
+    cases = 0
+    while cases < 12:
+        geom = reference.random_geometry(rng, family, rank, budget=2000)
+        if not torch_accepts(geom):
+            continue
+        cases += 1
+        check_against_torch(geom, rng)
+
+
+@pytest.mark.parametrize("name", LARGER_CASES)
+def test_larger_cases_match_torch(name: str) -> None:
+    check_against_torch(LARGER_CASES[name], reference.case_rng("torch", name))

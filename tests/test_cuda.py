@@ -1,0 +1,260 @@
+"""The CUDA tape (`pytest -m cuda`, skipped without CuPy or a GPU) held to the CPU tape and, for
+ranks 1..3, to PyTorch's CUDA ops: random geometry of every family at every rank (forward and every
+gradient), the same Results on degenerate and rejected calls, bit-identical gradients run after run.
+Every output is poisoned with NaN before its kernel runs (the backend's `poison_outputs` hook), so
+an element a kernel forgets to write fails the comparison. Each distinct geometry costs one NVRTC
+compile, so sizes stay small and cases few.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference
+from convgen.cuda_launch import plan
+from convgen.geometry import MAX_RANK, Family, Geometry
+
+cupy = pytest.importorskip("cupy")
+
+
+def _has_gpu() -> bool:
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
+
+import convgen.cpu  # noqa: E402  (after the skip: convgen.cuda needs CuPy only once a tape is made)
+import convgen.cuda  # noqa: E402
+
+
+class PoisonBackend(convgen.cuda.CupyBackend):
+    """The CUDA backend with every output filled with NaN before its kernel runs."""
+
+    poison_outputs = True
+
+
+class PoisonTape(convgen.cuda.Tape):
+    backend_class = PoisonBackend
+
+
+RANKS = range(1, MAX_RANK + 1)
+CASES_PER_RANK = 3  # the last one may have empty extents or channels
+
+
+def case_rng(*key: object) -> np.random.Generator:
+    return np.random.default_rng([len(str(key)), *str(key).encode()])
+
+
+def host(array):
+    return cupy.asnumpy(array) if isinstance(array, cupy.ndarray) else np.asarray(array)
+
+
+def recorded(tape, geom: Geometry, inputs):
+    """(tape, input ids, Result of the op) with `inputs` recorded as leaves."""
+    ids = []
+    for value in inputs:
+        tape, node = tape.leaf(value)
+        ids.append(node)
+    return tape, ids, reference.apply_op(tape, geom, tuple(ids))
+
+
+def run(tape, geom: Geometry, inputs, grad, *, repeat: int = 1):
+    """The op's output and the gradients of its inputs as host arrays; with repeat=2 the backward
+    runs twice and must give bit-identical gradients (SEMANTICS §4: no scheduling dependence)."""
+    tape, ids, result = recorded(tape, geom, inputs)
+    tape, out = result.unwrap()
+    runs = []
+    for _ in range(repeat):
+        grads = tape.backward(out, grad).unwrap()
+        runs.append([grads[i] for i in ids])
+    for again in runs[1:]:
+        for first, second in zip(runs[0], again):
+            assert cupy.array_equal(first, second), f"{geom}: gradients differ between two runs"
+    return host(tape.value(out)), [host(g) for g in runs[0]]
+
+
+def assert_close_to(geom: Geometry, got, ref, ref_abs) -> None:
+    """`got` = (output, grads) within DESIGN.md's bound of `ref`, scaled by `ref_abs` (the same
+    computation on absolute values)."""
+    names = ["output"] + [f"d{n}" for n in (("kernel", "bias", "input") if geom.family.is_conv else ("x",))]
+    refs, scales = [ref[0], *ref[1]], [ref_abs[0], *ref_abs[1]]
+    if geom.family is Family.SMOOTH_MAX_POOL:
+        # Not a sum: on |x| the result can be far smaller than on x, and float32 expf/logf err
+        # relative to the result itself, so the result joins the scale.
+        scales = [np.abs(r) + np.abs(a) for r, a in zip(refs, scales)]
+    pairs = zip(names, [got[0], *got[1]], refs, scales, strict=True)
+    failures = [f"{name}: {err}" for name, g, r, a in pairs if (err := reference.close_error(g, r, a)) is not None]
+    assert not failures, f"{geom}: " + "; ".join(failures)
+
+
+def check_against_cpu(geom: Geometry, rng: np.random.Generator) -> None:
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    got = run(PoisonTape(), geom, inputs, grad, repeat=2)
+    ref = run(convgen.cpu.Tape(), geom, inputs, grad)
+    ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+    assert_close_to(geom, got, ref, ref_abs)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", Family, ids=lambda f: f.value)
+def test_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
+    rng = case_rng("cuda", family.value, rank)
+    for case in range(CASES_PER_RANK):
+        geom = reference.random_geometry(rng, family, rank, allow_empty=case == CASES_PER_RANK - 1, budget=300)
+        check_against_cpu(geom, rng)
+
+
+def test_channel_tiles_and_split_weight_gradient() -> None:
+    """Geometries big enough for the 8- and 4-wide channel tiles, and a long weight-gradient
+    reduction split over blocks (the small random cases take tile 1 and one slice)."""
+    rng = case_rng("tiles")
+    cases = {
+        Geometry.build(Family.CONV, 8, 16, (130, 130), (3, 3), (1, 1), (1, 1)): ("-DTILE_FORWARD=8", "-DTILE_BACKWARD_INPUT=4"),
+        Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (92, 92), (3, 2), (2, 1), (1, 0)): ("-DTILE_FORWARD=4",),
+        Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)): (),
+    }
+    for geom, expected_defines in cases.items():
+        assert set(expected_defines) <= set(plan(geom).defines)
+        check_against_cpu(geom, rng)
+    assert plan(Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1))).weight_split > 1
+
+
+# PyTorch on the GPU, ranks 1..3 (it has no smooth max pool).
+
+def _torch_run(torch, geom: Geometry, inputs, grad):
+    functional = torch.nn.functional
+    tensors = [torch.tensor(a, device="cuda", requires_grad=True) for a in inputs]
+    d, family = geom.rank, geom.family
+    if family is Family.CONV:
+        weight, bias, x = tensors
+        y = getattr(functional, f"conv{d}d")(x[None], weight, bias, stride=geom.stride, padding=geom.padding)
+    elif family is Family.CONV_TRANSPOSE:
+        weight, bias, x = tensors
+        y = getattr(functional, f"conv_transpose{d}d")(x[None], weight, bias, stride=geom.stride, padding=geom.padding)
+    elif family is Family.MAX_POOL:
+        y = getattr(functional, f"max_pool{d}d")(tensors[0][None], geom.kernel, geom.stride, geom.padding)
+    else:
+        y = getattr(functional, f"avg_pool{d}d")(tensors[0][None], geom.kernel, geom.stride, geom.padding,
+                                                 count_include_pad=True)
+    y[0].backward(torch.tensor(grad, device="cuda"))
+    return y[0].detach().cpu().numpy(), [t.grad.cpu().numpy() for t in tensors]
+
+
+@pytest.mark.parametrize("rank", (1, 2, 3))
+@pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
+def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False  # strict float32, as the figures in DESIGN.md
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = case_rng("torch", family.value, rank)
+    for _ in range(2):
+        geom = reference.random_geometry(rng, family, rank, budget=300)
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        got = run(PoisonTape(), geom, inputs, grad)
+        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+        assert_close_to(geom, got, _torch_run(torch, geom, inputs, grad), ref_abs)
+
+
+# Degenerate geometry and rejected calls: the same Result on both tapes (ok-ness, error text).
+
+G = Geometry.build
+DEGENERATE = {
+    "conv empty input axis": G(Family.CONV, 2, 3, (0, 3), (2, 2), (1, 1), (1, 1)),
+    "conv no input channels": G(Family.CONV, 0, 2, (3, 2), (2, 1), (1, 1), (0, 0)),
+    "conv no output channels": G(Family.CONV, 2, 0, (3, 2), (2, 1), (1, 1), (0, 0)),
+    "conv kernel larger than padded input": G(Family.CONV, 1, 2, (2, 3), (5, 2), (1, 1), (1, 0)),
+    "conv padding beyond the kernel": G(Family.CONV, 1, 1, (1,), (1,), (1,), (2,)),
+    "conv transpose no input channels": G(Family.CONV_TRANSPOSE, 0, 2, (2, 2), (2, 2), (2, 1), (0, 0)),
+    "conv transpose padding eats the output": G(Family.CONV_TRANSPOSE, 1, 1, (1,), (2,), (1,), (1,)),
+    "conv transpose empty input axis": G(Family.CONV_TRANSPOSE, 1, 1, (0, 2), (2, 2), (1, 1), (0, 0)),
+    "max pool padding over half the kernel": G(Family.MAX_POOL, 1, 1, (4,), (2,), (1,), (2,)),
+    "max pool window beyond input": G(Family.MAX_POOL, 2, 2, (1, 2), (3, 3), (1, 2), (1, 1)),
+    "avg pool no channels": G(Family.AVG_POOL, 0, 0, (3, 3), (2, 2), (1, 1), (0, 0)),
+    "smooth max pool padded zeros": G(Family.SMOOTH_MAX_POOL, 2, 2, (2, 3), (3, 3), (1, 1), (1, 1), -0.75),
+}
+
+
+def same_error(got, expected) -> bool:
+    return got.error.replace("cuda", "cpu").replace("CUDA", "CPU") == expected.error
+
+
+@pytest.mark.parametrize("geom", list(DEGENERATE.values()), ids=list(DEGENERATE))
+def test_degenerate_geometry_gives_the_cpu_result(geom: Geometry) -> None:
+    rng = case_rng("degenerate", geom)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = recorded(convgen.cpu.Tape(), geom, inputs)[2]
+    if not expected.is_ok():  # e.g. in_c = 0, which the conv signatures reject
+        got = recorded(convgen.cuda.Tape(), geom, inputs)[2]
+        assert not got.is_ok() and same_error(got, expected), (got, expected)
+        return
+    got = run(PoisonTape(), geom, inputs, grad, repeat=2)
+    ref = run(convgen.cpu.Tape(), geom, inputs, grad)
+    ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+    assert_close_to(geom, got, ref, ref_abs)
+
+
+POOL = dict(c=1, in_spatial=(3, 3), kernel=(2, 2), stride=(1, 1), padding=(0, 0))
+CONV = dict(in_c=1, out_c=2, kernel=(2, 2), stride=(1, 1), padding=(0, 0), in_spatial=(3, 3))
+# Calls on a tape holding kernel [2,1,2,2], bias [2], input [1,3,3] and a 5-element flat buffer
+# recorded as [1,2,2] (ids 0..3).
+REJECTED = {
+    "beta nan": lambda t: t.smooth_max_pool(2, float("nan"), **POOL),
+    "beta zero in float32": lambda t: t.smooth_max_pool2d(2, 1e-300, k_h=2, k_w=2, in_h=3, in_w=3, in_c=1, stride=1),
+    "zero stride": lambda t: t.conv(0, 1, 2, **dict(CONV, stride=(1, 0))),
+    "rank too large": lambda t: t.max_pool(2, c=1, in_spatial=(1,) * 9, kernel=(1,) * 9, stride=(1,) * 9,
+                                           padding=(0,) * 9),
+    "zero kernel": lambda t: t.avg_pool(2, **dict(POOL, kernel=(2, 0))),
+    "invalid id": lambda t: t.conv2d(0, 1, 7, in_c=1, out_c=2, k_h=2, k_w=2, stride=1, padding=0, in_h=3, in_w=3),
+    "shape mismatch": lambda t: t.conv(1, 0, 2, **CONV),
+    "buffer size mismatch": lambda t: t.max_pool(3, c=1, in_spatial=(2, 2), kernel=(1, 1), stride=(1, 1),
+                                                 padding=(0, 0)),
+    "tensor too large": lambda t: t.conv(0, 1, 2, **dict(CONV, padding=(0, 2**31))),
+}
+
+
+def _rejection_tape(tape):
+    rng = case_rng("rejected")
+    for shape in ((2, 1, 2, 2), (2,), (1, 3, 3)):
+        tape, _ = tape.leaf(reference.draw(rng, shape))
+    tape, _ = tape.leaf(reference.draw(rng, (5,)), shape=(1, 2, 2))
+    return tape
+
+
+@pytest.mark.parametrize("call", list(REJECTED.values()), ids=list(REJECTED))
+def test_rejections_give_the_cpu_result(call) -> None:
+    got, expected = call(_rejection_tape(convgen.cuda.Tape())), call(_rejection_tape(convgen.cpu.Tape()))
+    assert not expected.is_ok()
+    assert not got.is_ok() and same_error(got, expected), (got, expected)
+
+
+# Values the CPU tape pins exactly.
+
+def test_smooth_max_never_forms_beta_times_x() -> None:
+    for beta, expected_grad in ((1e20, [1, 0]), (-1e20, [0, 1])):
+        geom = G(Family.SMOOTH_MAX_POOL, 1, 1, (2,), (2,), (1,), (0,), beta)
+        out, (d_x,) = run(PoisonTape(), geom, [np.array([[1e20, -1e20]], np.float32)], np.ones((1, 1), np.float32))
+        np.testing.assert_array_equal(out, [[np.float32(np.sign(beta) * 1e20)]])
+        np.testing.assert_array_equal(d_x, [expected_grad])
+
+
+def test_max_pool_nan_and_ties_follow_the_cpu_tape() -> None:
+    geom = G(Family.MAX_POOL, 2, 2, (5, 4), (3, 2), (1, 1), (1, 0))
+    x = np.round(case_rng("nan").standard_normal((2, 5, 4))).astype(np.float32)  # many ties
+    x[0, 0, 0] = x[1, 2, 1] = np.nan
+    grad = case_rng("nan grad").standard_normal(geom.output_shape).astype(np.float32)
+    got = run(PoisonTape(), geom, [x], grad)
+    expected = run(convgen.cpu.Tape(), geom, [x], grad)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1][0], expected[1][0], rtol=1e-6, atol=1e-6)
+
+
+def test_device_float32_input_is_taken_without_a_copy() -> None:
+    value = cupy.arange(6, dtype=cupy.float32).reshape(2, 3)
+    tape, node = convgen.cuda.Tape().leaf(value)
+    assert tape.value(node).data.ptr == value.data.ptr
+    tape, node = tape.leaf(value.astype(cupy.float64))
+    assert tape.value(node).dtype == cupy.float32

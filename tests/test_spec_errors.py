@@ -1,0 +1,350 @@
+"""Malformed specs: every parse and check error is `path:line:col: error: ...`, the offending line
+and a caret, never a traceback. The full text of each message is pinned."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lark")
+from convgen.generator.checks import check_specs  # noqa: E402
+from convgen.generator.model import SpecError  # noqa: E402
+from convgen.generator.parse import parse_spec  # noqa: E402
+
+CONV2D = """\
+def T.conv2d {inC outC kH kW stride padding inH inW : ℕ}
+    {h1 : inC ≠ 0} {h2 : kH ≠ 0}
+    (t : Tape) (kernelId biasId inputId : ℕ) : Result (Tape × ℕ)
+"""
+MAX_POOL = """\
+def T.maxPool {d C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+    {hKernel : ∀ (i : Fin d), kernel.get i ≠ 0}
+    (t : Tape) (xId : ℕ) : Result (Tape × ℕ)
+"""
+SMOOTH = """\
+def T.smoothMaxPool2d {kH kW inH inW inC stride : ℕ}
+    (t : Tape) (xId : ℕ) (beta : Float) : Result (Tape × ℕ)
+"""
+
+
+def error_text(*sources: str) -> str:
+    """The message of the SpecError that parsing and checking `sources` (bad.lean, more.lean) raises."""
+    paths = ("spec/bad.lean", "spec/more.lean")[: len(sources)]
+    with pytest.raises(SpecError) as raised:
+        check_specs([parse_spec(source, path) for path, source in zip(paths, sources, strict=True)])
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("source", [CONV2D, MAX_POOL, SMOOTH])
+def test_the_bases_of_the_malformed_cases_are_well_formed(source):
+    check_specs([parse_spec(source, "spec/good.lean")])
+
+
+MALFORMED = [
+    pytest.param(
+        CONV2D.replace(") : Result", ") Result"),
+        """\
+spec/bad.lean:3:46: error: expected '(', ':' or '{', got identifier 'Result'
+    (t : Tape) (kernelId biasId inputId : ℕ) Result (Tape × ℕ)
+                                             ^""",
+        id='missing_colon',
+    ),
+    pytest.param(
+        CONV2D.replace("inW : ℕ", "inW ℕ"),
+        """\
+spec/bad.lean:1:54: error: expected ':' or identifier, got '}'
+def T.conv2d {inC outC kH kW stride padding inH inW ℕ}
+                                                     ^""",
+        id='missing_colon_in_binder',
+    ),
+    pytest.param(
+        "def T.conv2d {inC outC : ℕ\n\n",
+        """\
+spec/bad.lean:1:27: error: expected '}', got end of file
+def T.conv2d {inC outC : ℕ
+                          ^""",
+        id='unclosed_brace',
+    ),
+    pytest.param(
+        CONV2D.replace("(Tape × ℕ)", "(Tape × ℕ") + "-- the end\n",
+        """\
+spec/bad.lean:3:64: error: expected ')', got end of file
+    (t : Tape) (kernelId biasId inputId : ℕ) : Result (Tape × ℕ
+                                                               ^""",
+        id='unclosed_paren',
+    ),
+    pytest.param(
+        "/-- Conv2D.\n" + CONV2D,
+        """\
+spec/bad.lean:1:1: error: unterminated doc comment: no closing '-/'
+/-- Conv2D.
+^""",
+        id='unterminated_doc_comment',
+    ),
+    pytest.param(
+        CONV2D + "/- note\n",
+        """\
+spec/bad.lean:4:1: error: unterminated comment: no closing '-/'
+/- note
+^""",
+        id='unterminated_block_comment',
+    ),
+    pytest.param(
+        CONV2D.replace("inC ≠ 0", "inC ≠"),
+        """\
+spec/bad.lean:2:16: error: expected '(', identifier or number, got '}'
+    {h1 : inC ≠} {h2 : kH ≠ 0}
+               ^""",
+        id='bad_hypothesis_syntax',
+    ),
+    pytest.param(
+        CONV2D + "}\n",
+        """\
+spec/bad.lean:4:1: error: expected '@[', 'def', doc comment or end of file, got '}'
+}
+^""",
+        id='stray_token_at_top_level',
+    ),
+    pytest.param(
+        "/-- Conv2D. -/ T.conv2d : Result (Tape × ℕ)\n",
+        """\
+spec/bad.lean:1:16: error: expected '@[' or 'def', got identifier 'T.conv2d'
+/-- Conv2D. -/ T.conv2d : Result (Tape × ℕ)
+               ^""",
+        id='missing_def',
+    ),
+    pytest.param(
+        CONV2D.replace("padding inH", "x inH"),
+        """\
+spec/bad.lean:1:37: error: expected ':' or identifier, got 'x' (reserved: the ASCII spelling of '×')
+def T.conv2d {inC outC kH kW stride x inH inW : ℕ}
+                                    ^""",
+        id='reserved_x',
+    ),
+    pytest.param(
+        CONV2D.replace("(t : Tape)", "$ (t : Tape)"),
+        """\
+spec/bad.lean:3:5: error: unexpected character '$'
+    $ (t : Tape) (kernelId biasId inputId : ℕ) : Result (Tape × ℕ)
+    ^""",
+        id='unexpected_character',
+    ),
+    pytest.param(
+        MAX_POOL.replace("∀ (i : Fin d)", "∀ i"),
+        """\
+spec/bad.lean:2:18: error: expected '(' or '{', got identifier 'i'
+    {hKernel : ∀ i, kernel.get i ≠ 0}
+                 ^""",
+        id='bare_forall_binder',
+    ),
+    pytest.param(
+        CONV2D.replace("inW : ℕ", "inW : Int"),
+        """\
+spec/bad.lean:1:55: error: unknown type 'Int': a binder is ℕ, Float, Tape, Vector ℕ d or a hypothesis
+def T.conv2d {inC outC kH kW stride padding inH inW : Int}
+                                                      ^""",
+        id='unknown_type',
+    ),
+    pytest.param(
+        CONV2D.replace("inC ≠ 0", "inX ≠ 0"),
+        """\
+spec/bad.lean:2:11: error: unknown binder 'inX' in hypothesis: expected a ℕ geometry binder declared before it (inC, outC, kH, kW, stride, padding, inH, inW)
+    {h1 : inX ≠ 0} {h2 : kH ≠ 0}
+          ^""",
+        id='unknown_binder_in_hypothesis',
+    ),
+    pytest.param(
+        CONV2D.replace("conv2d {", "conv2d {h0 : inC ≠ 0} {"),
+        """\
+spec/bad.lean:1:20: error: unknown binder 'inC' in hypothesis: expected a ℕ geometry binder declared before it (none)
+def T.conv2d {h0 : inC ≠ 0} {inC outC kH kW stride padding inH inW : ℕ}
+                   ^""",
+        id='hypothesis_before_its_binder',
+    ),
+    pytest.param(
+        MAX_POOL.replace("(t : Tape)", "{h : kernel ≠ 0} (t : Tape)"),
+        """\
+spec/bad.lean:3:10: error: unknown binder 'kernel' in hypothesis: expected a ℕ geometry binder declared before it (C)
+    {h : kernel ≠ 0} (t : Tape) (xId : ℕ) : Result (Tape × ℕ)
+         ^""",
+        id='hypothesis_on_a_vector',
+    ),
+    pytest.param(
+        CONV2D.replace("inC ≠ 0", "inC ≠ 1"),
+        """\
+spec/bad.lean:2:11: error: unsupported hypothesis 'inC ≠ 1': expected 'x ≠ 0' or '∀ (i : Fin d), v.get i ≠ 0'
+    {h1 : inC ≠ 1} {h2 : kH ≠ 0}
+          ^""",
+        id='unsupported_hypothesis',
+    ),
+    pytest.param(
+        CONV2D.replace("padding inH", "lambda inH"),
+        """\
+spec/bad.lean:1:37: error: 'lambda' cannot appear in generated C or Python: a Python keyword
+def T.conv2d {inC outC kH kW stride lambda inH inW : ℕ}
+                                    ^""",
+        id='python_keyword',
+    ),
+    pytest.param(
+        CONV2D.replace("biasId", "Delete"),
+        """\
+spec/bad.lean:3:26: error: 'Delete' (as 'delete') cannot appear in generated C or Python: a C++ keyword
+    (t : Tape) (kernelId Delete inputId : ℕ) : Result (Tape × ℕ)
+                         ^""",
+        id='cpp_keyword',
+    ),
+    pytest.param(
+        CONV2D.replace("inH", "inHöhe"),
+        """\
+spec/bad.lean:1:45: error: 'inHöhe' (as 'in_höhe') cannot appear in generated C or Python: not ASCII
+def T.conv2d {inC outC kH kW stride padding inHöhe inW : ℕ}
+                                            ^""",
+        id='non_ascii_identifier',
+    ),
+    pytest.param(
+        CONV2D.replace("kernelId", "__kernel"),
+        """\
+spec/bad.lean:3:17: error: '__kernel' cannot appear in generated C or Python: reserved in C++ (a leading or double underscore)
+    (t : Tape) (__kernel biasId inputId : ℕ) : Result (Tape × ℕ)
+                ^""",
+        id='dunder_identifier',
+    ),
+    pytest.param(
+        CONV2D.replace("inH inW", "inH in_c"),
+        """\
+spec/bad.lean:1:49: error: duplicate binder 'in_c' ('inC' is 'in_c' too)
+def T.conv2d {inC outC kH kW stride padding inH in_c : ℕ}
+                                                ^""",
+        id='duplicate_binder',
+    ),
+    pytest.param(
+        CONV2D.replace("conv2d", "blur2d"),
+        """\
+spec/bad.lean:1:5: error: cannot tell the family of 'blur2d': the name starts with none of smoothMaxPool, convTranspose, maxPool, avgPool, conv; add '@[family X]' with X among conv, conv_transpose, max_pool, avg_pool, smooth_max_pool
+def T.blur2d {inC outC kH kW stride padding inH inW : ℕ}
+    ^""",
+        id='undeterminable_family',
+    ),
+    pytest.param(
+        "@[family blur]\n" + CONV2D,
+        """\
+spec/bad.lean:1:3: error: '@[family X]' takes X among conv, conv_transpose, max_pool, avg_pool, smooth_max_pool, got 'blur'
+@[family blur]
+  ^""",
+        id='unknown_family_attribute',
+    ),
+    pytest.param(
+        "@[inline]\n" + CONV2D,
+        """\
+spec/bad.lean:1:3: error: unknown attribute 'inline' (the one attribute is 'family')
+@[inline]
+  ^""",
+        id='unknown_attribute',
+    ),
+    pytest.param(
+        CONV2D.replace("conv2d", "conv3d"),
+        """\
+spec/bad.lean:1:5: error: cannot tell the rank of 'conv3d': put '2d' in its name or give it 'Vector ℕ d' geometry
+def T.conv3d {inC outC kH kW stride padding inH inW : ℕ}
+    ^""",
+        id='undeterminable_rank',
+    ),
+    pytest.param(
+        MAX_POOL.replace("{d C : ℕ}", "{C : ℕ}"),
+        """\
+spec/bad.lean:1:23: error: 'Vector ℕ d' needs an implicit '{d : ℕ}' before it
+def T.maxPool {C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+                      ^""",
+        id='vector_without_rank_binder',
+    ),
+    pytest.param(
+        MAX_POOL.replace("{d C : ℕ}", "{d C stride : ℕ}").replace("kernel stride padding", "kernel padding"),
+        """\
+spec/bad.lean:1:20: error: 'stride' must be a 'Vector ℕ d' in an N-D max_pool op
+def T.maxPool {d C stride : ℕ} {inSpatial kernel padding : Vector ℕ d}
+                   ^""",
+        id='scalar_where_vector_expected',
+    ),
+    pytest.param(
+        CONV2D.replace("inH inW", "inH inW inD"),
+        """\
+spec/bad.lean:1:53: error: unknown geometry binder 'inD' for a *2d* conv op: expected inC, outC, kH, kW, stride, padding, inH, inW
+def T.conv2d {inC outC kH kW stride padding inH inW inD : ℕ}
+                                                    ^""",
+        id='unknown_geometry_binder',
+    ),
+    pytest.param(
+        MAX_POOL.replace("stride padding", "stride"),
+        """\
+spec/bad.lean:1:5: error: 'maxPool' lacks the geometry binder '{padding : Vector ℕ d}'
+def T.maxPool {d C : ℕ} {inSpatial kernel stride : Vector ℕ d}
+    ^""",
+        id='missing_geometry_binder',
+    ),
+    pytest.param(
+        SMOOTH.replace(" (beta : Float)", ""),
+        """\
+spec/bad.lean:1:5: error: a smooth_max_pool op takes '(t : Tape)', 1 node id and '(beta : Float)', in this order; got 't : Tape', 'xId : ℕ'
+def T.smoothMaxPool2d {kH kW inH inW inC stride : ℕ}
+    ^""",
+        id='smooth_op_without_float',
+    ),
+    pytest.param(
+        CONV2D.replace(") : Result", ") (beta : Float) : Result"),
+        """\
+spec/bad.lean:3:47: error: a conv op takes '(t : Tape)' and 3 node ids (kernel, bias, input), in this order; got 't : Tape', 'kernelId : ℕ', 'biasId : ℕ', 'inputId : ℕ', 'beta : Float'
+    (t : Tape) (kernelId biasId inputId : ℕ) (beta : Float) : Result (Tape × ℕ)
+                                              ^""",
+        id='float_in_a_conv',
+    ),
+    pytest.param(
+        CONV2D.replace("biasId ", ""),
+        """\
+spec/bad.lean:1:5: error: a conv op takes '(t : Tape)' and 3 node ids (kernel, bias, input), in this order; got 't : Tape', 'kernelId : ℕ', 'inputId : ℕ'
+def T.conv2d {inC outC kH kW stride padding inH inW : ℕ}
+    ^""",
+        id='too_few_node_ids',
+    ),
+    pytest.param(
+        SMOOTH.replace("(beta : Float)", "{beta : Float}"),
+        """\
+spec/bad.lean:2:26: error: a Float argument is explicit: write '(beta : Float)'
+    (t : Tape) (xId : ℕ) {beta : Float} : Result (Tape × ℕ)
+                         ^""",
+        id='implicit_float',
+    ),
+    pytest.param(
+        CONV2D.replace("Result (Tape × ℕ)", "Result Tape"),
+        """\
+spec/bad.lean:3:48: error: the result type must be 'Result (Tape × ℕ)', got 'Result Tape'
+    (t : Tape) (kernelId biasId inputId : ℕ) : Result Tape
+                                               ^""",
+        id='wrong_result_type',
+    ),
+]
+
+
+@pytest.mark.parametrize(("source", "message"), MALFORMED)
+def test_malformed_spec_message(source, message):
+    assert error_text(source) == message
+
+
+def test_duplicate_declaration_across_files():
+    assert error_text(CONV2D, "-- again\n" + CONV2D) == """\
+spec/more.lean:2:5: error: duplicate declaration 'conv2d' (first declared at spec/bad.lean:1:5)
+def T.conv2d {inC outC kH kW stride padding inH inW : ℕ}
+    ^"""
+
+
+def test_declarations_whose_python_names_collide_are_duplicates():
+    assert error_text(MAX_POOL + "@[family max_pool]\n" + MAX_POOL.replace("maxPool", "max_pool")) == """\
+spec/bad.lean:5:5: error: duplicate declaration 'max_pool' (first declared at spec/bad.lean:1:5)
+def T.max_pool {d C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+    ^"""
+
+
+def test_caret_keeps_the_tabs_of_the_line():
+    assert error_text(CONV2D.replace("    (t : Tape)", "\t\t(t : Tape)").replace("kernelId", "class")) == (
+        "spec/bad.lean:3:15: error: 'class' cannot appear in generated C or Python: a Python keyword\n"
+        "\t\t(t : Tape) (class biasId inputId : ℕ) : Result (Tape × ℕ)\n"
+        "\t\t            ^"
+    )

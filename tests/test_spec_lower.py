@@ -1,0 +1,236 @@
+"""Lowering: snake_case names, the family from the name (or `@[family]`), and the full `OpSpec` of
+the seed's ops, with the checks of SEMANTICS §5 in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lark")
+from convgen.geometry import Family  # noqa: E402
+from convgen.generator import checks  # noqa: E402
+from convgen.generator.checks import check_specs  # noqa: E402
+from convgen.generator.lower import (  # noqa: E402
+    GEOMETRY_ROLES, Check, CheckKind, GeometryParam, OpSpec, Role, family_from_name, lower_spec, snake_case,
+)
+from convgen.generator.parse import parse_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_DECLS = ROOT / "tests" / "data" / "seed_decls.lean"
+OPS_SPEC = ROOT / "spec" / "ops.lean"
+SEED_OPS = ("avg_pool avg_pool2d avg_pool2d_pad conv conv2d conv_transpose conv_transpose2d max_pool max_pool2d "
+            "max_pool2d_pad smooth_max_pool smooth_max_pool2d smooth_max_pool2d_pad").split()
+K = CheckKind
+ND_VECTORS = ("in_spatial", "kernel", "stride", "padding")
+
+
+def load(path: Path) -> tuple[OpSpec, ...]:
+    specs = [parse_spec(path.read_text(encoding="utf-8"), path.name)]
+    check_specs(specs)
+    return lower_spec(specs)
+
+
+def by_name(path: Path = OPS_SPEC) -> dict[str, OpSpec]:
+    return {op.name: op for op in load(path)}
+
+
+def scalar(lean: str, role: Role, axis: int | None = None) -> GeometryParam:
+    return GeometryParam(snake_case(lean), lean, role, axis, is_vector=False)
+
+
+def vector(lean: str, role: Role) -> GeometryParam:
+    return GeometryParam(snake_case(lean), lean, role, None, is_vector=True)
+
+
+@pytest.mark.parametrize(("lean", "python"), [
+    ("maxPool2dPad", "max_pool2d_pad"), ("convTranspose2d", "conv_transpose2d"),
+    ("smoothMaxPool", "smooth_max_pool"), ("avgPool2dPad", "avg_pool2d_pad"), ("conv2d", "conv2d"),
+    ("inC", "in_c"), ("kH", "k_h"), ("inSpatial", "in_spatial"), ("kernelId", "kernel_id"),
+    ("xId", "x_id"), ("C", "c"), ("beta", "beta"), ("HTTPServer", "http_server"),
+])
+def test_snake_case(lean, python):
+    assert snake_case(lean) == python
+
+
+@pytest.mark.parametrize(("name", "family"), [
+    ("conv2d", Family.CONV), ("conv", Family.CONV), ("convTranspose2d", Family.CONV_TRANSPOSE),
+    ("maxPool2dPad", Family.MAX_POOL), ("avgPool", Family.AVG_POOL),
+    ("smoothMaxPool2d", Family.SMOOTH_MAX_POOL), ("convex2d", None), ("pool2d", None), ("MaxPool2d", None),
+])
+def test_family_from_name(name, family):
+    assert family_from_name(name) is family
+
+
+def lower_text(text: str) -> OpSpec:
+    specs = [parse_spec(text, "t.lean")]
+    check_specs(specs)
+    (op,) = lower_spec(specs)
+    return op
+
+
+def test_family_attribute_overrides_the_name():
+    max_pool2d = SEED_DECLS.read_text(encoding="utf-8").splitlines()[4]
+    assert ".maxPool2d " in max_pool2d
+    op = lower_text("@[family avg_pool]\n" + max_pool2d)
+    assert op.family is Family.AVG_POOL and op.name == "max_pool2d"
+
+
+def test_every_geometry_binder_checks_accept_has_a_role():
+    for family in Family:
+        for rank in (2, None):
+            assert set(checks._expected_geometry(family, rank)) <= set(GEOMETRY_ROLES)
+
+
+def test_all_thirteen_lower_from_both_files_sorted_by_name():
+    from_seed, from_ops = load(SEED_DECLS), load(OPS_SPEC)
+    assert [op.name for op in from_seed] == [op.name for op in from_ops] == SEED_OPS
+    assert all(op.doc == "" for op in from_seed) and all(op.doc for op in from_ops)
+    for seed_op, ops_op in zip(from_seed, from_ops, strict=True):
+        assert seed_op.checks == ops_op.checks and seed_op.geometry == ops_op.geometry
+
+
+def test_lowering_does_not_depend_on_file_order():
+    lines = SEED_DECLS.read_text(encoding="utf-8").splitlines()
+    first, second = parse_spec("\n".join(lines[:6]), "a.lean"), parse_spec("\n".join(lines[6:]), "b.lean")
+    assert lower_spec([first, second]) == lower_spec([second, first])
+
+
+# The geometry of the unpadded *2d* pools, in the seed's order.
+POOL2D_GEOMETRY = (
+    scalar("kH", Role.KERNEL, 0), scalar("kW", Role.KERNEL, 1), scalar("inH", Role.IN_SPATIAL, 0),
+    scalar("inW", Role.IN_SPATIAL, 1), scalar("inC", Role.IN_C), scalar("stride", Role.STRIDE),
+)
+POOL2D_NAMES = ("k_h", "k_w", "in_h", "in_w", "in_c", "stride")
+
+
+def test_conv2d():
+    assert by_name()["conv2d"] == OpSpec(
+        name="conv2d",
+        lean_name="Runtime.Autograd.Cuda.Tape.conv2d",
+        doc="Conv2D forward/backward via ConvPool FFI (single image, channels-first).",
+        family=Family.CONV,
+        rank=2,
+        id_params=("kernel_id", "bias_id", "input_id"),
+        beta_param=None,
+        geometry=(
+            scalar("inC", Role.IN_C), scalar("outC", Role.OUT_C), scalar("kH", Role.KERNEL, 0),
+            scalar("kW", Role.KERNEL, 1), scalar("stride", Role.STRIDE), scalar("padding", Role.PADDING),
+            scalar("inH", Role.IN_SPATIAL, 0), scalar("inW", Role.IN_SPATIAL, 1),
+        ),
+        checks=(
+            Check(K.NATURAL, ("in_c", "out_c", "k_h", "k_w", "stride", "padding", "in_h", "in_w")),
+            Check(K.NONZERO, ("in_c",)),
+            Check(K.NONZERO, ("k_h",)),
+            Check(K.NONZERO, ("k_w",)),
+            Check(K.STRIDE, ("stride",)),
+            Check(K.U32_SCALARS, ("in_c", "out_c", "k_h", "k_w", "stride", "padding", "in_h", "in_w")),
+        ),
+    )
+
+
+def test_conv():
+    assert by_name()["conv"] == OpSpec(
+        name="conv",
+        lean_name="Runtime.Autograd.Cuda.Tape.conv",
+        doc="N-D convolution (CUDA) via ConvPool FFI (rank $\\le 8$).",
+        family=Family.CONV,
+        rank=None,
+        id_params=("kernel_id", "bias_id", "input_id"),
+        beta_param=None,
+        geometry=(
+            scalar("inC", Role.IN_C), scalar("outC", Role.OUT_C), vector("kernel", Role.KERNEL),
+            vector("stride", Role.STRIDE), vector("padding", Role.PADDING), vector("inSpatial", Role.IN_SPATIAL),
+        ),
+        checks=(
+            Check(K.NATURAL, ("in_c", "out_c")),
+            Check(K.NATURAL_EACH, ("kernel", "stride", "padding", "in_spatial")),
+            Check(K.SAME_LENGTH, ND_VECTORS),
+            Check(K.NONZERO, ("in_c",)),
+            Check(K.NONZERO_EACH, ("kernel",)),
+            Check(K.RANK, ("in_spatial",)),
+            Check(K.STRIDE, ("stride",)),
+            Check(K.U32_SCALARS, ("in_c", "out_c")),
+            Check(K.U32_ENTRIES, ND_VECTORS),
+            Check(K.U32_SHAPES, ("in_spatial", "kernel")),
+        ),
+    )
+
+
+def test_max_pool2d():
+    assert by_name()["max_pool2d"] == OpSpec(
+        name="max_pool2d",
+        lean_name="Runtime.Autograd.Cuda.Tape.maxPool2d",
+        doc="MaxPool2D via ConvPool FFI (no padding).",
+        family=Family.MAX_POOL,
+        rank=2,
+        id_params=("x_id",),
+        beta_param=None,
+        geometry=POOL2D_GEOMETRY,
+        checks=(
+            Check(K.NATURAL, POOL2D_NAMES),
+            Check(K.NONZERO, ("k_h",)),
+            Check(K.NONZERO, ("k_w",)),
+            Check(K.STRIDE, ("stride",)),
+            Check(K.U32_SCALARS, POOL2D_NAMES),
+        ),
+    )
+
+
+def test_smooth_max_pool2d_pad():
+    op = by_name()["smooth_max_pool2d_pad"]
+    assert op == OpSpec(
+        name="smooth_max_pool2d_pad",
+        lean_name="Runtime.Autograd.Cuda.Tape.smoothMaxPool2dPad",
+        doc="Smooth max-pool2d (log-sum-exp surrogate) via ConvPool FFI, with symmetric padding. beta is "
+            "checked after conversion to Float32, because conversion can underflow a nonzero Float to zero or "
+            "overflow a finite one to infinity.",
+        family=Family.SMOOTH_MAX_POOL,
+        rank=2,
+        id_params=("x_id",),
+        beta_param="beta",
+        geometry=(*POOL2D_GEOMETRY, scalar("padding", Role.PADDING)),
+        checks=(
+            Check(K.BETA, ("beta",)),
+            Check(K.NATURAL, (*POOL2D_NAMES, "padding")),
+            Check(K.NONZERO, ("k_h",)),
+            Check(K.NONZERO, ("k_w",)),
+            Check(K.STRIDE, ("stride",)),
+            Check(K.U32_SCALARS, (*POOL2D_NAMES, "padding")),
+        ),
+    )
+    assert op.padded and op.reads_first
+
+
+def test_avg_pool():
+    assert by_name()["avg_pool"] == OpSpec(
+        name="avg_pool",
+        lean_name="Runtime.Autograd.Cuda.Tape.avgPool",
+        doc="N-D average pooling (CUDA) via ConvPool FFI (rank $\\le 8$).",
+        family=Family.AVG_POOL,
+        rank=None,
+        id_params=("x_id",),
+        beta_param=None,
+        geometry=(
+            scalar("C", Role.CHANNELS), vector("inSpatial", Role.IN_SPATIAL), vector("kernel", Role.KERNEL),
+            vector("stride", Role.STRIDE), vector("padding", Role.PADDING),
+        ),
+        checks=(
+            Check(K.NATURAL, ("c",)),
+            Check(K.NATURAL_EACH, ND_VECTORS),
+            Check(K.SAME_LENGTH, ND_VECTORS),
+            Check(K.NONZERO_EACH, ("kernel",)),
+            Check(K.RANK, ("in_spatial",)),
+            Check(K.STRIDE, ("stride",)),
+            Check(K.U32_SCALARS, ("c",)),
+            Check(K.U32_ENTRIES, ND_VECTORS),
+            Check(K.U32_SHAPES, ("in_spatial", "kernel")),
+        ),
+    )
+
+
+def test_hypotheses_keep_signature_order_implicit_or_explicit():
+    text = ("def T.avgPool2dPad {kH kW inH inW inC stride padding : ℕ} (h1 : kW ≠ 0) {h2 : inC ≠ 0}"
+            " (t : Tape) (xId : ℕ) (h3 : kH ≠ 0) : Result (Tape × ℕ)")
+    op = lower_text(text)
+    assert [c.params for c in op.checks if c.kind is K.NONZERO] == [("k_w",), ("in_c",), ("k_h",)]
