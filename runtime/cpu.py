@@ -137,7 +137,8 @@ def _smooth_max_forward(frame: _Frame, x: np.ndarray, beta: float) -> tuple[np.n
 
 
 def _to_float32(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array, np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as a float32 kernel gives
+        return np.ascontiguousarray(array, np.float32)
 
 
 class NumpyBackend:
