@@ -24,6 +24,12 @@ def natural(value: object) -> int | None:
 
 def natural_sequence(param: str, value: object) -> tuple[int, ...] | str:
     """`value` as a tuple of natural numbers, or the message (without the op prefix) saying why not."""
+    if type(value) is tuple or type(value) is list:  # the common case, kept cheap
+        for entry in value:
+            if type(entry) is not int or entry < 0:
+                break
+        else:
+            return tuple(value)
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         return f"{param} must be a sequence of natural numbers, got {value!r}"
     entries = tuple(value)

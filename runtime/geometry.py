@@ -7,8 +7,9 @@ Imports nothing beyond the standard library: the generator, the generated code a
 from __future__ import annotations
 
 import enum
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 U32_LIMIT = 1 << 32
 MAX_RANK = 8
@@ -67,13 +68,27 @@ class Geometry:
     padding: tuple[int, ...]
     out_spatial: tuple[int, ...]
     beta: float | None = None  # smooth max only, already rounded to float32
+    # Derived once per geometry, so the per-call path of the tape only reads them.
+    output_shape: tuple[int, ...] = field(init=False, compare=False)
+    output_numel: int = field(init=False, compare=False)
+    output_fits_u32: bool = field(init=False, compare=False)
+    parent_shapes: tuple[tuple[int, ...], ...] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        output_shape = (self.out_c, *self.out_spatial)
+        object.__setattr__(self, "output_shape", output_shape)
+        object.__setattr__(self, "output_numel", math.prod(output_shape))
+        object.__setattr__(self, "output_fits_u32", fits_u32(self.out_spatial) and fits_u32(output_shape))
+        input_shape = (self.in_c, *self.in_spatial)
+        parents = (self.kernel_shape, (self.out_c,), input_shape) if self.family.is_conv else (input_shape,)
+        object.__setattr__(self, "parent_shapes", parents)
 
     @classmethod
     def build(cls, family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
               kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
               beta: float | None = None) -> Geometry:
-        out = tuple(axis_extent(family, *axis) for axis in zip(in_spatial, kernel, stride, padding))
-        return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta)
+        """The geometry with its output extents; the same arguments give the same (cached) object."""
+        return _build(cls, family, in_c, out_c, in_spatial, kernel, stride, padding, beta)
 
     @property
     def rank(self) -> int:
@@ -82,10 +97,6 @@ class Geometry:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return (self.in_c, *self.in_spatial)
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return (self.out_c, *self.out_spatial)
 
     @property
     def kernel_shape(self) -> tuple[int, ...]:
@@ -98,9 +109,10 @@ class Geometry:
     def bias_shape(self) -> tuple[int, ...]:
         return (self.out_c,)
 
-    @property
-    def parent_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Shapes of the op's inputs in parent order: (kernel, bias, input) or (x,)."""
-        if self.family.is_conv:
-            return (self.kernel_shape, self.bias_shape, self.input_shape)
-        return (self.input_shape,)
+
+@functools.lru_cache(maxsize=4096)
+def _build(cls: type[Geometry], family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
+           kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+           beta: float | None) -> Geometry:
+    out = tuple(axis_extent(family, *axis) for axis in zip(in_spatial, kernel, stride, padding))
+    return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from convgen.backend import Backend, BackendError
 from convgen.checking import TOO_LARGE
 from convgen.generated.ops import GeneratedOps
-from convgen.geometry import Geometry, fits_u32
+from convgen.geometry import Geometry
 from convgen.op import OpInfo
 from convgen.result import Result, TapeError
 
@@ -131,18 +131,17 @@ class Tape(GeneratedOps):
             inputs = self._read(ids, geom.parent_shapes)
             if type(inputs) is str:
                 return Result.err(inputs)
-            if not (fits_u32(geom.out_spatial) and fits_u32(geom.output_shape)):
+            if not geom.output_fits_u32:
                 return Result.err(TOO_LARGE)
         else:
-            if not (fits_u32(geom.out_spatial) and fits_u32(geom.output_shape)):
+            if not geom.output_fits_u32:
                 return Result.err(TOO_LARGE)
             inputs = self._read(ids, geom.parent_shapes)
             if type(inputs) is str:
                 return Result.err(inputs)
 
         backend = self._backend
-        out_shape = geom.output_shape
-        numel = math.prod(out_shape)
+        out_shape, numel = geom.output_shape, geom.output_numel
         if numel == 0:  # nothing to compute: an empty node, zero gradients (SEMANTICS §2)
             out, saved = backend.zeros(out_shape), None
         else:
@@ -186,7 +185,7 @@ class Tape(GeneratedOps):
             if tuple(grad.shape) != node.shape:
                 return Result.err("autograd: upstream gradient shape mismatch")
             record = node.op
-            if math.prod(node.shape) == 0:
+            if record.geom.output_numel == 0:
                 continue  # an empty output passes nothing back
             inputs = tuple(nodes[p].value.reshape(shape) for p, shape in zip(node.parents, record.geom.parent_shapes))
             try:

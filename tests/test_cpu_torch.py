@@ -8,40 +8,13 @@ import numpy as np
 import pytest
 
 import reference
+import torch_oracle
 from convgen.cpu import NumpyBackend
 from convgen.geometry import Family, Geometry
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
 
 BACKEND = NumpyBackend()
-TORCH_FAMILIES = (Family.CONV, Family.CONV_TRANSPOSE, Family.MAX_POOL, Family.AVG_POOL)
-
-
-def torch_run(geom: Geometry, inputs, grad) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Output and input gradients from torch.nn.functional in float64, with a batch axis of 1."""
-    leaves = [torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in inputs]
-    rank, geometry = geom.rank, dict(stride=geom.stride, padding=geom.padding)
-    if geom.family.is_conv:
-        weight, bias, x = leaves
-        op = getattr(F, f"conv{rank}d" if geom.family is Family.CONV else f"conv_transpose{rank}d")
-        out = op(x[None], weight, bias, **geometry)
-    elif geom.family is Family.MAX_POOL:
-        out = getattr(F, f"max_pool{rank}d")(leaves[0][None], geom.kernel, **geometry)
-    else:
-        out = getattr(F, f"avg_pool{rank}d")(leaves[0][None], geom.kernel, count_include_pad=True, **geometry)
-    out[0].backward(torch.tensor(np.asarray(grad, np.float64)))
-    return out[0].detach().numpy(), [leaf.grad.numpy() for leaf in leaves]
-
-
-def torch_accepts(geom: Geometry) -> bool:
-    """Torch refuses an empty input axis even where padding gives an output, and avg_pool3d an
-    unpadded input smaller than the kernel."""
-    if 0 in geom.in_spatial:
-        return False
-    return geom.family is not Family.AVG_POOL or geom.rank != 3 or all(
-        n >= k for n, k in zip(geom.in_spatial, geom.kernel))
-
 
 LARGER_CASES = {
     "conv2d": Geometry.build(Family.CONV, 4, 5, (17, 13), (3, 4), (2, 1), (1, 2)),
@@ -56,17 +29,17 @@ def check_against_torch(geom: Geometry, rng: np.random.Generator) -> None:
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     out, saved = BACKEND.forward(geom, inputs)
     grads = BACKEND.backward(geom, inputs, saved, grad)
-    reference.check_against_reference(geom, inputs, grad, out, grads, oracle=torch_run)
+    reference.check_against_reference(geom, inputs, grad, out, grads, oracle=lambda *args: torch_oracle.run(torch, *args))
 
 
 @pytest.mark.parametrize("rank", (1, 2, 3))
-@pytest.mark.parametrize("family", TORCH_FAMILIES, ids=lambda f: f.value)
+@pytest.mark.parametrize("family", torch_oracle.FAMILIES, ids=lambda f: f.value)
 def test_matches_torch(family: Family, rank: int) -> None:
     rng = reference.case_rng("torch", family.value, rank)
     cases = 0
     while cases < 12:
         geom = reference.random_geometry(rng, family, rank, budget=2000)
-        if not torch_accepts(geom):
+        if not torch_oracle.accepts(geom):
             continue
         cases += 1
         check_against_torch(geom, rng)
