@@ -65,7 +65,9 @@ KERNELS = {
         "conv_r1.cu",
         {
             "forward": "conv_r1_forward",
+            "forward_reduce": "conv_r1_forward_reduce",
             "backward_input": "conv_r1_backward_input",
+            "backward_input_reduce": "conv_r1_backward_input_reduce",
             "backward_weight": "conv_r1_backward_weight",
             "backward_weight_reduce": "conv_r1_backward_weight_reduce",
             "backward_bias": "conv_r1_backward_bias",
@@ -75,7 +77,9 @@ KERNELS = {
         "conv_r2.cu",
         {
             "forward": "conv_r2_forward",
+            "forward_reduce": "conv_r2_forward_reduce",
             "backward_input": "conv_r2_backward_input",
+            "backward_input_reduce": "conv_r2_backward_input_reduce",
             "backward_weight": "conv_r2_backward_weight",
             "backward_weight_reduce": "conv_r2_backward_weight_reduce",
             "backward_bias": "conv_r2_backward_bias",
@@ -85,7 +89,9 @@ KERNELS = {
         "conv_r3.cu",
         {
             "forward": "conv_r3_forward",
+            "forward_reduce": "conv_r3_forward_reduce",
             "backward_input": "conv_r3_backward_input",
+            "backward_input_reduce": "conv_r3_backward_input_reduce",
             "backward_weight": "conv_r3_backward_weight",
             "backward_weight_reduce": "conv_r3_backward_weight_reduce",
             "backward_bias": "conv_r3_backward_bias",
@@ -95,7 +101,9 @@ KERNELS = {
         "conv_r4.cu",
         {
             "forward": "conv_r4_forward",
+            "forward_reduce": "conv_r4_forward_reduce",
             "backward_input": "conv_r4_backward_input",
+            "backward_input_reduce": "conv_r4_backward_input_reduce",
             "backward_weight": "conv_r4_backward_weight",
             "backward_weight_reduce": "conv_r4_backward_weight_reduce",
             "backward_bias": "conv_r4_backward_bias",
@@ -105,7 +113,9 @@ KERNELS = {
         "conv_r5.cu",
         {
             "forward": "conv_r5_forward",
+            "forward_reduce": "conv_r5_forward_reduce",
             "backward_input": "conv_r5_backward_input",
+            "backward_input_reduce": "conv_r5_backward_input_reduce",
             "backward_weight": "conv_r5_backward_weight",
             "backward_weight_reduce": "conv_r5_backward_weight_reduce",
             "backward_bias": "conv_r5_backward_bias",
@@ -115,7 +125,9 @@ KERNELS = {
         "conv_r6.cu",
         {
             "forward": "conv_r6_forward",
+            "forward_reduce": "conv_r6_forward_reduce",
             "backward_input": "conv_r6_backward_input",
+            "backward_input_reduce": "conv_r6_backward_input_reduce",
             "backward_weight": "conv_r6_backward_weight",
             "backward_weight_reduce": "conv_r6_backward_weight_reduce",
             "backward_bias": "conv_r6_backward_bias",
@@ -125,7 +137,9 @@ KERNELS = {
         "conv_r7.cu",
         {
             "forward": "conv_r7_forward",
+            "forward_reduce": "conv_r7_forward_reduce",
             "backward_input": "conv_r7_backward_input",
+            "backward_input_reduce": "conv_r7_backward_input_reduce",
             "backward_weight": "conv_r7_backward_weight",
             "backward_weight_reduce": "conv_r7_backward_weight_reduce",
             "backward_bias": "conv_r7_backward_bias",
@@ -135,7 +149,9 @@ KERNELS = {
         "conv_r8.cu",
         {
             "forward": "conv_r8_forward",
+            "forward_reduce": "conv_r8_forward_reduce",
             "backward_input": "conv_r8_backward_input",
+            "backward_input_reduce": "conv_r8_backward_input_reduce",
             "backward_weight": "conv_r8_backward_weight",
             "backward_weight_reduce": "conv_r8_backward_weight_reduce",
             "backward_bias": "conv_r8_backward_bias",
@@ -145,7 +161,9 @@ KERNELS = {
         "conv_transpose_r1.cu",
         {
             "forward": "conv_transpose_r1_forward",
+            "forward_reduce": "conv_transpose_r1_forward_reduce",
             "backward_input": "conv_transpose_r1_backward_input",
+            "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
             "backward_bias": "conv_transpose_r1_backward_bias",
@@ -155,7 +173,9 @@ KERNELS = {
         "conv_transpose_r2.cu",
         {
             "forward": "conv_transpose_r2_forward",
+            "forward_reduce": "conv_transpose_r2_forward_reduce",
             "backward_input": "conv_transpose_r2_backward_input",
+            "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
             "backward_bias": "conv_transpose_r2_backward_bias",
@@ -165,7 +185,9 @@ KERNELS = {
         "conv_transpose_r3.cu",
         {
             "forward": "conv_transpose_r3_forward",
+            "forward_reduce": "conv_transpose_r3_forward_reduce",
             "backward_input": "conv_transpose_r3_backward_input",
+            "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
             "backward_bias": "conv_transpose_r3_backward_bias",
@@ -175,7 +197,9 @@ KERNELS = {
         "conv_transpose_r4.cu",
         {
             "forward": "conv_transpose_r4_forward",
+            "forward_reduce": "conv_transpose_r4_forward_reduce",
             "backward_input": "conv_transpose_r4_backward_input",
+            "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
             "backward_bias": "conv_transpose_r4_backward_bias",
@@ -185,7 +209,9 @@ KERNELS = {
         "conv_transpose_r5.cu",
         {
             "forward": "conv_transpose_r5_forward",
+            "forward_reduce": "conv_transpose_r5_forward_reduce",
             "backward_input": "conv_transpose_r5_backward_input",
+            "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
             "backward_bias": "conv_transpose_r5_backward_bias",
@@ -195,7 +221,9 @@ KERNELS = {
         "conv_transpose_r6.cu",
         {
             "forward": "conv_transpose_r6_forward",
+            "forward_reduce": "conv_transpose_r6_forward_reduce",
             "backward_input": "conv_transpose_r6_backward_input",
+            "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
             "backward_bias": "conv_transpose_r6_backward_bias",
@@ -205,7 +233,9 @@ KERNELS = {
         "conv_transpose_r7.cu",
         {
             "forward": "conv_transpose_r7_forward",
+            "forward_reduce": "conv_transpose_r7_forward_reduce",
             "backward_input": "conv_transpose_r7_backward_input",
+            "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
             "backward_bias": "conv_transpose_r7_backward_bias",
@@ -215,7 +245,9 @@ KERNELS = {
         "conv_transpose_r8.cu",
         {
             "forward": "conv_transpose_r8_forward",
+            "forward_reduce": "conv_transpose_r8_forward_reduce",
             "backward_input": "conv_transpose_r8_backward_input",
+            "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
             "backward_bias": "conv_transpose_r8_backward_bias",

@@ -10,10 +10,12 @@ RANKS = tuple(range(1, MAX_RANK + 1))
 
 # The kernels each family's source defines, in launch order of a forward then a backward pass.
 FAMILY_STAGES: dict[Family, tuple[str, ...]] = {
-    # backward_weight_reduce: the fixed-order second pass over the weight gradient's partial sums.
-    Family.CONV: ("forward", "backward_input", "backward_weight", "backward_weight_reduce", "backward_bias"),
-    Family.CONV_TRANSPOSE: ("forward", "backward_input", "backward_weight", "backward_weight_reduce",
-                            "backward_bias"),
+    # Each implicit-GEMM stage may be split over blocks along its reduction; its `*_reduce` kernel
+    # then adds the partial results in a fixed order (launched only when the plan splits).
+    Family.CONV: ("forward", "forward_reduce", "backward_input", "backward_input_reduce", "backward_weight",
+                  "backward_weight_reduce", "backward_bias"),
+    Family.CONV_TRANSPOSE: ("forward", "forward_reduce", "backward_input", "backward_input_reduce",
+                            "backward_weight", "backward_weight_reduce", "backward_bias"),
     Family.MAX_POOL: ("forward", "backward_input"),
     Family.AVG_POOL: ("forward", "backward_input"),
     Family.SMOOTH_MAX_POOL: ("forward", "backward_input"),

@@ -18,7 +18,8 @@ from convgen.generated.kernels import KERNELS
 from convgen.geometry import Family, Geometry
 
 # Poison for outputs in the test mode: NaN, and for the argmax offsets a value no window has.
-_POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
+_POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.uint8): np.uint8(0xFF),
+           np.dtype(np.uint16): np.uint16(0xFFFF), np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
 
 
 def _geometry_key(geom: Geometry) -> tuple:
@@ -124,6 +125,17 @@ class CupyBackend:
         except self._errors as error:
             raise BackendError(f"{stage} kernel failed: {error}") from error
 
+    def _gemm(self, compiled: _Compiled, stage: str, out: Any, *args: Any) -> None:
+        """An implicit-GEMM stage into `out`; when the plan splits its reduction, into a partial
+        buffer [split, *out.shape] that the stage's reduce kernel adds up in a fixed order."""
+        split = compiled.plan.splits[stage]
+        if split == 1:
+            self._launch(compiled, stage, *args, out)
+            return
+        partial = self._output((split, *out.shape))
+        self._launch(compiled, stage, *args, partial)
+        self._launch(compiled, f"{stage}_reduce", partial, out)
+
     # The ops.
 
     # The tape hands over arrays that `store` or a kernel made: float32 and C-contiguous.
@@ -134,11 +146,11 @@ class CupyBackend:
         family = geom.family
         if family.is_conv:
             weight, bias, x = inputs
-            self._launch(compiled, "forward", x, weight, bias, y)
+            self._gemm(compiled, "forward", y, x, weight, bias)
             return y, None
         (x,) = inputs
         if family is Family.MAX_POOL:
-            argmax = self._output(geom.output_shape, np.uint32)  # flat window offset of each max
+            argmax = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offset of each max
             self._launch(compiled, "forward", x, y, argmax)
             return y, argmax
         if family is Family.AVG_POOL:
@@ -154,16 +166,11 @@ class CupyBackend:
         if family.is_conv:
             weight, bias, x = inputs
             d_x, d_weight, d_bias = self._output(x.shape), self._output(weight.shape), self._output(bias.shape)
-            self._launch(compiled, "backward_input", grad, weight, d_x)
+            self._gemm(compiled, "backward_input", d_x, grad, weight)
             # The weight gradient reduces over the cells of D against U: g and x for conv, x and g
             # for the transpose (whose roles of input and output are swapped).
             d_values, u_values = (grad, x) if family is Family.CONV else (x, grad)
-            if compiled.plan.weight_split > 1:
-                partial = self._output((compiled.plan.weight_split, *weight.shape))
-                self._launch(compiled, "backward_weight", d_values, u_values, partial)
-                self._launch(compiled, "backward_weight_reduce", partial, d_weight)
-            else:
-                self._launch(compiled, "backward_weight", d_values, u_values, d_weight)
+            self._gemm(compiled, "backward_weight", d_weight, d_values, u_values)
             self._launch(compiled, "backward_bias", grad, d_bias)
             return d_weight, d_bias, d_x
         (x,) = inputs

@@ -12,16 +12,19 @@ from dataclasses import dataclass
 
 from convgen.geometry import Family, Geometry
 
-BLOCK = 256  # threads per block of every kernel (the sources get it as -DBLOCK)
+BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 SM_COUNT = 132  # H200; steers how work is split, never what is computed
-# Enough threads to keep every SM busy at one image: below it, tiles shrink to add threads.
-TARGET_THREADS = SM_COUNT * BLOCK
-TARGET_WEIGHT_BLOCKS = 4 * SM_COUNT
-MIN_CELLS_PER_THREAD = 8  # a weight-gradient slice is never thinner than this per thread
+CLOCK_HZ = 1.7e9  # for the cost model below: cycles <-> seconds
+SHARED_LIMIT = 48 * 1024  # static shared memory of one block
+WEIGHT_BK = 16  # reduction slice of the weight gradient (cells of D)
+MAX_BK = 16  # largest source-channel slice of the convolution-shaped stages
 
 # C++17 for constexpr helpers; no fast math, so expf/logf keep full float32 accuracy. CuPy adds
 # -arch for the device it compiles on.
 NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+
+# The implicit-GEMM stages of the conv families and the prefix of their tile defines.
+GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,39 +40,149 @@ class Plan:
 
     defines: tuple[str, ...]
     launches: dict[str, Launch]  # stage -> launch
-    weight_split: int  # slices of the weight gradient (conv families); > 1 needs a partial buffer
+    # GEMM stage -> number of reduction splits; > 1: the stage writes a [split, *output] partial
+    # buffer and its `<stage>_reduce` kernel adds it up.
+    splits: dict[str, int]
+    argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
+
+
+@dataclass(frozen=True, slots=True)
+class GemmTile:
+    """Tile of one implicit-GEMM stage: block tile bm x bn, slice depth bk, thread tile tm x tn,
+    and the number of blocks the reduction's slices are cut into."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    split: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """C[m, n] = sum over the reduction; `conv` stages reduce over (source channel, window offset)
+    in slices of bk channels, weight stages over the cells of D in slices of WEIGHT_BK."""
+
+    m: int
+    n: int
+    conv: bool
+    source_c: int  # conv stages: source channels
+    k_size: int  # conv stages: window cells
+    reduction: int  # weight stages: cells of D
+    rank: int
+
+    @property
+    def bk(self) -> int:
+        if not self.conv:
+            return WEIGHT_BK
+        return -(-self.source_c // -(-self.source_c // MAX_BK)) if self.source_c else 1
+
+    @property
+    def chunks(self) -> int:
+        if self.conv:
+            return -(-self.source_c // self.bk) * self.k_size
+        return -(-self.reduction // WEIGHT_BK)
+
+
+def _tile_candidates(bk: int, conv: bool) -> list[tuple[int, int, int, int]]:
+    """(bm, bn, tm, tn) of 64..256 threads whose shared tiles fit."""
+    out = []
+    for tm in (1, 2, 4, 8):
+        for tn in (4, 8):
+            for rows in (1, 2, 4, 8, 16, 32):
+                for cols in (2, 4, 8, 16, 32, 64):
+                    threads, bm, bn = rows * cols, tm * rows, tn * cols
+                    if threads not in (64, 128, 256) or bm > 128 or bn > 256:
+                        continue
+                    if 2 * bk * (bm + bn + 8) * 4 > SHARED_LIMIT:
+                        continue
+                    if not conv and threads % bk:
+                        continue
+                    out.append((bm, bn, tm, tn))
+    return out
+
+
+def _gemm_cost(shape: GemmShape, bm: int, bn: int, tm: int, tn: int, split: int) -> float:
+    """Rough cycles of the busiest SM: issued warp instructions over the schedulers' rate, derated
+    when few warps share an SM, plus the second pass of a split. Steers choices only."""
+    bk, chunks, rank = shape.bk, shape.chunks, shape.rank
+    threads = (bm // tm) * (bn // tn)
+    per_split = -(-chunks // split) if chunks else 0
+    blocks = -(-shape.m // bm) * -(-shape.n // bn) * split
+    if blocks == 0:
+        return 0.0
+    a_loads = -(-bm * bk // threads)
+    fma = bk * tm * tn
+    lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4))
+    if shape.conv:
+        cols = max(bn // threads, 1)
+        b_rows = -(-bk // max(threads // bn, 1))
+        b_loads = cols * b_rows
+        index = 3 * rank + cols * (6 * rank + 4) + b_loads * 4
+        hoisted = cols * (rank + 1)  # window starts of the thread's columns
+    else:
+        b_loads = -(-bn // (threads // bk))
+        index = 4 * rank + b_loads * (4 * rank + 4)
+        hoisted = b_loads * (rank + 2)  # channel and window offset of the thread's columns
+    per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + 20
+    registers = tm * tn + 2 * (a_loads + b_loads) + hoisted + 40 + (tm + tn)
+    if registers > 255:
+        return math.inf
+    resident = max(1, min(2048 // threads, 65536 // (threads * registers), 32,
+                          (228 * 1024) // (2 * bk * (bm + bn + 8) * 4 + 1024)))
+    busiest = -(-blocks // SM_COUNT)
+    warps = min(busiest, resident) * threads / 32
+    utilisation = warps / (warps + 6)
+    issue = busiest * (threads / 32) * per_slice * per_split / (4 * utilisation)
+    latency = -(-busiest // resident) * per_split * 400  # each slice waits on its loads at least once
+    cost = max(issue, latency) + 2000
+    if split > 1:
+        moved = 4 * shape.m * shape.n * (split + 1)
+        cost += 5000 + moved / 3.0e12 * CLOCK_HZ  # the second kernel, its launch and its buffer
+    return cost
+
+
+@functools.lru_cache(maxsize=4096)
+def gemm_tile(shape: GemmShape) -> GemmTile:
+    """The cheapest tile and split of `shape` by `_gemm_cost`."""
+    best = None
+    for bm, bn, tm, tn in _tile_candidates(shape.bk, shape.conv):
+        blocks = -(-shape.m // bm) * -(-shape.n // bn)
+        splits = {1}
+        if shape.chunks > 1 and blocks < 2 * SM_COUNT:
+            for split in range(2, min(shape.chunks, 64) + 1):
+                per_split = -(-shape.chunks // split)
+                splits.add(-(-shape.chunks // per_split))  # no empty split
+        for split in sorted(splits):
+            cost = _gemm_cost(shape, bm, bn, tm, tn, split)
+            key = (cost, split, -bm * bn, tm, tn)
+            if best is None or key < best[0]:
+                best = (key, GemmTile(bm, bn, shape.bk, tm, tn, split))
+    assert best is not None
+    return best[1]
+
+
+def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
+    """The three implicit GEMMs of a conv-family geometry, per stage."""
+    in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
+    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    in_c, out_c = geom.in_c, geom.out_c
+    # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
+    d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
+    return {
+        "forward": GemmShape(out_c, out_size, True, in_c, k_size, 0, rank),
+        "backward_input": GemmShape(in_c, in_size, True, out_c, k_size, 0, rank),
+        "backward_weight": GemmShape(d_c, u_c * k_size, False, 0, 0, d_size, rank),
+    }
 
 
 def _blocks(threads: int) -> int:
     return -(-threads // BLOCK)
-
-
-def _channel_tile(channels: int, cells: int) -> int:
-    """Output channels per thread: the largest of 8, 4, 2, 1 that divides `channels` and still
-    leaves TARGET_THREADS threads (more channels per thread reuse each input load more)."""
-    for tile in (8, 4, 2):
-        if channels % tile == 0 and cells * channels // tile >= TARGET_THREADS:
-            return tile
-    return 1
-
-
-def _weight_tiles(geom: Geometry) -> tuple[int, int, int, int]:
-    """(u-channel tile, last-axis offset tile, split, blocks per split) of the weight gradient:
-    the reduction runs over the cells of D (g for conv, x for conv transpose) against U."""
-    d_c, u_c, d_size = _weight_roles(geom)
-    u_tile = next(t for t in (4, 2, 1) if u_c % t == 0)
-    k_last = geom.kernel[-1]
-    k_tile = min(k_last, 4)
-    blocks = d_c * (u_c // u_tile) * (math.prod(geom.kernel) // k_last) * -(-k_last // k_tile)
-    split = min(-(-TARGET_WEIGHT_BLOCKS // max(blocks, 1)), d_size // (BLOCK * MIN_CELLS_PER_THREAD))
-    return u_tile, k_tile, max(split, 1), blocks
-
-
-def _weight_roles(geom: Geometry) -> tuple[int, int, int]:
-    """(D channels, U channels, D cells per channel)."""
-    if geom.family is Family.CONV:
-        return geom.out_c, geom.in_c, math.prod(geom.out_spatial)
-    return geom.in_c, geom.out_c, math.prod(geom.in_spatial)
 
 
 def defines(geom: Geometry) -> tuple[str, ...]:
@@ -81,28 +194,57 @@ def defines(geom: Geometry) -> tuple[str, ...]:
 def _plan(family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...], kernel: tuple[int, ...],
           stride: tuple[int, ...], padding: tuple[int, ...]) -> Plan:
     geom = Geometry.build(family, in_c, out_c, in_spatial, kernel, stride, padding)
-    in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
     values: dict[str, int] = {"IN_C": in_c, "OUT_C": out_c, "BLOCK": BLOCK}
     for axis, axis_values in enumerate(zip(in_spatial, kernel, stride, padding, geom.out_spatial)):
         values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}"), axis_values))
     if not family.is_conv:
-        launches = {"forward": Launch(_blocks(out_c * out_size)), "backward_input": Launch(_blocks(in_c * in_size))}
-        return Plan(tuple(f"-D{k}={v}" for k, v in values.items()), launches, 1)
+        return _pool_plan(geom, values)
 
-    forward_tile = _channel_tile(out_c, out_size)
-    backward_tile = _channel_tile(in_c, in_size)
-    u_tile, k_tile, split, weight_blocks = _weight_tiles(geom)
-    values.update(TILE_FORWARD=forward_tile, TILE_BACKWARD_INPUT=backward_tile,
-                  WEIGHT_U_TILE=u_tile, WEIGHT_K_TILE=k_tile, WEIGHT_SPLIT=split)
-    weight_count = in_c * out_c * math.prod(kernel)
-    launches = {
-        "forward": Launch(out_c // forward_tile * _blocks(out_size)),
-        "backward_input": Launch(in_c // backward_tile * _blocks(in_size)),
-        "backward_weight": Launch(weight_blocks * split if weight_count else 0),
-        "backward_weight_reduce": Launch(_blocks(weight_count) if split > 1 else 0),
-        "backward_bias": Launch(out_c),
-    }
-    return Plan(tuple(f"-D{k}={v}" for k, v in values.items()), launches, split)
+    launches: dict[str, Launch] = {}
+    splits: dict[str, int] = {}
+    for stage, shape in gemm_shapes(geom).items():
+        tile = gemm_tile(shape)
+        prefix = GEMM_STAGES[stage]
+        values.update({f"{prefix}_BM": tile.bm, f"{prefix}_BN": tile.bn, f"{prefix}_BK": tile.bk,
+                       f"{prefix}_TM": tile.tm, f"{prefix}_TN": tile.tn, f"{prefix}_SPLIT": tile.split})
+        count = shape.m * shape.n
+        blocks = -(-shape.m // tile.bm) * -(-shape.n // tile.bn) * tile.split
+        launches[stage] = Launch(blocks if count else 0, tile.threads)
+        vector = 4 if count % 4 == 0 else 1
+        launches[f"{stage}_reduce"] = Launch(_blocks(count // vector) if count and tile.split > 1 else 0)
+        splits[stage] = tile.split
+    launches["backward_bias"] = Launch(out_c)
+    return Plan(tuple(f"-D{k}={v}" for k, v in values.items()), launches, splits)
+
+
+def argmax_dtype(k_size: int) -> str:
+    """The narrowest unsigned type that holds every window offset and one spare value (the poison)."""
+    return "uint8" if k_size <= 0xFF else "uint16" if k_size <= 0xFFFF else "uint32"
+
+
+def pool_cells_per_thread(kernel_last: int, stride_last: int) -> int:
+    """Consecutive cells along the last axis that one pool thread owns (POOL_V): 4 while the input
+    segment they share stays small, so each loaded value serves several windows."""
+    for v in (4, 2):
+        if (v - 1) * stride_last + kernel_last <= 40:
+            return v
+    return 1
+
+
+def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
+    k_size = math.prod(geom.kernel)
+    dtype = argmax_dtype(k_size)
+    v = pool_cells_per_thread(geom.kernel[-1], geom.stride[-1])
+    values["POOL_V"] = v
+    if geom.family is Family.MAX_POOL:
+        values["ARGMAX_BYTES"] = {"uint8": 1, "uint16": 2, "uint32": 4}[dtype]
+
+    def threads(c: int, spatial: tuple[int, ...]) -> int:
+        return c * math.prod(spatial[:-1]) * -(-spatial[-1] // v)
+
+    launches = {"forward": Launch(_blocks(threads(geom.out_c, geom.out_spatial))),
+                "backward_input": Launch(_blocks(threads(geom.in_c, geom.in_spatial)))}
+    return Plan(tuple(f"-D{k}={v}" for k, v in values.items()), launches, {}, dtype)
 
 
 def plan(geom: Geometry) -> Plan:

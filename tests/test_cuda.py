@@ -13,7 +13,8 @@ import pytest
 
 import reference
 import torch_oracle
-from convgen.cuda_launch import plan
+from convgen import cuda_launch
+from convgen.cuda_launch import GemmTile, plan
 from convgen.geometry import MAX_RANK, Family, Geometry
 
 cupy = pytest.importorskip("cupy")
@@ -42,6 +43,7 @@ class PoisonTape(convgen.cuda.Tape):
     backend_class = PoisonBackend
 
 
+G = Geometry.build
 RANKS = range(1, MAX_RANK + 1)
 CASES_PER_RANK = 3  # the last one may have empty extents or channels
 
@@ -92,9 +94,9 @@ def assert_close_to(geom: Geometry, got, ref, ref_abs) -> None:
     assert not failures, f"{geom}: " + "; ".join(failures)
 
 
-def check_against_cpu(geom: Geometry, rng: np.random.Generator) -> None:
+def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=PoisonTape) -> None:
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    got = run(PoisonTape(), geom, inputs, grad, repeat=2)
+    got = run(tape_class(), geom, inputs, grad, repeat=2)
     ref = run(convgen.cpu.Tape(), geom, inputs, grad)
     ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
     assert_close_to(geom, got, ref, ref_abs)
@@ -109,19 +111,88 @@ def test_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
         check_against_cpu(geom, rng)
 
 
-def test_channel_tiles_and_split_weight_gradient() -> None:
-    """Geometries big enough for the 8- and 4-wide channel tiles, and a long weight-gradient
-    reduction split over blocks (the small random cases take tile 1 and one slice)."""
+def test_planned_tiles_and_splits() -> None:
+    """Geometries whose plans split a reduction over blocks (forward, backward_input and weight
+    gradient) and take wide tiles; the small random cases mostly run one slice."""
     rng = case_rng("tiles")
     cases = {
-        Geometry.build(Family.CONV, 8, 16, (130, 130), (3, 3), (1, 1), (1, 1)): ("-DTILE_FORWARD=8", "-DTILE_BACKWARD_INPUT=4"),
-        Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (92, 92), (3, 2), (2, 1), (1, 0)): ("-DTILE_FORWARD=4",),
-        Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)): (),
+        Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)): ("backward_weight",),
+        Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1)): ("forward", "backward_input"),
+        Geometry.build(Family.CONV, 3, 16, (64, 64), (7, 7), (2, 2), (3, 3)): ("forward", "backward_weight"),
+        Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (92, 92), (3, 2), (2, 1), (1, 0)): ("backward_weight",),
     }
-    for geom, expected_defines in cases.items():
-        assert set(expected_defines) <= set(plan(geom).defines)
+    for geom, split_stages in cases.items():
+        splits = plan(geom).splits
+        assert all(splits[stage] > 1 for stage in split_stages), (geom, splits)
         check_against_cpu(geom, rng)
-    assert plan(Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1))).weight_split > 1
+
+
+# Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
+# staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
+# 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
+# divide the channels, and output rows that are and are not a multiple of 4.
+FORCED_TILES = [  # (bm, bn, tm, tn, split)
+    (4, 256, 4, 4, 1),
+    (64, 64, 4, 4, 3),
+    (32, 128, 4, 8, 2),
+    (128, 64, 8, 4, 1),
+    (16, 64, 1, 4, 5),
+    (8, 64, 2, 8, 2),
+]
+FORCED_GEOMETRY = [
+    Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
+    Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
+    Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
+]
+
+
+@pytest.fixture
+def forced_tile(monkeypatch):
+    """Makes every plan take the given tile (splits cut down to the slices there are)."""
+    def force(bm: int, bn: int, tm: int, tn: int, split: int) -> None:
+        def tile(shape):
+            parts = max(1, min(split, shape.chunks))
+            per_part = -(-shape.chunks // parts) if shape.chunks else 1
+            return GemmTile(bm, bn, shape.bk, tm, tn, -(-shape.chunks // per_part) if shape.chunks else 1)
+        monkeypatch.setattr(cuda_launch, "gemm_tile", tile)
+        cuda_launch._plan.cache_clear()
+    yield force
+    cuda_launch._plan.cache_clear()
+
+
+@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+def test_every_gemm_tile_shape(tile, forced_tile) -> None:
+    forced_tile(*tile)
+
+    class Backend(PoisonBackend):  # its own module cache: these tiles are not the planned ones
+        pass
+
+    class ForcedTape(PoisonTape):
+        backend_class = Backend
+
+    rng = case_rng("forced", tile)
+    for geom in FORCED_GEOMETRY:
+        assert f"-DFWD_BN={tile[1]}" in plan(geom).defines
+        check_against_cpu(geom, rng, ForcedTape)
+
+
+def test_pool_offset_widths_and_long_rows() -> None:
+    """Max pool saves its window offsets as uint8, uint16 or uint32 by the window size; rows of
+    the window longer than the register segment are streamed; V = 1, 2, 4 cells per thread."""
+    rng = case_rng("pool widths")
+    cases = {
+        G(Family.MAX_POOL, 2, 2, (20, 37), (17, 16), (1, 1), (8, 8)): "uint16",
+        G(Family.MAX_POOL, 1, 1, (65539,), (65536,), (1,), (0,)): "uint32",
+        G(Family.MAX_POOL, 3, 3, (9, 7, 16), (3, 3, 3), (2, 1, 2), (1, 1, 1)): "uint8",
+        G(Family.AVG_POOL, 2, 2, (101,), (50,), (3,), (25,)): None,
+        G(Family.AVG_POOL, 2, 2, (6, 33), (3, 5), (2, 3), (1, 2)): None,
+        G(Family.SMOOTH_MAX_POOL, 2, 2, (5, 150), (3, 70), (1, 2), (1, 30), -0.7): None,
+        G(Family.SMOOTH_MAX_POOL, 2, 2, (6, 41), (3, 20), (1, 11), (1, 10), 0.7): None,
+    }
+    for geom, dtype in cases.items():
+        if dtype is not None:
+            assert plan(geom).argmax_dtype == dtype
+        check_against_cpu(geom, rng)
 
 
 # PyTorch on the GPU, ranks 1..3 (it has no smooth max pool).
@@ -147,7 +218,6 @@ def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
 
 # Degenerate geometry and rejected calls: the same Result on both tapes (ok-ness, error text).
 
-G = Geometry.build
 DEGENERATE = {
     "conv empty input axis": G(Family.CONV, 2, 3, (0, 3), (2, 2), (1, 1), (1, 1)),
     "conv no input channels": G(Family.CONV, 0, 2, (3, 2), (2, 1), (1, 1), (0, 0)),
