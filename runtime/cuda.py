@@ -80,7 +80,7 @@ class CupyBackend:
 
     def device_of(self, array: Any) -> str:
         if isinstance(array, self._xp.ndarray):
-            return f"cuda:{array.device.id}"
+            return f"cuda:{array.data.device_id}"
         if isinstance(array, np.ndarray):
             return "cpu"
         kind, index = array.__dlpack_device__()
@@ -88,7 +88,7 @@ class CupyBackend:
 
     @property
     def device(self) -> str:
-        return f"cuda:{self._xp.cuda.Device().id}"
+        return f"cuda:{self._xp.cuda.runtime.getDevice()}"
 
     def _output(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         array = self._xp.empty(shape, dtype)
@@ -101,7 +101,7 @@ class CupyBackend:
     def _compile(self, geom: Geometry) -> _Compiled:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
-        key = (*_geometry_key(geom), self._xp.cuda.Device().id)
+        key = (*_geometry_key(geom), self._xp.cuda.runtime.getDevice())
         compiled = self._compiled.get(key)
         if compiled is None:
             entry = KERNELS[(geom.family, geom.rank)]

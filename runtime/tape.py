@@ -44,6 +44,11 @@ def _is_node_id(value: object, count: int) -> bool:
     return type(value) is int and 0 <= value < count
 
 
+def _shaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """`array` viewed as `shape`; reshaping only when needed, since a CuPy reshape costs microseconds."""
+    return array if array.shape == shape else array.reshape(shape)
+
+
 class Tape(GeneratedOps):
     """A recording of values and ops. Every op returns a new tape; this one stays as it was."""
 
@@ -91,7 +96,7 @@ class Tape(GeneratedOps):
     def value(self, node_id: int) -> Any:
         """The node's array, shaped as recorded (a mismatched flat buffer comes back as given)."""
         node = self._node(node_id)
-        return node.value.reshape(node.shape) if node.value.size == math.prod(node.shape) else node.value
+        return _shaped(node.value, node.shape) if node.value.size == math.prod(node.shape) else node.value
 
     def shape(self, node_id: int) -> tuple[int, ...]:
         return self._node(node_id).shape
@@ -116,7 +121,7 @@ class Tape(GeneratedOps):
             expected = math.prod(shape)
             if node.value.size != expected:
                 return self._size_mismatch(expected, node.value.size)
-            arrays.append(node.value.reshape(shape))
+            arrays.append(_shaped(node.value, shape))
         return tuple(arrays)
 
     def _size_mismatch(self, expected: int, actual: int) -> str:
@@ -155,7 +160,7 @@ class Tape(GeneratedOps):
         if out.dtype != "float32" or where != backend.device:
             return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on {where}, "
                               f"expected float32 on {backend.device}")
-        node = Node(out.reshape(out_shape), out_shape, info.name, True, tuple(ids), OpRecord(info, geom, saved))
+        node = Node(_shaped(out, out_shape), out_shape, info.name, True, tuple(ids), OpRecord(info, geom, saved))
         return Result.ok(self._append(node))
 
     # Backward (SEMANTICS §6).
@@ -187,7 +192,7 @@ class Tape(GeneratedOps):
             record = node.op
             if record.geom.output_numel == 0:
                 continue  # an empty output passes nothing back
-            inputs = tuple(nodes[p].value.reshape(shape) for p, shape in zip(node.parents, record.geom.parent_shapes))
+            inputs = tuple(_shaped(nodes[p].value, shape) for p, shape in zip(node.parents, record.geom.parent_shapes))
             try:
                 contributions = backend.backward(record.geom, inputs, record.saved, grad)
             except BackendError as error:
