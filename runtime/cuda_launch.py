@@ -75,12 +75,28 @@ class GemmShape:
     k_size: int  # conv stages: window cells
     reduction: int  # weight stages: cells of D
     rank: int
+    # Gather-form conv stages with a stride > 1 (conv backward_input, transpose forward) run one
+    # GEMM per stride phase: `phases` of them, each over `phase_n` cells (the destination cells
+    # rho + S*u of one residue rho per axis, a box of ceil(extent / S) per axis) and k_size window
+    # offsets (the mean over the phases, K_SIZE / phases rounded up: each offset serves one phase
+    # per axis). phase_n = 0: one phase over all n cells.
+    phases: int = 1
+    phase_n: int = 0
 
     @property
     def bk(self) -> int:
         if not self.conv:
             return WEIGHT_BK
         return -(-self.source_c // -(-self.source_c // MAX_BK)) if self.source_c else 1
+
+    @property
+    def columns(self) -> int:
+        """GEMM columns of one phase."""
+        return self.phase_n if self.phases > 1 else self.n
+
+    def grid(self, bm: int, bn: int, split: int) -> int:
+        """Blocks of a launch with this tile: (phase, split, row tile, column tile)."""
+        return -(-self.m // bm) * -(-self.columns // bn) * split * self.phases
 
     @property
     def chunks(self) -> int:
@@ -113,7 +129,7 @@ def _gemm_cost(shape: GemmShape, bm: int, bn: int, tm: int, tn: int, split: int)
     bk, chunks, rank = shape.bk, shape.chunks, shape.rank
     threads = (bm // tm) * (bn // tn)
     per_split = -(-chunks // split) if chunks else 0
-    blocks = -(-shape.m // bm) * -(-shape.n // bn) * split
+    blocks = shape.grid(bm, bn, split) if shape.m and shape.n else 0
     if blocks == 0:
         return 0.0
     a_loads = -(-bm * bk // threads)
@@ -124,6 +140,8 @@ def _gemm_cost(shape: GemmShape, bm: int, bn: int, tm: int, tn: int, split: int)
         b_rows = -(-bk // max(threads // bn, 1))
         b_loads = cols * b_rows
         index = 3 * rank + cols * (6 * rank + 4) + b_loads * 4
+        if shape.phases > 1:
+            index += 4 * rank  # the phase's slice cursor and window offset
         hoisted = cols * (rank + 1)  # window starts of the thread's columns
     else:
         b_loads = -(-bn // (threads // bk))
@@ -139,11 +157,16 @@ def _gemm_cost(shape: GemmShape, bm: int, bn: int, tm: int, tn: int, split: int)
     warps = min(busiest, resident) * threads / 32
     utilisation = warps / (warps + 6)
     issue = busiest * (threads / 32) * per_slice * per_split / (4 * utilisation)
-    latency = -(-busiest // resident) * per_split * 400  # each slice waits on its loads at least once
-    cost = max(issue, latency) + 2000
+    # Each slice waits on its global loads and a barrier at least once: ~1000 cycles a round trip
+    # on the H200 sweep (benchmarks/tile_sweep.py: 20 slices of 1-D 64->64 4096 took 19.7 us, 5
+    # slices split 4 ways 12.9 us), which is why deep unsplit reductions of few blocks lose.
+    latency = -(-busiest // resident) * per_split * 1000
+    # Launch, ramp-up and tail of one kernel (~6 us back to back on the sweep); the same for every
+    # tile, so it moves the estimates, not the choice.
+    cost = max(issue, latency) + 10000
     if split > 1:
         moved = 4 * shape.m * shape.n * (split + 1)
-        cost += 5000 + moved / 3.0e12 * CLOCK_HZ  # the second kernel, its launch and its buffer
+        cost += 2000 + moved / 3.0e12 * CLOCK_HZ  # the second kernel, its launch and its buffer
     return cost
 
 
@@ -152,7 +175,7 @@ def gemm_tile(shape: GemmShape) -> GemmTile:
     """The cheapest tile and split of `shape` by `_gemm_cost`."""
     best = None
     for bm, bn, tm, tn in _tile_candidates(shape.bk, shape.conv):
-        blocks = -(-shape.m // bm) * -(-shape.n // bn)
+        blocks = shape.grid(bm, bn, 1)
         splits = {1}
         if shape.chunks > 1 and blocks < 2 * SM_COUNT:
             for split in range(2, min(shape.chunks, 64) + 1):
@@ -174,11 +197,29 @@ def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
     in_c, out_c = geom.in_c, geom.out_c
     # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
     d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
+    direct_forward = GemmShape(out_c, out_size, True, in_c, k_size, 0, rank)
+    direct_backward = GemmShape(in_c, in_size, True, out_c, k_size, 0, rank)
+    if geom.family is Family.CONV:
+        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom)
+    else:
+        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom), direct_backward
     return {
-        "forward": GemmShape(out_c, out_size, True, in_c, k_size, 0, rank),
-        "backward_input": GemmShape(in_c, in_size, True, out_c, k_size, 0, rank),
+        "forward": forward,
+        "backward_input": backward_input,
         "backward_weight": GemmShape(d_c, u_c * k_size, False, 0, 0, d_size, rank),
     }
+
+
+def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry) -> GemmShape:
+    """A gather-form stage (destination cell d collects from source (d + P - k) / S where
+    divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
+    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    phases = math.prod(geom.stride)
+    dst_size = math.prod(dst_spatial)
+    if phases == 1:
+        return GemmShape(dst_c, dst_size, True, src_c, k_size, 0, rank)
+    phase_n = math.prod(-(-d // s) for d, s in zip(dst_spatial, geom.stride))
+    return GemmShape(dst_c, dst_size, True, src_c, -(-k_size // phases), 0, rank, phases, phase_n)
 
 
 def _blocks(threads: int) -> int:
@@ -208,8 +249,7 @@ def _plan(family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...], ke
         values.update({f"{prefix}_BM": tile.bm, f"{prefix}_BN": tile.bn, f"{prefix}_BK": tile.bk,
                        f"{prefix}_TM": tile.tm, f"{prefix}_TN": tile.tn, f"{prefix}_SPLIT": tile.split})
         count = shape.m * shape.n
-        blocks = -(-shape.m // tile.bm) * -(-shape.n // tile.bn) * tile.split
-        launches[stage] = Launch(blocks if count else 0, tile.threads)
+        launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
         vector = 4 if count % 4 == 0 else 1
         launches[f"{stage}_reduce"] = Launch(_blocks(count // vector) if count and tile.split > 1 else 0)
         splits[stage] = tile.split

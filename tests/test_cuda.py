@@ -8,6 +8,8 @@ compile, so sizes stay small and cases few.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -148,32 +150,69 @@ FORCED_GEOMETRY = [
 
 @pytest.fixture
 def forced_tile(monkeypatch):
-    """Makes every plan take the given tile (splits cut down to the slices there are)."""
-    def force(bm: int, bn: int, tm: int, tn: int, split: int) -> None:
+    """Makes every plan take the given tile (splits cut down to the slices there are); gives a
+    poisoning tape with its own module cache (these tiles are not the planned ones)."""
+    def force(bm: int, bn: int, tm: int, tn: int, split: int) -> type:
         def tile(shape):
             parts = max(1, min(split, shape.chunks))
             per_part = -(-shape.chunks // parts) if shape.chunks else 1
             return GemmTile(bm, bn, shape.bk, tm, tn, -(-shape.chunks // per_part) if shape.chunks else 1)
         monkeypatch.setattr(cuda_launch, "gemm_tile", tile)
         cuda_launch._plan.cache_clear()
+
+        class Backend(PoisonBackend):
+            pass
+
+        class ForcedTape(PoisonTape):
+            backend_class = Backend
+
+        return ForcedTape
     yield force
     cuda_launch._plan.cache_clear()
 
 
 @pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
 def test_every_gemm_tile_shape(tile, forced_tile) -> None:
-    forced_tile(*tile)
-
-    class Backend(PoisonBackend):  # its own module cache: these tiles are not the planned ones
-        pass
-
-    class ForcedTape(PoisonTape):
-        backend_class = Backend
-
+    tape_class = forced_tile(*tile)
     rng = case_rng("forced", tile)
     for geom in FORCED_GEOMETRY:
         assert f"-DFWD_BN={tile[1]}" in plan(geom).defines
-        check_against_cpu(geom, rng, ForcedTape)
+        check_against_cpu(geom, rng, tape_class)
+
+
+# The stride-phase decomposition of the gather-form stages (conv backward_input, transpose forward):
+# strides 2 and 3, mixed per axis, kernels smaller than the stride on an axis (phases with no
+# window offset, whose cells get 0 or the bias), extents that the stride does not divide, several
+# source-channel blocks (the slice cursor's carry), ranks 1..4.
+PHASE_GEOMETRY = [
+    Geometry.build(Family.CONV, 3, 5, (11,), (3,), (2,), (1,)),
+    Geometry.build(Family.CONV_TRANSPOSE, 4, 3, (7,), (2,), (3,), (0,)),
+    Geometry.build(Family.CONV, 4, 3, (9, 8), (3, 3), (2, 3), (1, 1)),
+    Geometry.build(Family.CONV, 3, 20, (10, 7), (2, 5), (3, 2), (0, 2)),
+    Geometry.build(Family.CONV_TRANSPOSE, 3, 4, (5, 6), (3, 1), (2, 3), (1, 0)),
+    Geometry.build(Family.CONV_TRANSPOSE, 20, 3, (4, 3, 5), (3, 2, 4), (2, 3, 2), (1, 0, 2)),
+    Geometry.build(Family.CONV, 3, 2, (5, 6, 4, 5), (3, 2, 3, 1), (2, 1, 3, 2), (1, 1, 0, 0)),
+    Geometry.build(Family.CONV_TRANSPOSE, 2, 2, (3, 4, 3, 2), (2, 3, 1, 2), (3, 2, 2, 1), (0, 1, 0, 1)),
+]
+
+
+@pytest.mark.parametrize("geom", PHASE_GEOMETRY, ids=lambda g: f"{g.family.value}_s{'x'.join(map(str, g.stride))}")
+def test_stride_phases(geom: Geometry) -> None:
+    stage = "backward_input" if geom.family is Family.CONV else "forward"
+    shape = cuda_launch.gemm_shapes(geom)[stage]
+    assert shape.phases == math.prod(geom.stride) > 1
+    check_against_cpu(geom, case_rng("phases", geom))
+
+
+@pytest.mark.parametrize("tile", [(4, 256, 4, 4, 1), (16, 64, 1, 4, 5), (8, 64, 2, 8, 2)],
+                         ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+def test_stride_phases_forced_tiles(tile, forced_tile) -> None:
+    """Several B columns or rows per thread, scalar and vector fragments, and splits that leave
+    some phases' runs empty (their slice counts differ)."""
+    tape_class = forced_tile(*tile)
+    rng = case_rng("phases forced", tile)
+    for geom in PHASE_GEOMETRY[2:6]:
+        check_against_cpu(geom, rng, tape_class)
 
 
 def test_pool_offset_widths_and_long_rows() -> None:

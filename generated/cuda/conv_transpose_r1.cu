@@ -244,23 +244,40 @@ extern "C" __global__ void conv_transpose_r1_forward(
     __shared__ __align__(16) float As[2][BK][BM + 4];
     __shared__ __align__(16) float Bs[2][BK][BN + 4];
 constexpr unsigned M = OUT_C, N = OUT_SIZE, SRC_C = IN_C;
-    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
-    constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
-    constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
+    // Stride phases. Per axis, dst cell d = rho + S*u (rho = d mod S) collects only through the
+    // window offsets k = phi + S*r, phi = (rho + P) mod S, r < R = ceil((K - phi) / S), from source
+    // cell (rho + P) / S + u - r. A block's columns are cells u of one phase (extents PU), so its
+    // reduction runs over (src channel block, r) with R0*R1*.. offsets instead of K_SIZE. With
+    // S = 1 on every axis there is one phase, r = k, and this is the plain gather.
+    constexpr unsigned PU0 = (OUT0 + S0 - 1) / S0;
+    constexpr unsigned PHASES = 1u * S0;
+    constexpr unsigned PHASE_N = (unsigned)(1ull * PU0);
+    constexpr unsigned C_BLOCKS = (SRC_C + BK - 1) / BK;
+    constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (PHASE_N + BN - 1) / BN;
+    // Block -> (phase, split, row tile, column tile), column tile fastest.
     unsigned block_rest = blockIdx.x;
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
-    const unsigned split = block_rest / nonzero(M_TILES);
-    const unsigned chunk_begin = split * PER_SPLIT;
-    const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
+    block_rest /= nonzero(M_TILES);
+    const unsigned split = block_rest % SPLIT;
+    const unsigned phase = PHASES == 1 ? 0u : block_rest / SPLIT;
+    unsigned phase_rest = phase;
+    const pos_t rho0 = (pos_t)phase_rest;
+    const pos_t phi0 = (rho0 + P0) % S0;
+    const pos_t R0 = phi0 < K0 ? (K0 - phi0 + S0 - 1) / S0 : 0;
+    const unsigned K_PHASE = (unsigned)(1 * R0);
+    const unsigned chunks = C_BLOCKS * K_PHASE;
+    const unsigned per_split = (chunks + SPLIT - 1) / SPLIT;
+    const unsigned chunk_begin = split * per_split;
+    const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
-const unsigned b_row = tid / BN;
+    const unsigned b_row = tid / BN;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -268,20 +285,48 @@ const unsigned b_row = tid / BN;
 #pragma unroll
     for (unsigned col = 0; col < COLS; ++col) {
         const unsigned cell = n0 + tid % BN + col * THREADS;
-        column_ok[col] = cell < N;
         unsigned rest = cell;
-        const pos_t d0 = (pos_t)rest;
+        const pos_t u0 = (pos_t)rest;
 
-        base0[col] = d0 + P0;
+        column_ok[col] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * u0 < OUT0);
+        base0[col] = (rho0 + P0) / S0 + u0;
+    }
+
+    // Phased: the (channel block, r) of the next slice to load, advanced by one per load (loads
+    // come in order from chunk_begin); the runtime divisions happen once, here.
+    [[maybe_unused]] unsigned next_c0 = 0;
+    [[maybe_unused]] pos_t next_r0 = 0;
+    if constexpr (PHASES > 1) {
+        if (chunk_begin < chunk_end) {
+            unsigned r_rest = chunk_begin % K_PHASE;
+            next_c0 = chunk_begin / K_PHASE * BK;
+            next_r0 = (pos_t)r_rest;
+        }
     }
 
     float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     auto load = [&](unsigned chunk) {
-        const unsigned c0 = chunk / K_SIZE * BK;
-        const unsigned kappa = chunk % K_SIZE;
-        unsigned rest = kappa;
-        const pos_t k0 = (pos_t)rest;
+        unsigned c0;
+        pos_t r0;
+        if constexpr (PHASES == 1) {
+            c0 = chunk / K_SIZE * BK;
+            const unsigned kappa_r = chunk % K_SIZE;
+            unsigned rest = kappa_r;
+            const pos_t rr0 = (pos_t)rest;
 
+            r0 = rr0;
+        } else {
+            c0 = next_c0;
+            r0 = next_r0;
+            bool carry = true;
+            if (carry) {
+                carry = ++next_r0 == R0;
+                if (carry) next_r0 = 0;
+            }
+            if (carry) next_c0 += BK;
+        }
+        unsigned kappa = 0;
+        kappa = kappa * K0 + (unsigned)(phi0 + S0 * r0);
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
@@ -292,9 +337,9 @@ const unsigned b_row = tid / BN;
         for (unsigned col = 0; col < COLS; ++col) {
             bool ok = column_ok[col];
             unsigned offset = 0;
-            const pos_t t0 = base0[col] - k0;
-            ok = ok && t0 >= 0 && t0 % S0 == 0 && t0 / S0 < IN0;
-            offset = offset * IN0 + (unsigned)(t0 / S0);
+            const pos_t j0 = base0[col] - r0;
+            ok = ok && j0 >= 0 && j0 < IN0;
+            offset = offset * IN0 + (unsigned)j0;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
@@ -342,7 +387,35 @@ const unsigned b_row = tid / BN;
         }
     }
     // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
-    store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    if constexpr (PHASES == 1) {
+        store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    } else {
+        // The tile's columns are cells of one phase: dst cell rho + S*u per axis, stride S apart.
+        float* __restrict__ out = dest + (size_t)split * M * N;
+        unsigned column[TN];
+        bool column_in[TN];
+#pragma unroll
+        for (unsigned j = 0; j < TN; ++j) {
+            const unsigned cell = n0 + frag_index<BN, TN>(tn, j);
+            unsigned rest = cell;
+            const pos_t v0 = (pos_t)rest;
+
+            column_in[j] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * v0 < OUT0);
+            unsigned flat = 0;
+            flat = flat * OUT0 + (unsigned)(rho0 + S0 * v0);
+            column[j] = flat;
+        }
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+            const unsigned m = m0 + frag_index<BM, TM>(tm, i);
+            if (m >= M) continue;
+            float* __restrict__ row = out + (size_t)m * N;
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                if (column_in[j]) row[column[j]] = acc[i][j];
+            }
+        }
+    }
 }
 
 extern "C" __global__ void conv_transpose_r1_forward_reduce(
@@ -370,11 +443,11 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
     __shared__ __align__(16) float As[2][BK][BM + 4];
     __shared__ __align__(16) float Bs[2][BK][BN + 4];
 constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
-    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
+    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
     constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
     unsigned block_rest = blockIdx.x;
@@ -386,7 +459,7 @@ constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
     const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
-const unsigned b_row = tid / BN;
+    const unsigned b_row = tid / BN;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];

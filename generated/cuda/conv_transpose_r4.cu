@@ -253,23 +253,55 @@ extern "C" __global__ void conv_transpose_r4_forward(
     __shared__ __align__(16) float As[2][BK][BM + 4];
     __shared__ __align__(16) float Bs[2][BK][BN + 4];
 constexpr unsigned M = OUT_C, N = OUT_SIZE, SRC_C = IN_C;
-    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
-    constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
-    constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
+    // Stride phases. Per axis, dst cell d = rho + S*u (rho = d mod S) collects only through the
+    // window offsets k = phi + S*r, phi = (rho + P) mod S, r < R = ceil((K - phi) / S), from source
+    // cell (rho + P) / S + u - r. A block's columns are cells u of one phase (extents PU), so its
+    // reduction runs over (src channel block, r) with R0*R1*.. offsets instead of K_SIZE. With
+    // S = 1 on every axis there is one phase, r = k, and this is the plain gather.
+    constexpr unsigned PU0 = (OUT0 + S0 - 1) / S0;
+    constexpr unsigned PU1 = (OUT1 + S1 - 1) / S1;
+    constexpr unsigned PU2 = (OUT2 + S2 - 1) / S2;
+    constexpr unsigned PU3 = (OUT3 + S3 - 1) / S3;
+    constexpr unsigned PHASES = 1u * S0 * S1 * S2 * S3;
+    constexpr unsigned PHASE_N = (unsigned)(1ull * PU0 * PU1 * PU2 * PU3);
+    constexpr unsigned C_BLOCKS = (SRC_C + BK - 1) / BK;
+    constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (PHASE_N + BN - 1) / BN;
+    // Block -> (phase, split, row tile, column tile), column tile fastest.
     unsigned block_rest = blockIdx.x;
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
-    const unsigned split = block_rest / nonzero(M_TILES);
-    const unsigned chunk_begin = split * PER_SPLIT;
-    const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
+    block_rest /= nonzero(M_TILES);
+    const unsigned split = block_rest % SPLIT;
+    const unsigned phase = PHASES == 1 ? 0u : block_rest / SPLIT;
+    unsigned phase_rest = phase;
+    const pos_t rho3 = (pos_t)(phase_rest % S3);
+    phase_rest /= S3;
+    const pos_t rho2 = (pos_t)(phase_rest % S2);
+    phase_rest /= S2;
+    const pos_t rho1 = (pos_t)(phase_rest % S1);
+    phase_rest /= S1;
+    const pos_t rho0 = (pos_t)phase_rest;
+    const pos_t phi0 = (rho0 + P0) % S0;
+    const pos_t R0 = phi0 < K0 ? (K0 - phi0 + S0 - 1) / S0 : 0;
+    const pos_t phi1 = (rho1 + P1) % S1;
+    const pos_t R1 = phi1 < K1 ? (K1 - phi1 + S1 - 1) / S1 : 0;
+    const pos_t phi2 = (rho2 + P2) % S2;
+    const pos_t R2 = phi2 < K2 ? (K2 - phi2 + S2 - 1) / S2 : 0;
+    const pos_t phi3 = (rho3 + P3) % S3;
+    const pos_t R3 = phi3 < K3 ? (K3 - phi3 + S3 - 1) / S3 : 0;
+    const unsigned K_PHASE = (unsigned)(1 * R0 * R1 * R2 * R3);
+    const unsigned chunks = C_BLOCKS * K_PHASE;
+    const unsigned per_split = (chunks + SPLIT - 1) / SPLIT;
+    const unsigned chunk_begin = split * per_split;
+    const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
-const unsigned b_row = tid / BN;
+    const unsigned b_row = tid / BN;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -280,35 +312,96 @@ const unsigned b_row = tid / BN;
 #pragma unroll
     for (unsigned col = 0; col < COLS; ++col) {
         const unsigned cell = n0 + tid % BN + col * THREADS;
-        column_ok[col] = cell < N;
         unsigned rest = cell;
-        const pos_t d3 = (pos_t)(rest % nonzero(OUT3));
-        rest /= nonzero(OUT3);
-        const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
-        rest /= nonzero(OUT2);
-        const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
-        rest /= nonzero(OUT1);
-        const pos_t d0 = (pos_t)rest;
+        const pos_t u3 = (pos_t)(rest % nonzero(PU3));
+        rest /= nonzero(PU3);
+        const pos_t u2 = (pos_t)(rest % nonzero(PU2));
+        rest /= nonzero(PU2);
+        const pos_t u1 = (pos_t)(rest % nonzero(PU1));
+        rest /= nonzero(PU1);
+        const pos_t u0 = (pos_t)rest;
 
-        base0[col] = d0 + P0;
-        base1[col] = d1 + P1;
-        base2[col] = d2 + P2;
-        base3[col] = d3 + P3;
+        column_ok[col] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * u0 < OUT0) && (S1 == 1 || rho1 + S1 * u1 < OUT1) && (S2 == 1 || rho2 + S2 * u2 < OUT2) && (S3 == 1 || rho3 + S3 * u3 < OUT3);
+        base0[col] = (rho0 + P0) / S0 + u0;
+        base1[col] = (rho1 + P1) / S1 + u1;
+        base2[col] = (rho2 + P2) / S2 + u2;
+        base3[col] = (rho3 + P3) / S3 + u3;
+    }
+
+    // Phased: the (channel block, r) of the next slice to load, advanced by one per load (loads
+    // come in order from chunk_begin); the runtime divisions happen once, here.
+    [[maybe_unused]] unsigned next_c0 = 0;
+    [[maybe_unused]] pos_t next_r0 = 0;
+    [[maybe_unused]] pos_t next_r1 = 0;
+    [[maybe_unused]] pos_t next_r2 = 0;
+    [[maybe_unused]] pos_t next_r3 = 0;
+    if constexpr (PHASES > 1) {
+        if (chunk_begin < chunk_end) {
+            unsigned r_rest = chunk_begin % K_PHASE;
+            next_c0 = chunk_begin / K_PHASE * BK;
+            next_r3 = (pos_t)(r_rest % (unsigned)R3);
+            r_rest /= (unsigned)R3;
+            next_r2 = (pos_t)(r_rest % (unsigned)R2);
+            r_rest /= (unsigned)R2;
+            next_r1 = (pos_t)(r_rest % (unsigned)R1);
+            r_rest /= (unsigned)R1;
+            next_r0 = (pos_t)r_rest;
+        }
     }
 
     float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     auto load = [&](unsigned chunk) {
-        const unsigned c0 = chunk / K_SIZE * BK;
-        const unsigned kappa = chunk % K_SIZE;
-        unsigned rest = kappa;
-        const pos_t k3 = (pos_t)(rest % nonzero(K3));
-        rest /= nonzero(K3);
-        const pos_t k2 = (pos_t)(rest % nonzero(K2));
-        rest /= nonzero(K2);
-        const pos_t k1 = (pos_t)(rest % nonzero(K1));
-        rest /= nonzero(K1);
-        const pos_t k0 = (pos_t)rest;
+        unsigned c0;
+        pos_t r0;
+        pos_t r1;
+        pos_t r2;
+        pos_t r3;
+        if constexpr (PHASES == 1) {
+            c0 = chunk / K_SIZE * BK;
+            const unsigned kappa_r = chunk % K_SIZE;
+            unsigned rest = kappa_r;
+            const pos_t rr3 = (pos_t)(rest % nonzero(K3));
+            rest /= nonzero(K3);
+            const pos_t rr2 = (pos_t)(rest % nonzero(K2));
+            rest /= nonzero(K2);
+            const pos_t rr1 = (pos_t)(rest % nonzero(K1));
+            rest /= nonzero(K1);
+            const pos_t rr0 = (pos_t)rest;
 
+            r0 = rr0;
+            r1 = rr1;
+            r2 = rr2;
+            r3 = rr3;
+        } else {
+            c0 = next_c0;
+            r0 = next_r0;
+            r1 = next_r1;
+            r2 = next_r2;
+            r3 = next_r3;
+            bool carry = true;
+            if (carry) {
+                carry = ++next_r3 == R3;
+                if (carry) next_r3 = 0;
+            }
+            if (carry) {
+                carry = ++next_r2 == R2;
+                if (carry) next_r2 = 0;
+            }
+            if (carry) {
+                carry = ++next_r1 == R1;
+                if (carry) next_r1 = 0;
+            }
+            if (carry) {
+                carry = ++next_r0 == R0;
+                if (carry) next_r0 = 0;
+            }
+            if (carry) next_c0 += BK;
+        }
+        unsigned kappa = 0;
+        kappa = kappa * K0 + (unsigned)(phi0 + S0 * r0);
+        kappa = kappa * K1 + (unsigned)(phi1 + S1 * r1);
+        kappa = kappa * K2 + (unsigned)(phi2 + S2 * r2);
+        kappa = kappa * K3 + (unsigned)(phi3 + S3 * r3);
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
@@ -319,18 +412,18 @@ const unsigned b_row = tid / BN;
         for (unsigned col = 0; col < COLS; ++col) {
             bool ok = column_ok[col];
             unsigned offset = 0;
-            const pos_t t0 = base0[col] - k0;
-            ok = ok && t0 >= 0 && t0 % S0 == 0 && t0 / S0 < IN0;
-            offset = offset * IN0 + (unsigned)(t0 / S0);
-            const pos_t t1 = base1[col] - k1;
-            ok = ok && t1 >= 0 && t1 % S1 == 0 && t1 / S1 < IN1;
-            offset = offset * IN1 + (unsigned)(t1 / S1);
-            const pos_t t2 = base2[col] - k2;
-            ok = ok && t2 >= 0 && t2 % S2 == 0 && t2 / S2 < IN2;
-            offset = offset * IN2 + (unsigned)(t2 / S2);
-            const pos_t t3 = base3[col] - k3;
-            ok = ok && t3 >= 0 && t3 % S3 == 0 && t3 / S3 < IN3;
-            offset = offset * IN3 + (unsigned)(t3 / S3);
+            const pos_t j0 = base0[col] - r0;
+            ok = ok && j0 >= 0 && j0 < IN0;
+            offset = offset * IN0 + (unsigned)j0;
+            const pos_t j1 = base1[col] - r1;
+            ok = ok && j1 >= 0 && j1 < IN1;
+            offset = offset * IN1 + (unsigned)j1;
+            const pos_t j2 = base2[col] - r2;
+            ok = ok && j2 >= 0 && j2 < IN2;
+            offset = offset * IN2 + (unsigned)j2;
+            const pos_t j3 = base3[col] - r3;
+            ok = ok && j3 >= 0 && j3 < IN3;
+            offset = offset * IN3 + (unsigned)j3;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
@@ -378,7 +471,44 @@ const unsigned b_row = tid / BN;
         }
     }
     // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
-    store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    if constexpr (PHASES == 1) {
+        store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    } else {
+        // The tile's columns are cells of one phase: dst cell rho + S*u per axis, stride S apart.
+        float* __restrict__ out = dest + (size_t)split * M * N;
+        unsigned column[TN];
+        bool column_in[TN];
+#pragma unroll
+        for (unsigned j = 0; j < TN; ++j) {
+            const unsigned cell = n0 + frag_index<BN, TN>(tn, j);
+            unsigned rest = cell;
+            const pos_t v3 = (pos_t)(rest % nonzero(PU3));
+            rest /= nonzero(PU3);
+            const pos_t v2 = (pos_t)(rest % nonzero(PU2));
+            rest /= nonzero(PU2);
+            const pos_t v1 = (pos_t)(rest % nonzero(PU1));
+            rest /= nonzero(PU1);
+            const pos_t v0 = (pos_t)rest;
+
+            column_in[j] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * v0 < OUT0) && (S1 == 1 || rho1 + S1 * v1 < OUT1) && (S2 == 1 || rho2 + S2 * v2 < OUT2) && (S3 == 1 || rho3 + S3 * v3 < OUT3);
+            unsigned flat = 0;
+            flat = flat * OUT0 + (unsigned)(rho0 + S0 * v0);
+            flat = flat * OUT1 + (unsigned)(rho1 + S1 * v1);
+            flat = flat * OUT2 + (unsigned)(rho2 + S2 * v2);
+            flat = flat * OUT3 + (unsigned)(rho3 + S3 * v3);
+            column[j] = flat;
+        }
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+            const unsigned m = m0 + frag_index<BM, TM>(tm, i);
+            if (m >= M) continue;
+            float* __restrict__ row = out + (size_t)m * N;
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                if (column_in[j]) row[column[j]] = acc[i][j];
+            }
+        }
+    }
 }
 
 extern "C" __global__ void conv_transpose_r4_forward_reduce(
@@ -406,11 +536,11 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
     __shared__ __align__(16) float As[2][BK][BM + 4];
     __shared__ __align__(16) float Bs[2][BK][BN + 4];
 constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
-    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
+    constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
     constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
     unsigned block_rest = blockIdx.x;
@@ -422,7 +552,7 @@ constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
     const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
-const unsigned b_row = tid / BN;
+    const unsigned b_row = tid / BN;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
