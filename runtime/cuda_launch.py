@@ -14,6 +14,7 @@ from convgen.geometry import Family, Geometry
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 SM_COUNT = 132  # H200; steers how work is split, never what is computed
+SPLIT_WORKSPACE_BYTES = 16 << 20  # at most this much scratch for a split reduction's partial sums
 CLOCK_HZ = 1.7e9  # for the cost model below: cycles <-> seconds
 SHARED_LIMIT = 48 * 1024  # static shared memory of one block
 WEIGHT_BK = 16  # reduction slice of the weight gradient (cells of D)
@@ -181,6 +182,8 @@ def gemm_tile(shape: GemmShape) -> GemmTile:
             for split in range(2, min(shape.chunks, 64) + 1):
                 per_split = -(-shape.chunks // split)
                 splits.add(-(-shape.chunks // per_split))  # no empty split
+        # The partial sums of a split live in device memory: keep them far below an im2col buffer.
+        splits = {s for s in splits if s == 1 or s * shape.m * shape.n * 4 <= SPLIT_WORKSPACE_BYTES}
         for split in sorted(splits):
             cost = _gemm_cost(shape, bm, bn, tm, tn, split)
             key = (cost, split, -bm * bn, tm, tn)
