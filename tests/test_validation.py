@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import convgen
+from convgen.backend import BackendError
 from convgen.cpu import NumpyBackend
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
@@ -236,6 +237,28 @@ class ShortOutputBackend(NumpyBackend):
     def forward(self, geom, inputs):
         out, saved = super().forward(geom, inputs)
         return out.ravel()[:-1], saved
+
+
+class FailingForward(NumpyBackend):
+    """Stands for a device that fails in a forward kernel (a launch error, an out-of-memory)."""
+
+    def forward(self, geom, inputs):
+        raise BackendError("forward kernel failed: cudaErrorLaunchFailure")
+
+
+class FailingBackward(NumpyBackend):
+    def backward(self, geom, inputs, saved, grad):
+        raise BackendError("backward_input kernel failed: cudaErrorLaunchFailure")
+
+
+def test_backend_failures_become_results_naming_the_op():
+    t = leaves(type("FailingTape", (convgen.cpu.Tape,), {"backend_class": FailingForward})())
+    assert error_of(t.max_pool(2, **POOL)) == "autograd: cpu: max_pool: forward kernel failed: cudaErrorLaunchFailure"
+    assert len(t) == 5
+    t = leaves(type("FailingTape", (convgen.cpu.Tape,), {"backend_class": FailingBackward})())
+    t, y = t.max_pool(2, **POOL).unwrap()
+    assert error_of(t.backward(y, np.ones(t.shape(y), np.float32))) == (
+        "autograd: cpu: max_pool: backward_input kernel failed: cudaErrorLaunchFailure")
 
 
 @pytest.mark.parametrize(("backend", "message"), [
