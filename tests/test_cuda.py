@@ -50,10 +50,6 @@ RANKS = range(1, MAX_RANK + 1)
 CASES_PER_RANK = 3  # the last one may have empty extents or channels
 
 
-def case_rng(*key: object) -> np.random.Generator:
-    return np.random.default_rng([len(str(key)), *str(key).encode()])
-
-
 def host(array):
     return cupy.asnumpy(array) if isinstance(array, cupy.ndarray) else np.asarray(array)
 
@@ -107,7 +103,7 @@ def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=Poiso
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", Family, ids=lambda f: f.value)
 def test_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
-    rng = case_rng("cuda", family.value, rank)
+    rng = reference.case_rng("cuda", family.value, rank)
     for case in range(CASES_PER_RANK):
         geom = reference.random_geometry(rng, family, rank, allow_empty=case == CASES_PER_RANK - 1, budget=300)
         check_against_cpu(geom, rng)
@@ -116,7 +112,7 @@ def test_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
 def test_planned_tiles_and_splits() -> None:
     """Geometries whose plans split a reduction over blocks (forward, backward_input and weight
     gradient) and take wide tiles; the small random cases mostly run one slice."""
-    rng = case_rng("tiles")
+    rng = reference.case_rng("tiles")
     cases = {
         Geometry.build(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)): ("backward_weight",),
         Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1)): ("forward", "backward_input"),
@@ -174,7 +170,7 @@ def forced_tile(monkeypatch):
 @pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
 def test_every_gemm_tile_shape(tile, forced_tile) -> None:
     tape_class = forced_tile(*tile)
-    rng = case_rng("forced", tile)
+    rng = reference.case_rng("forced", tile)
     for geom in FORCED_GEOMETRY:
         assert f"-DFWD_BN={tile[1]}" in plan(geom).defines
         check_against_cpu(geom, rng, tape_class)
@@ -201,7 +197,7 @@ def test_stride_phases(geom: Geometry) -> None:
     stage = "backward_input" if geom.family is Family.CONV else "forward"
     shape = cuda_launch.gemm_shapes(geom)[stage]
     assert shape.phases == math.prod(geom.stride) > 1
-    check_against_cpu(geom, case_rng("phases", geom))
+    check_against_cpu(geom, reference.case_rng("phases", geom))
 
 
 @pytest.mark.parametrize("tile", [(4, 256, 4, 4, 1), (16, 64, 1, 4, 5), (8, 64, 2, 8, 2)],
@@ -210,7 +206,7 @@ def test_stride_phases_forced_tiles(tile, forced_tile) -> None:
     """Several B columns or rows per thread, scalar and vector fragments, and splits that leave
     some phases' runs empty (their slice counts differ)."""
     tape_class = forced_tile(*tile)
-    rng = case_rng("phases forced", tile)
+    rng = reference.case_rng("phases forced", tile)
     for geom in PHASE_GEOMETRY[2:6]:
         check_against_cpu(geom, rng, tape_class)
 
@@ -218,7 +214,7 @@ def test_stride_phases_forced_tiles(tile, forced_tile) -> None:
 def test_pool_offset_widths_and_long_rows() -> None:
     """Max pool saves its window offsets as uint8, uint16 or uint32 by the window size; rows of
     the window longer than the register segment are streamed; V = 1, 2, 4 cells per thread."""
-    rng = case_rng("pool widths")
+    rng = reference.case_rng("pool widths")
     cases = {
         G(Family.MAX_POOL, 2, 2, (20, 37), (17, 16), (1, 1), (8, 8)): "uint16",
         G(Family.MAX_POOL, 1, 1, (65539,), (65536,), (1,), (0,)): "uint32",
@@ -242,7 +238,7 @@ def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
     torch = pytest.importorskip("torch")
     torch.backends.cudnn.allow_tf32 = False  # strict float32, as the figures in DESIGN.md
     torch.backends.cuda.matmul.allow_tf32 = False
-    rng = case_rng("torch", family.value, rank)
+    rng = reference.case_rng("torch", family.value, rank)
     cases = 0
     while cases < 2:
         geom = reference.random_geometry(rng, family, rank, budget=300)
@@ -279,7 +275,7 @@ def same_error(got, expected) -> bool:
 
 @pytest.mark.parametrize("geom", list(DEGENERATE.values()), ids=list(DEGENERATE))
 def test_degenerate_geometry_gives_the_cpu_result(geom: Geometry) -> None:
-    rng = case_rng("degenerate", geom)
+    rng = reference.case_rng("degenerate", geom)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     expected = recorded(convgen.cpu.Tape(), geom, inputs)[2]
     if not expected.is_ok():  # e.g. in_c = 0, which the conv signatures reject
@@ -312,7 +308,7 @@ REJECTED = {
 
 
 def _rejection_tape(tape):
-    rng = case_rng("rejected")
+    rng = reference.case_rng("rejected")
     for shape in ((2, 1, 2, 2), (2,), (1, 3, 3)):
         tape, _ = tape.leaf(reference.draw(rng, shape))
     tape, _ = tape.leaf(reference.draw(rng, (5,)), shape=(1, 2, 2))
@@ -338,9 +334,9 @@ def test_smooth_max_never_forms_beta_times_x() -> None:
 
 def test_max_pool_nan_and_ties_follow_the_cpu_tape() -> None:
     geom = G(Family.MAX_POOL, 2, 2, (5, 4), (3, 2), (1, 1), (1, 0))
-    x = np.round(case_rng("nan").standard_normal((2, 5, 4))).astype(np.float32)  # many ties
+    x = np.round(reference.case_rng("nan").standard_normal((2, 5, 4))).astype(np.float32)  # many ties
     x[0, 0, 0] = x[1, 2, 1] = np.nan
-    grad = case_rng("nan grad").standard_normal(geom.output_shape).astype(np.float32)
+    grad = reference.case_rng("nan grad").standard_normal(geom.output_shape).astype(np.float32)
     got = run(PoisonTape(), geom, [x], grad)
     expected = run(convgen.cpu.Tape(), geom, [x], grad)
     np.testing.assert_array_equal(got[0], expected[0])
