@@ -31,10 +31,10 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -487,7 +487,7 @@ def time_kernels(device: Any, call: Callable[[], Any], settings: Settings, copie
         check = verify_replay(device, captured, arrays_of, expected)
         launch, calls_per_launch, context = captured.replay, copies, captured.context
         method = f"CUDA graph replay, {copies} call(s) per graph, {check}"
-    except Exception as error:  # noqa: BLE001 - any capture failure means: time without a graph
+    except Exception as error:
         captured = None
         device.synchronize()
         launch, calls_per_launch, context = call, 1, contextlib.nullcontext
@@ -712,7 +712,7 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
     try:
         inputs = make_device_inputs(case, libs.cupy)
         reference_contestant = TorchContestant(case, inputs, libs.torch, dtype=libs.torch.float64)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         report.error("inputs/reference", error)
         return report
     with reference_contestant.active():
@@ -726,7 +726,7 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
     for label, build in builders:
         try:
             contestant = build()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             report.error(f"{label} setup", error)
             continue
         measure_contestant(contestant, case, reference, settings, libs, report)
@@ -747,7 +747,7 @@ def eager_outputs(contestant: Contestant, label: str, report: CaseReport) -> dic
             arrays = contestant.arrays_of(result, mode)
             outputs[mode] = {name: contestant.device.to_numpy(array) for name, array in arrays.items()}
             del result, arrays
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             report.error(f"{label} {mode} (first call)", error)
     return outputs
 
@@ -766,16 +766,16 @@ def measure_contestant(contestant: Contestant, case: Case, reference: dict[str, 
             timings = report.timings.setdefault(label, {}).setdefault(mode, {})
             try:
                 timings["call"] = time_user_calls(device, call, settings, libs.flush_l2)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 report.error(f"{label} {mode} call timing", error)
             try:
                 timings["kernels"] = time_kernels(device, call, settings, graph_copies(case),
                                                   lambda result, m=mode: contestant.arrays_of(result, m), eager[mode])
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 report.error(f"{label} {mode} kernel timing", error)
             try:
                 report.memory.setdefault(label, {})[mode] = device.peak_memory(call)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 report.error(f"{label} {mode} memory", error)
     worst = report.worst_error(label)
     verdict = "-" if worst is None else f"{worst:.1e}" + ("" if worst <= MISMATCH_REL_ERR else " MISMATCH")
@@ -839,8 +839,8 @@ def timed(call: Callable[[], Any], cupy: Any) -> tuple[Any, float]:
 def compile_child(case_names: list[str]) -> None:
     """First calls of every case in a fresh process (the kernel cache is the parent's choice)."""
     started = time.perf_counter()
-    import cupy
     import convgen
+    import cupy
 
     result: dict[str, Any] = {"import_s": time.perf_counter() - started, "cases": {}}
     started = time.perf_counter()
@@ -857,7 +857,7 @@ def compile_child(case_names: list[str]) -> None:
             forward_result, entry["first_forward_s"] = timed(contestant.forward, cupy)
             _, entry["first_backward_s"] = timed(partial(contestant.backward, forward_result), cupy)
             _, entry["second_forward_backward_s"] = timed(contestant.forward_backward, cupy)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             entry["error"] = one_line(error)
         result["cases"][name] = entry
     cache_dir = os.environ.get("CUPY_CACHE_DIR")
@@ -976,7 +976,7 @@ def load_libraries() -> Libraries:
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device")
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         sys.exit(f"bench.py: no usable CUDA GPU ({one_line(error)}). Run it on a machine with an NVIDIA GPU.")
     try:
         import torch
@@ -986,7 +986,7 @@ def load_libraries() -> Libraries:
         sys.exit("bench.py: this PyTorch has no CUDA (torch.cuda.is_available() is False).")
     try:
         import convgen
-        import convgen.cuda  # noqa: F401
+        import convgen.cuda
     except ImportError as error:
         sys.exit(f"bench.py: convgen is not importable ({error}); install it: "
                  "python3 -m pip install --no-deps --no-build-isolation -e .")
@@ -1002,7 +1002,7 @@ def environment(libs: Libraries, settings: Settings, argv: list[str]) -> dict[st
         from importlib.metadata import version
 
         convgen_version = version("convgen")
-    except Exception:  # noqa: BLE001
+    except Exception:
         convgen_version = getattr(libs.convgen, "__version__", "unknown")
     try:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
@@ -1215,7 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{index}/{len(cases)}] {case.name}: {case.title} (floor {case.floor_us:.3g} µs)", flush=True)
         try:
             report = run_case(case, libs, settings)
-        except Exception as error:  # noqa: BLE001 - a case never stops the run
+        except Exception as error:
             report = CaseReport(case)
             report.error("case", error)
             traceback.print_exc()

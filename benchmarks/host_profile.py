@@ -33,9 +33,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
 
-    import cupy
-
     import convgen
+    import cupy
 
     rng = np.random.default_rng(0)
     t = convgen.cuda.Tape()

@@ -19,13 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (the cases)
-
-from convgen import cuda_launch  # noqa: E402
-from convgen.cuda_launch import GEMM_STAGES, GemmTile, NVRTC_OPTIONS, gemm_shapes, gemm_tile, plan  # noqa: E402
-from convgen.generated.kernels import KERNELS  # noqa: E402
-from convgen.geometry import Family, Geometry  # noqa: E402
-
+import bench
+from convgen import cuda_launch
+from convgen.cuda_launch import GEMM_STAGES, NVRTC_OPTIONS, GemmTile, gemm_shapes, gemm_tile, plan
+from convgen.generated.kernels import KERNELS
+from convgen.geometry import Family, Geometry
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]
 

@@ -11,12 +11,21 @@ import re
 from collections.abc import Sequence
 from typing import NoReturn
 
-from convgen.geometry import Family
 from convgen.generator.lower import (
-    FAMILY_PREFIXES, RANK_BINDER, RESULT_TYPE, BinderKind, CheckKind, binder_kind, family_of,
-    hypothesis_check, is_rank_binder, rank_from_name, snake_case,
+    FAMILY_PREFIXES,
+    RANK_BINDER,
+    RESULT_TYPE,
+    BinderKind,
+    CheckKind,
+    binder_kind,
+    family_of,
+    hypothesis_check,
+    is_rank_binder,
+    rank_from_name,
+    snake_case,
 )
 from convgen.generator.model import Decl, Loc, SpecError, SpecFile, format_expr
+from convgen.geometry import Family
 
 # C++ (CUDA compiles C++) and C keywords in lower case: what a snake_case name can collide with.
 _CPP_KEYWORDS = frozenset("""

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import click
-
 from convgen.generator import checks, emit, lower, parse
 from convgen.generator.model import SpecError
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import jinja2
-
-from convgen.geometry import Family
 from convgen.generator.kernels import FAMILY_TEMPLATES, POOL_MODES, RANKS, source_name, symbols
 from convgen.generator.lower import OpSpec, Role
+from convgen.geometry import Family
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 

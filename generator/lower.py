@@ -11,10 +11,21 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from convgen.geometry import Family
 from convgen.generator.model import (
-    NO_LOC, App, Binder, Decl, Expr, Forall, Ident, Loc, NatLit, Ne, Prod, SpecFile,
+    NO_LOC,
+    App,
+    Binder,
+    Decl,
+    Expr,
+    Forall,
+    Ident,
+    Loc,
+    NatLit,
+    Ne,
+    Prod,
+    SpecFile,
 )
+from convgen.geometry import Family
 
 
 class Role(enum.Enum):

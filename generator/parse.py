@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from convgen.generator.model import (
+    App,
+    Attribute,
+    Binder,
+    Decl,
+    Expr,
+    Forall,
+    Ident,
+    Loc,
+    NatLit,
+    Ne,
+    Prod,
+    SpecError,
+    SpecFile,
+)
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 from lark.lexer import PatternStr
 from lark.tree import Meta
-
-from convgen.generator.model import (
-    App, Attribute, Binder, Decl, Expr, Forall, Ident, Loc, NatLit, Ne, Prod, SpecError, SpecFile,
-)
 
 PARSER = Lark(
     Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8"),

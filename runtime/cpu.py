@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from convgen.geometry import Family, Geometry
 
 # DLPack device types (dlpack.h): host memory, and the accelerators `device_of` names.

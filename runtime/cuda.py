@@ -11,7 +11,6 @@ import importlib.resources
 from typing import Any
 
 import numpy as np
-
 from convgen.backend import BackendError
 from convgen.cuda_launch import NVRTC_OPTIONS, Plan, plan
 from convgen.generated.kernels import KERNELS

@@ -7,9 +7,8 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
-
 import convgen
+import numpy as np
 
 
 def gpu_present() -> bool:

@@ -11,7 +11,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from convgen.geometry import Family, Geometry
 
 RTOL = 1e-5  # DESIGN.md "How close is close"

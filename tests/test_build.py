@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("lark")
-from click.testing import CliRunner  # noqa: E402
-
-from convgen.generator.cli import DEFAULT_OUT, main  # noqa: E402
+from click.testing import CliRunner
+from convgen.generator.cli import DEFAULT_OUT, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "tests" / "data" / "seed_decls.lean"

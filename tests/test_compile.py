@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc-cu12 (the test extra)")
 
-from convgen.generated.kernels import KERNELS  # noqa: E402
-from convgen.generator import nvrtc  # noqa: E402
-from convgen.generator.kernels import kernel_base  # noqa: E402
+from convgen.generated.kernels import KERNELS
+from convgen.generator import nvrtc
+from convgen.generator.kernels import kernel_base
 
 PTXAS_LOG = """\
 ptxas info    : 0 bytes gmem

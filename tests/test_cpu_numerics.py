@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import reference
 from convgen.cpu import NumpyBackend
 from convgen.geometry import MAX_RANK, Family, Geometry

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import reference
 from convgen.cpu import NumpyBackend, Tape
 from convgen.geometry import Family, Geometry

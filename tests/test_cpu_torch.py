@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import reference
 import torch_oracle
 from convgen.cpu import NumpyBackend

@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pytest
-
 import reference
 import torch_oracle
 from convgen import cuda_launch

@@ -7,7 +7,6 @@ import itertools
 import math
 
 import pytest
-
 from convgen.cuda_launch import SPLIT_WORKSPACE_BYTES, gemm_shapes, plan
 from convgen.geometry import Family, Geometry
 

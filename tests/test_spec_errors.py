@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("lark")
-from convgen.generator.checks import check_specs  # noqa: E402
-from convgen.generator.model import SpecError  # noqa: E402
-from convgen.generator.parse import parse_spec  # noqa: E402
+from convgen.generator.checks import check_specs
+from convgen.generator.model import SpecError
+from convgen.generator.parse import parse_spec
 
 CONV2D = """\
 def T.conv2d {inC outC kH kW stride padding inH inW : ℕ}

@@ -8,13 +8,21 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("lark")
-from convgen.geometry import Family  # noqa: E402
-from convgen.generator import checks  # noqa: E402
-from convgen.generator.checks import check_specs  # noqa: E402
-from convgen.generator.lower import (  # noqa: E402
-    GEOMETRY_ROLES, Check, CheckKind, GeometryParam, OpSpec, Role, family_from_name, lower_spec, snake_case,
+from convgen.generator import checks
+from convgen.generator.checks import check_specs
+from convgen.generator.lower import (
+    GEOMETRY_ROLES,
+    Check,
+    CheckKind,
+    GeometryParam,
+    OpSpec,
+    Role,
+    family_from_name,
+    lower_spec,
+    snake_case,
 )
-from convgen.generator.parse import parse_spec  # noqa: E402
+from convgen.generator.parse import parse_spec
+from convgen.geometry import Family
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DECLS = ROOT / "tests" / "data" / "seed_decls.lean"

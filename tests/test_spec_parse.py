@@ -8,11 +8,21 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("lark")
-from convgen.generator import parse  # noqa: E402
-from convgen.generator.model import (  # noqa: E402
-    App, Attribute, Binder, Decl, Forall, Ident, Loc, NatLit, Ne, Prod, format_expr,
+from convgen.generator import parse
+from convgen.generator.model import (
+    App,
+    Attribute,
+    Binder,
+    Decl,
+    Forall,
+    Ident,
+    Loc,
+    NatLit,
+    Ne,
+    Prod,
+    format_expr,
 )
-from convgen.generator.parse import parse_spec  # noqa: E402
+from convgen.generator.parse import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DECLS = ROOT / "tests" / "data" / "seed_decls.lean"

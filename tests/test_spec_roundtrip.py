@@ -7,11 +7,10 @@ import pytest
 
 pytest.importorskip("lark")
 pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from convgen.generator.model import App, Attribute, Binder, Decl, Forall, Ident, NatLit, Ne, Prod  # noqa: E402
-from convgen.generator.parse import parse_spec  # noqa: E402
+from convgen.generator.model import App, Attribute, Binder, Decl, Forall, Ident, NatLit, Ne, Prod
+from convgen.generator.parse import parse_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # Words the grammar reserves or rewrites (`Nat` is read as `ℕ`), so no identifier prints as one.
 NOT_IDENTIFIERS = {"def", "x", "forall", "Nat"}

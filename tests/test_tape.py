@@ -3,10 +3,9 @@ are worked out by hand for ops whose gradient is a plain sum (avg pool, bias).""
 
 from __future__ import annotations
 
+import convgen
 import numpy as np
 import pytest
-
-import convgen
 
 POOL = dict(c=1, in_spatial=(4,), kernel=(2,), stride=(2,), padding=(0,))
 

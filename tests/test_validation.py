@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
+import convgen
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import convgen
 from convgen.backend import BackendError
 from convgen.cpu import NumpyBackend
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
 RNG = np.random.default_rng(7)

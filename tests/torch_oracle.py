@@ -4,7 +4,6 @@ one op (with a batch axis of 1), on the CPU in float64 or on the GPU in float32.
 from __future__ import annotations
 
 import numpy as np
-
 from convgen.geometry import Family, Geometry
 
 FAMILIES = (Family.CONV, Family.CONV_TRANSPOSE, Family.MAX_POOL, Family.AVG_POOL)
