@@ -16,6 +16,21 @@ class BackendError(Exception):
     `Result` error `autograd: {backend}: {op}: {message}`."""
 
 
+class OutOfMemory(BackendError):
+    """The machine cannot hold the buffers an op needs: `out of memory (needs 26.8 GiB)`."""
+
+    def __init__(self, needed_bytes: int) -> None:
+        super().__init__(f"out of memory (needs {needed_bytes / 2**30:.1f} GiB)")
+        self.needed_bytes = needed_bytes
+
+    @classmethod
+    def of(cls, error: MemoryError, fallback_bytes: int) -> OutOfMemory:
+        """A plain `MemoryError` as an `OutOfMemory`: NumPy's says how much it asked for
+        (`_total_size`); others are taken to need `fallback_bytes`."""
+        needed = getattr(error, "_total_size", None)
+        return cls(needed if type(needed) is int else fallback_bytes)
+
+
 class Backend(Protocol):
     name: str  # "cpu" | "cuda": messages start `autograd: {name}: {op}: `
     buffer_label: str  # "CPU" | "CUDA": `autograd: {buffer_label} buffer size mismatch (...)`

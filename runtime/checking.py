@@ -1,15 +1,68 @@
 """Helpers the generated validators call to read Python arguments as the spec's types: natural
-numbers, sequences of them (`Vector ℕ d`) and β as a float32 (SEMANTICS §5 steps 1-2).
+numbers, sequences of them (`Vector ℕ d`) and β as a float32 (SEMANTICS §5 steps 1-2), and
+`describe`, which shows any argument in a message.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import itertools
 import math
 import numbers
+import reprlib
 
 import numpy as np
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
+DESCRIBE_LIMIT = 100  # characters: a message shows the argument, not all of it
+_INT_DIGITS_SHOWN = 40  # an int with more digits is shown by its digit count
+
+
+class _BoundedRepr(reprlib.Repr):
+    """`reprlib` with the few limits messages need; ints too long to print are counted, not printed
+    (repr of an int past Python's int-to-str limit raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxtuple, self.maxlist, self.maxarray = 3, 8, 8, 8
+        self.maxdict, self.maxset, self.maxfrozenset, self.maxdeque = 4, 8, 8, 8
+        self.maxstring, self.maxother = 60, DESCRIBE_LIMIT
+
+    def repr_int(self, value: int, level: int) -> str:
+        digits = _decimal_digits(abs(value))
+        if digits <= _INT_DIGITS_SHOWN:
+            return int.__repr__(value)
+        return f"{'a negative' if value < 0 else 'an'} integer of {digits} digits"
+
+    def repr_instance(self, value: object, level: int) -> str:
+        return _bounded(repr(value))  # failures go to describe's fallback (no address: messages stay stable)
+
+
+def _decimal_digits(n: int) -> int:
+    """Decimal digits of n >= 0, without converting it to a string."""
+    estimate = max(1, math.floor((n.bit_length() - 1) * math.log10(2)) + 1)
+    return estimate + 1 if n >= 10**estimate else estimate
+
+
+_BOUNDED_REPR = _BoundedRepr()
+
+
+def describe(value: object) -> str:
+    """`value` as messages show it: its repr, at most DESCRIBE_LIMIT characters; never raises
+    (a huge int is given by its digit count, an object whose repr fails by its type)."""
+    try:
+        text = _BOUNDED_REPR.repr(value)
+    except Exception:  # a hostile __repr__ or __iter__: say what it is instead
+        text = f"<{type(value).__name__} object>"
+    return _bounded(text)
+
+
+def _bounded(text: str) -> str:
+    """`text` cut in the middle to DESCRIBE_LIMIT characters."""
+    if len(text) <= DESCRIBE_LIMIT:
+        return text
+    half = (DESCRIBE_LIMIT - 3) // 2
+    return text[:half] + "..." + text[len(text) - half:]
 
 
 def natural(value: object) -> int | None:
@@ -30,14 +83,28 @@ def natural_sequence(param: str, value: object) -> tuple[int, ...] | str:
                 break
         else:
             return tuple(value)
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        return f"{param} must be a sequence of natural numbers, got {value!r}"
-    entries = tuple(value)
+    entries = _sized_entries(value)
+    if entries is None:
+        return f"{param} must be a sequence of natural numbers, got {describe(value)}"
     naturals = tuple(natural(entry) for entry in entries)
     for i, n in enumerate(naturals):
         if n is None:
-            return f"{param}[{i}] must be a natural number, got {entries[i]!r}"
+            return f"{param}[{i}] must be a natural number, got {describe(entries[i])}"
     return naturals  # type: ignore[return-value]
+
+
+def _sized_entries(value: object) -> tuple[object, ...] | None:
+    """The entries of a sized sequence (a list, a tuple, a 1-d array, ...), or None for anything
+    else: a string, a set or mapping (no order), a 0-d array, an iterator or generator (which could
+    be endless), or an object whose len() or iteration fails or disagree."""
+    if isinstance(value, (str, bytes, bytearray, collections.abc.Set, collections.abc.Mapping)):
+        return None
+    try:
+        length = len(value)  # type: ignore[arg-type]
+        entries = tuple(itertools.islice(iter(value), length + 1))  # type: ignore[call-overload]
+    except Exception:  # no len() (an iterator, a 0-d array) or a failing __iter__
+        return None
+    return entries if len(entries) == length else None
 
 
 def real(value: object) -> float | None:

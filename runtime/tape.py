@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from convgen.backend import Backend, BackendError
-from convgen.checking import TOO_LARGE
+import numpy as np
+from convgen.backend import Backend, BackendError, OutOfMemory
+from convgen.checking import TOO_LARGE, describe, natural
 from convgen.generated.ops import GeneratedOps
 from convgen.geometry import Geometry
 from convgen.op import OpInfo
@@ -33,15 +34,28 @@ class OpRecord:
 @dataclass(frozen=True, slots=True)
 class Node:
     value: Any  # the backend's array; a leaf given `shape` keeps its flat buffer
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # as recorded: a leaf's `shape` argument is kept as given (SEMANTICS §6)
+    dims: tuple[int, ...] | None  # `shape` as natural numbers, None when it is not a shape
     name: str | None
     requires_grad: bool
     parents: tuple[int, ...]
     op: OpRecord | None  # None for a leaf
 
+    @property
+    def readable(self) -> bool:
+        """True when the buffer holds exactly the elements of a valid recorded shape: the node can
+        be viewed as `dims` (and given a gradient of zeros)."""
+        return self.dims is not None and self.value.size == math.prod(self.dims)
+
 
 def _is_node_id(value: object, count: int) -> bool:
     return type(value) is int and 0 <= value < count
+
+
+def _dims(shape: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """`shape` as a tuple of ints when every entry is a natural number, else None."""
+    dims = tuple(natural(n) for n in shape)
+    return None if None in dims else dims  # type: ignore[return-value]
 
 
 def _shaped(array: Any, shape: tuple[int, ...]) -> Any:
@@ -84,9 +98,11 @@ class Tape(GeneratedOps):
         stored = self._backend.store(value)
         if shape is None:
             recorded = tuple(stored.shape)
+            dims: tuple[int, ...] | None = recorded
         else:
             stored, recorded = stored.reshape(-1), tuple(shape)
-        return self._append(Node(stored, recorded, name, bool(requires_grad), (), None))
+            dims = _dims(recorded)
+        return self._append(Node(stored, recorded, dims, name, bool(requires_grad), (), None))
 
     def _node(self, node_id: int) -> Node:
         if not _is_node_id(node_id, self._count):
@@ -94,9 +110,12 @@ class Tape(GeneratedOps):
         return self._nodes[node_id]
 
     def value(self, node_id: int) -> Any:
-        """The node's array, shaped as recorded (a mismatched flat buffer comes back as given)."""
+        """The node's array, shaped as recorded (a flat buffer that does not fill a valid shape comes
+        back flat, as given). The CPU tape returns a read-only view. The CUDA tape returns the
+        recorded array itself (CuPy has no read-only arrays): it aliases the record of this tape and
+        of every tape that shares the node, and must not be written."""
         node = self._node(node_id)
-        return _shaped(node.value, node.shape) if node.value.size == math.prod(node.shape) else node.value
+        return _shaped(node.value, node.dims) if node.readable else node.value
 
     def shape(self, node_id: int) -> tuple[int, ...]:
         return self._node(node_id).shape
@@ -109,15 +128,18 @@ class Tape(GeneratedOps):
 
     # Ops: the generated methods validate their arguments (steps 1-5) and call `_apply`.
 
-    def _read(self, ids: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, ...] | str:
+    def _read(self, info: OpInfo, ids: tuple[Any, ...],
+              shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, ...] | str:
         """SEMANTICS §5 `requireValue` on each input in order: the arrays, shaped, or the error."""
         arrays = []
-        for node_id, shape in zip(ids, shapes):
+        for param, node_id, shape in zip(info.id_params, ids, shapes):
             if not _is_node_id(node_id, self._count):
-                return INVALID_ID
+                return (f"{INVALID_ID} ({self._backend.name}: {info.name}: {param} is {describe(node_id)}, "
+                        f"the tape has {self._count} nodes)")
             node = self._nodes[node_id]
-            if node.shape != shape:
-                return "autograd: shape mismatch"
+            if node.dims != shape:
+                return (f"autograd: shape mismatch ({self._backend.name}: {info.name}: {param} {node_id} "
+                        f"has shape {describe(node.shape)}, expected {shape})")
             expected = math.prod(shape)
             if node.value.size != expected:
                 return self._size_mismatch(expected, node.value.size)
@@ -128,20 +150,24 @@ class Tape(GeneratedOps):
         return (f"autograd: {self._backend.buffer_label} buffer size mismatch "
                 f"(shape elements={expected}, native elements={actual})")
 
+    def _too_large(self, info: OpInfo, geom: Geometry) -> str:
+        return (f"{TOO_LARGE} ({self._backend.name}: {info.name}: output shape {geom.output_shape} "
+                f"has {geom.output_numel} elements)")
+
     def _apply(self, info: OpInfo, ids: tuple[Any, ...], checked: Geometry | str) -> Result:
         if type(checked) is str:
             return Result.err(checked)
         geom: Geometry = checked
         if info.reads_first:
-            inputs = self._read(ids, geom.parent_shapes)
+            inputs = self._read(info, ids, geom.parent_shapes)
             if type(inputs) is str:
                 return Result.err(inputs)
             if not geom.output_fits_u32:
-                return Result.err(TOO_LARGE)
+                return Result.err(self._too_large(info, geom))
         else:
             if not geom.output_fits_u32:
-                return Result.err(TOO_LARGE)
-            inputs = self._read(ids, geom.parent_shapes)
+                return Result.err(self._too_large(info, geom))
+            inputs = self._read(info, ids, geom.parent_shapes)
             if type(inputs) is str:
                 return Result.err(inputs)
 
@@ -152,6 +178,8 @@ class Tape(GeneratedOps):
         else:
             try:
                 out, saved = backend.forward(geom, inputs)
+            except MemoryError as error:  # NumPy's: the machine cannot hold a buffer
+                return Result.err(f"autograd: {backend.name}: {info.name}: {OutOfMemory.of(error, 4 * numel)}")
             except BackendError as error:
                 return Result.err(f"autograd: {backend.name}: {info.name}: {error}")
         if out.size != numel:
@@ -160,20 +188,44 @@ class Tape(GeneratedOps):
         if out.dtype != "float32" or where != backend.device:
             return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on {where}, "
                               f"expected float32 on {backend.device}")
-        node = Node(_shaped(out, out_shape), out_shape, info.name, True, tuple(ids), OpRecord(info, geom, saved))
+        node = Node(_shaped(out, out_shape), out_shape, out_shape, info.name, True, tuple(ids),
+                    OpRecord(info, geom, saved))
         return Result.ok(self._append(node))
 
     # Backward (SEMANTICS §6).
 
     def backward(self, out_id: int, seed: Any) -> Result:
-        """Gradients of `out_id` seeded with `seed`: a list with one array per node, shaped like it."""
+        """Gradients of `out_id` seeded with `seed`: a list with one array per node, shaped like it,
+        none of them an array the tape records or the seed itself. A node that gets no gradient gets
+        zeros, or None when its recorded shape and buffer do not make a valid shape (a leaf recorded
+        with a `shape` that no op can read)."""
         if not _is_node_id(out_id, self._count):
             return Result.err("autograd: invalid output id")
-        backend, nodes = self._backend, self._nodes
-        seed_array = backend.store(seed)
-        if tuple(seed_array.shape) != nodes[out_id].shape:
+        seed_array = self._seed_array(seed)
+        if type(seed_array) is str:
+            return Result.err(seed_array)
+        if tuple(seed_array.shape) != self._nodes[out_id].dims:
             return Result.err("autograd: seed gradient shape mismatch for output")
+        with np.errstate(all="ignore"):  # inf and NaN gradients add up as IEEE says, silently
+            return self._backward(out_id, seed_array)
 
+    def _seed_array(self, seed: Any) -> Any:
+        """`seed` as the backend's float32 array, never the caller's own, or the error."""
+        backend = self._backend
+        if seed is None or isinstance(seed, (str, bytes)):  # NumPy would read these as NaN or parse them
+            return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
+        try:
+            seed_array = backend.store(seed)
+        except MemoryError as error:
+            return f"autograd: {backend.name}: backward: {OutOfMemory.of(error, 4 * np.size(seed))}"
+        except Exception:  # whatever the array constructor rejects: ragged lists, objects, text
+            return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
+        if seed_array is seed or getattr(seed_array, "base", None) is not None:
+            seed_array = seed_array.copy()  # a backend may take an array as is; the gradient must not alias it
+        return seed_array
+
+    def _backward(self, out_id: int, seed_array: Any) -> Result:
+        backend, nodes = self._backend, self._nodes
         ancestor = [False] * (out_id + 1)
         ancestor[out_id] = True
         for i in range(out_id, -1, -1):
@@ -195,9 +247,18 @@ class Tape(GeneratedOps):
             inputs = tuple(_shaped(nodes[p].value, shape) for p, shape in zip(node.parents, record.geom.parent_shapes))
             try:
                 contributions = backend.backward(record.geom, inputs, record.saved, grad)
+                for parent, contribution in zip(node.parents, contributions):
+                    if nodes[parent].requires_grad:
+                        grads[parent] = grads[parent] + contribution if parent in grads else contribution
+            except MemoryError as error:
+                out_of_memory = OutOfMemory.of(error, 4 * record.geom.output_numel)
+                return Result.err(f"autograd: {backend.name}: {record.info.name}: {out_of_memory}")
             except BackendError as error:
                 return Result.err(f"autograd: {backend.name}: {record.info.name}: {error}")
-            for parent, contribution in zip(node.parents, contributions):
-                if nodes[parent].requires_grad:
-                    grads[parent] = grads[parent] + contribution if parent in grads else contribution
-        return Result.ok([grads[i] if i in grads else backend.zeros(nodes[i].shape) for i in range(self._count)])
+        zeroed = [i for i in range(self._count) if i not in grads and nodes[i].readable]
+        try:
+            grads.update((i, backend.zeros(nodes[i].dims)) for i in zeroed)
+        except MemoryError as error:
+            needed = 4 * sum(nodes[i].value.size for i in zeroed)
+            return Result.err(f"autograd: {backend.name}: backward: {OutOfMemory.of(error, needed)}")
+        return Result.ok([grads.get(i) for i in range(self._count)])

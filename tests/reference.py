@@ -1,16 +1,20 @@
 """A float64 brute-force reference of SEMANTICS §2-§4, written from the formulas alone: plain loops
 over output (or input) cells and kernel offsets turn a `Geometry` and its inputs into the output
-and every gradient. Also the test helpers shared by the CPU and CUDA tests: random geometry,
-input drawing, the closeness check of DESIGN.md and a call of the N-D op on a tape.
+and every gradient. Also the test helpers shared by the CPU and CUDA tests: random geometry (and
+the geometry PyTorch accepts), input drawing, the closeness check of DESIGN.md, recording leaves
+and calling the N-D op on a tape, running the NumPy backend, and the special-value cases whose
+results SEMANTICS §3 fixes exactly.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from convgen.cpu import NumpyBackend
 from convgen.geometry import Family, Geometry
 
 RTOL = 1e-5  # DESIGN.md "How close is close"
@@ -45,6 +49,11 @@ def _position(cell, offset, geom: Geometry, bounds: tuple[int, ...]) -> tuple[in
     return pos if all(0 <= q < n for q, n in zip(pos, bounds)) else None
 
 
+def _matvec(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """matrix @ vector with every product formed (BLAS may skip a zero factor: 0 · inf must be NaN)."""
+    return (matrix * vector).sum(axis=1)
+
+
 # Forward and backward of each family. Every function takes float64 arrays shaped per
 # `geom.parent_shapes` and returns float64 arrays.
 
@@ -59,10 +68,10 @@ def _conv(geom, weight, bias, x, grad):
             if pos is None:
                 continue
             w = weight[(slice(None), slice(None), *offset)]  # [outC, inC]
-            y[(slice(None), *o)] += w @ x[(slice(None), *pos)]
+            y[(slice(None), *o)] += _matvec(w, x[(slice(None), *pos)])
             g = grad[(slice(None), *o)]
             d_weight[(slice(None), slice(None), *offset)] += np.outer(g, x[(slice(None), *pos)])
-            d_x[(slice(None), *pos)] += w.T @ g
+            d_x[(slice(None), *pos)] += _matvec(w.T, g)
     return y, (d_weight, grad.sum(axis=tuple(range(1, grad.ndim))), d_x)
 
 
@@ -76,10 +85,10 @@ def _conv_transpose(geom, weight, bias, x, grad):
             if q is None:
                 continue
             w = weight[(slice(None), slice(None), *offset)]  # [inC, outC]
-            y[(slice(None), *q)] += w.T @ x[(slice(None), *i)]
+            y[(slice(None), *q)] += _matvec(w.T, x[(slice(None), *i)])
             g = grad[(slice(None), *q)]
             d_weight[(slice(None), slice(None), *offset)] += np.outer(x[(slice(None), *i)], g)
-            d_x[(slice(None), *i)] += w @ g
+            d_x[(slice(None), *i)] += _matvec(w, g)
     return y, (d_weight, grad.sum(axis=tuple(range(1, grad.ndim))), d_x)
 
 
@@ -148,7 +157,8 @@ def run(geom: Geometry, inputs, grad=None) -> tuple[np.ndarray, tuple[np.ndarray
     """The output and the gradients of every input given the upstream `grad` (zeros if None)."""
     inputs = [np.asarray(a, np.float64) for a in inputs]
     grad = np.zeros(output_shape(geom)) if grad is None else np.asarray(grad, np.float64)
-    return _FAMILIES[geom.family](geom, *inputs, grad)
+    with np.errstate(all="ignore"):  # special values give their IEEE results silently
+        return _FAMILIES[geom.family](geom, *inputs, grad)
 
 
 def forward(geom: Geometry, inputs) -> np.ndarray:
@@ -201,6 +211,17 @@ def random_geometry(rng: np.random.Generator, family: Family, rank: int, *, allo
     if family is Family.SMOOTH_MAX_POOL:
         beta = float(np.float32(rng.choice([-1, 1]) * rng.uniform(0.25, 4.0)))
     return Geometry.build(family, in_c, channels, in_spatial, kernel, stride, padding, beta)
+
+
+def torch_geometries(rng: np.random.Generator, family: Family, rank: int, count: int, *, budget: int = 400):
+    """`count` random geometries (see `random_geometry`) that torch.nn.functional accepts."""
+    import torch_oracle  # a sibling test module; imported here so that reference needs no torch
+
+    while count:
+        geom = random_geometry(rng, family, rank, budget=budget)
+        if torch_oracle.accepts(geom):
+            count -= 1
+            yield geom
 
 
 def draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -256,13 +277,77 @@ def apply_op(tape, geom: Geometry, ids: tuple[int, ...]):
     return getattr(tape, geom.family.value)(*ids, *betas, c=geom.in_c, **spatial)
 
 
+def record_leaves(tape, values) -> tuple[Any, tuple[int, ...]]:
+    """`tape` with every value recorded as a leaf, and their ids."""
+    ids = []
+    for value in values:
+        tape, node = tape.leaf(value)
+        ids.append(node)
+    return tape, tuple(ids)
+
+
 def run_on_tape(tape, geom: Geometry, inputs, grad) -> tuple[Any, list[Any]]:
     """Records `inputs` as leaves, applies the op and runs backward from it with `grad`: the
     output and the gradients of the inputs, as the tape's arrays."""
-    ids = []
-    for value in inputs:
-        tape, node = tape.leaf(value)
-        ids.append(node)
-    tape, out = apply_op(tape, geom, tuple(ids)).unwrap()
+    tape, ids = record_leaves(tape, inputs)
+    tape, out = apply_op(tape, geom, ids).unwrap()
     grads = tape.backward(out, grad).unwrap()
     return tape.value(out), [grads[i] for i in ids]
+
+
+def run_numpy_backend(geom: Geometry, inputs, grad) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The NumPy backend's output and gradients, each checked to be float32 and shaped as the
+    geometry says."""
+    backend = NumpyBackend()
+    out, saved = backend.forward(geom, inputs)
+    assert out.dtype == np.float32 and out.shape == geom.output_shape
+    grads = backend.backward(geom, inputs, saved, grad)
+    for got, shape in zip(grads, geom.parent_shapes, strict=True):
+        assert got.dtype == np.float32 and got.shape == shape
+    return out, grads
+
+
+# Special values: SEMANTICS §3-§4 form only in-bounds terms, each an IEEE product, so 0 · inf is
+# NaN whatever the other dimensions, and padding (skipped, not multiplied) never meets an inf.
+# Expected values are worked out by hand from the formulas.
+
+@dataclass(frozen=True)
+class SpecialCase:
+    geom: Geometry
+    inputs: tuple[np.ndarray, ...]  # as `geom.parent_shapes`
+    grad: np.ndarray  # the upstream gradient, shaped like the output
+    output: np.ndarray
+    grads: tuple[np.ndarray, ...]  # one per input
+
+
+def _f32(*arrays) -> tuple[np.ndarray, ...]:
+    return tuple(np.array(a, np.float32) for a in arrays)
+
+
+INF, NAN = math.inf, math.nan
+_CONV_1D = dict(in_spatial=(2,), kernel=(1,), stride=(1,), padding=(0,))
+SPECIAL_CASES = {
+    # y = b + 0·x: 0·inf is NaN with one output channel as with two (BLAS may return 0 for a 1×N product).
+    "conv 0*inf, one output channel": SpecialCase(
+        Geometry.build(Family.CONV, 1, 1, **_CONV_1D), _f32([[[0]]], [1], [[INF, 2]]), *_f32([[1, 1]], [[NAN, 1]]),
+        _f32([[[INF]]], [2], [[0, 0]])),
+    "conv 0*inf, two output channels": SpecialCase(
+        Geometry.build(Family.CONV, 1, 2, **_CONV_1D), _f32([[[0]], [[0]]], [1, 1], [[INF, 2]]),
+        *_f32([[1, 1], [1, 1]], [[NAN, 1], [NAN, 1]]), _f32([[[INF]], [[INF]]], [2, 2], [[0, 0]])),
+    # Padding 1 around one cell: the outer outputs see only padding, so they are the bias.
+    "conv inf weight, cells of only padding": SpecialCase(
+        Geometry.build(Family.CONV, 1, 1, (1,), (1,), (1,), (1,)), _f32([[[INF]]], [1], [[1]]),
+        *_f32([[1, 1, 1]], [[1, INF, 1]]), _f32([[[1]]], [3], [[INF]])),
+    # The weight gradient pairs g with in-bounds x only: the inf gradients at the padded cells add nothing.
+    "conv inf gradient over padding": SpecialCase(
+        Geometry.build(Family.CONV, 1, 1, (1,), (1,), (1,), (1,)), _f32([[[1]]], [0], [[2]]),
+        *_f32([[INF, 1, INF]], [[0, 2, 0]]), _f32([[[2]]], [INF], [[1]])),
+    # Output extent (1 − 1)·1 + 3 − 2 = 1: only κ = 1 lands inside the output.
+    "conv transpose inf input and weights off the output": SpecialCase(
+        Geometry.build(Family.CONV_TRANSPOSE, 1, 1, (1,), (3,), (1,), (1,)), _f32([[[INF, 1, INF]]], [0], [[INF]]),
+        *_f32([[1]], [[INF]]), _f32([[[0, INF, 0]]], [1], [[1]])),
+    # Windows [pad, inf], [inf, 1], [1, pad]; padded cells count as zeros in the sum and in K = 2.
+    "avg pool inf beside padding": SpecialCase(
+        Geometry.build(Family.AVG_POOL, 1, 1, (2,), (2,), (1,), (1,)), _f32([[INF, 1]]),
+        *_f32([[1, 1, 1]], [[INF, INF, 0.5]]), _f32([[1, 1]])),
+}

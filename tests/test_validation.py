@@ -3,6 +3,7 @@ tests hold the GPU tape to the same Results). Expected texts are written out her
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import convgen
@@ -12,21 +13,17 @@ from convgen.backend import BackendError
 from convgen.cpu import NumpyBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import record_leaves
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
 RNG = np.random.default_rng(7)
 
 
-def leaf(t, shape):
-    return t.leaf(RNG.standard_normal(shape).astype(np.float32) + 0.5)
-
-
 def leaves(t):
     """Ids 0-2: a conv's kernel [2,1,2,2], bias [2] and input [1,3,3]; ids 3-4: a transposed conv's
     bias [1] and input [2,3,3] (its kernel [inC=2, outC=1, 2, 2] is id 0)."""
-    for shape in ((2, 1, 2, 2), (2,), (1, 3, 3), (1,), (2, 3, 3)):
-        t, _ = leaf(t, shape)
-    return t
+    shapes = ((2, 1, 2, 2), (2,), (1, 3, 3), (1,), (2, 3, 3))
+    return record_leaves(t, [RNG.standard_normal(shape).astype(np.float32) + 0.5 for shape in shapes])[0]
 
 
 @pytest.fixture
@@ -65,6 +62,13 @@ def call(t, op, **changes):
 def error_of(result):
     assert not result.is_ok(), "expected an error"
     return result.error
+
+
+def assert_too_large(result, *details):
+    """The seed's text exactly, then a detail in parentheses that names each of `details`."""
+    error = error_of(result)
+    assert error.startswith(TOO_LARGE + " (cpu: ") and error.endswith(")"), error
+    assert all(detail in error for detail in details), (error, details)
 
 
 @pytest.mark.parametrize("op", sorted(CALLS))
@@ -161,45 +165,62 @@ def test_rank_limits(conv_tape):
 
 def test_uint32_scalars_entries_and_shapes(conv_tape):
     big = 2**32
-    assert error_of(call(conv_tape, "conv2d", out_c=big)) == TOO_LARGE
-    assert error_of(call(conv_tape, "max_pool2d", in_w=big)) == TOO_LARGE
-    assert error_of(call(conv_tape, "conv", out_c=big)) == TOO_LARGE
+    assert_too_large(call(conv_tape, "conv2d", out_c=big), "conv2d", "out_c", "4294967296")
+    assert_too_large(call(conv_tape, "max_pool2d", in_w=big), "max_pool2d", "in_w", "4294967296")
+    assert_too_large(call(conv_tape, "conv", out_c=big), "conv", "out_c", "4294967296")
     assert error_of(call(conv_tape, "conv", stride=(1, big))) == "autograd: cpu: conv: dimension does not fit in UInt32"
     assert error_of(call(conv_tape, "max_pool", padding=(big, 0))) == (
         "autograd: cpu: max_pool: dimension does not fit in UInt32")
     # Products read as shapes, even with zero channels.
-    assert error_of(call(conv_tape, "conv", out_c=0, in_spatial=(2**16, 2**16))) == TOO_LARGE
-    assert error_of(call(conv_tape, "avg_pool", c=0, kernel=(2**16, 2**16))) == TOO_LARGE
+    assert_too_large(call(conv_tape, "conv", out_c=0, in_spatial=(2**16, 2**16)), "conv", "in_spatial", "4294967296")
+    assert_too_large(call(conv_tape, "avg_pool", c=0, kernel=(2**16, 2**16)), "avg_pool", "kernel", "4294967296")
 
 
 def test_2d_ops_read_before_sizing_nd_ops_size_before_reading(conv_tape):
     # A padding of 2**20 on a 1x1 input gives a (2**21+1)**2 output: too large to index.
     huge = dict(CONV2D, k_h=1, k_w=1, in_h=1, in_w=1, padding=2**20)
-    assert error_of(conv_tape.conv2d(99, 1, 2, **huge)) == "autograd: invalid node id"
+    assert error_of(conv_tape.conv2d(99, 1, 2, **huge)) == (
+        "autograd: invalid node id (cpu: conv2d: kernel_id is 99, the tape has 5 nodes)")
+    t, (kernel, x) = record_leaves(conv_tape, [np.ones((2, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32)])
+    assert error_of(t.conv2d(kernel, 1, x, **huge)) == (
+        f"{TOO_LARGE} (cpu: conv2d: output shape (2, 2097153, 2097153) has {2 * 2097153**2} elements)")
     huge_nd = dict(CONV, kernel=(1, 1), in_spatial=(1, 1), padding=(2**20, 2**20))
-    assert error_of(conv_tape.conv(99, 1, 2, **huge_nd)) == TOO_LARGE
+    assert error_of(conv_tape.conv(99, 1, 2, **huge_nd)) == (
+        f"{TOO_LARGE} (cpu: conv: output shape (2, 2097153, 2097153) has {2 * 2097153**2} elements)")
 
 
-@pytest.mark.parametrize("bad_id", [99, 5, -1, True, 1.0, "0", None])
-def test_invalid_node_ids(conv_tape, bad_id):
-    assert error_of(conv_tape.conv2d(0, 1, bad_id, **CONV2D)) == "autograd: invalid node id"
-    assert error_of(conv_tape.max_pool(bad_id, **POOL)) == "autograd: invalid node id"
+INVALID_IDS = [
+    (99, "99"), (5, "5"), (-1, "-1"), (True, "True"), (1.0, "1.0"), ("0", "'0'"), (None, "None"),
+    (np.int64(0), "np.int64(0)"), (10**5000, "an integer of 5001 digits"),
+]
+
+
+@pytest.mark.parametrize(("bad_id", "shown"), INVALID_IDS, ids=[shown for _, shown in INVALID_IDS])
+def test_invalid_node_ids(conv_tape, bad_id, shown):
+    assert error_of(conv_tape.conv2d(0, 1, bad_id, **CONV2D)) == (
+        f"autograd: invalid node id (cpu: conv2d: input_id is {shown}, the tape has 5 nodes)")
+    assert error_of(conv_tape.max_pool(bad_id, **POOL)) == (
+        f"autograd: invalid node id (cpu: max_pool: x_id is {shown}, the tape has 5 nodes)")
 
 
 def test_inputs_are_read_kernel_then_bias_then_input(conv_tape):
     # Kernel (node 2 has the input's shape) is wrong, and the input id is invalid: the kernel is reported.
-    assert error_of(conv_tape.conv2d(2, 1, 99, **CONV2D)) == "autograd: shape mismatch"
-    assert error_of(conv_tape.conv2d(0, 99, 0, **CONV2D)) == "autograd: invalid node id"
+    assert error_of(conv_tape.conv2d(2, 1, 99, **CONV2D)) == (
+        "autograd: shape mismatch (cpu: conv2d: kernel_id 2 has shape (1, 3, 3), expected (2, 1, 2, 2))")
+    assert error_of(conv_tape.conv2d(0, 99, 0, **CONV2D)) == (
+        "autograd: invalid node id (cpu: conv2d: bias_id is 99, the tape has 5 nodes)")
 
 
 def test_shape_and_buffer_mismatches(conv_tape):
-    assert error_of(call(conv_tape, "conv2d", in_h=4)) == "autograd: shape mismatch"
+    assert error_of(call(conv_tape, "conv2d", in_h=4)) == (
+        "autograd: shape mismatch (cpu: conv2d: input_id 2 has shape (1, 3, 3), expected (1, 4, 3))")
     # The kernel is read whole (id, shape, buffer) before the bias, whose shape [2] is wrong for out_c=1.
     t, short_kernel = conv_tape.leaf(np.ones(3, np.float32), shape=(1, 1, 2, 2))
     assert error_of(t.conv2d(short_kernel, 1, 2, **dict(CONV2D, out_c=1))) == (
         "autograd: CPU buffer size mismatch (shape elements=4, native elements=3)")
     t, kernel = conv_tape.leaf(np.ones(4, np.float32), shape=(1, 1, 2, 2))
-    assert error_of(t.conv2d(kernel, 1, 2, **dict(CONV2D, out_c=1))) == "autograd: shape mismatch"
+    assert error_of(t.conv2d(kernel, 1, 2, **dict(CONV2D, out_c=1))) == (
+        "autograd: shape mismatch (cpu: conv2d: bias_id 1 has shape (2,), expected (1,))")
 
 
 def test_a_flat_buffer_with_a_matching_shape_is_used(conv_tape):
@@ -271,16 +292,57 @@ def test_native_output_is_checked_before_recording(backend, message):
     assert len(t) == 5
 
 
-naturalish = st.one_of(st.integers(-3, 5), st.sampled_from([2**32, 2**40, True, None, 1.5, "2"]))
-vectors = st.one_of(st.lists(naturalish, max_size=10).map(tuple), naturalish)
+# Hostile arguments: no op raises, and a failed op leaves the tape as it was (SEMANTICS §5).
+
+def test_huge_integers_are_described_not_printed(conv_tape):
+    assert error_of(call(conv_tape, "avg_pool", c=-10**5000)) == (
+        "autograd: cpu: avg_pool: c must be a natural number, got a negative integer of 5001 digits")
+    assert error_of(call(conv_tape, "conv", kernel=[-10**5000, 2])) == (
+        "autograd: cpu: conv: kernel[0] must be a natural number, got a negative integer of 5001 digits")
+    assert error_of(call(conv_tape, "conv", kernel=[10**5000, 2])).startswith(
+        "autograd: cpu: conv: dimension does not fit in UInt32")
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (np.array(2), "array(2)"), (itertools.count(1), "count(1)"), (iter([2, 2]), "<list_iterator object"),
+    ((n for n in (2, 2)), "<generator object"), ({2, 3}, "{2, 3}"), (b"\x02\x02", "b'\\x02\\x02'"),
+], ids=["0-d array", "endless iterator", "iterator", "generator", "set", "bytes"])
+def test_only_sized_sequences_are_sequences(conv_tape, value, shown):
+    error = error_of(call(conv_tape, "conv", kernel=value))
+    assert error.startswith(f"autograd: cpu: conv: kernel must be a sequence of natural numbers, got {shown}"), error
+
+
+def snapshot(tape):
+    return len(tape), [tape.value(i).copy() for i in range(len(tape))]
+
+
+def assert_unchanged(tape, before):
+    count, values = before
+    assert len(tape) == count
+    for node, value in enumerate(values):
+        np.testing.assert_array_equal(tape.value(node), value)
+
+
+def hostile_objects():
+    """Values no geometry, id or β should be: each drawn fresh (iterators are consumed)."""
+    fixed = [2**32, 2**64, 10**5000, -10**5000, True, None, 1.5, math.nan, "2", b"2", np.int64(2), np.array(2),
+             np.array([2, 2]), [[1, 2]], (), {}, object(), 1j]
+    return st.one_of(st.sampled_from(fixed), st.builds(lambda: iter([2, 2])), st.builds(lambda: itertools.count(1)),
+                     st.builds(lambda: (n for n in (1, 2))))
+
+
+naturalish = st.one_of(st.integers(-3, 5), hostile_objects())
+vectors = st.one_of(st.lists(naturalish, max_size=10).map(tuple), st.lists(naturalish, max_size=4), naturalish)
 
 
 @settings(max_examples=300, deadline=None)
-@given(op=st.sampled_from(sorted(CALLS)), ids=st.lists(st.sampled_from([0, 1, 2, 3, 4, 9, -1, True]), min_size=3, max_size=3),
-       beta=st.one_of(st.floats(), st.integers(), st.booleans()), scalars=st.lists(naturalish, min_size=8, max_size=8),
+@given(op=st.sampled_from(sorted(CALLS)),
+       ids=st.lists(st.one_of(st.sampled_from([0, 1, 2, 3, 4, 9, -1]), hostile_objects()), min_size=3, max_size=3),
+       beta=st.one_of(st.floats(), st.integers(), hostile_objects()), scalars=st.lists(naturalish, min_size=8, max_size=8),
        vecs=st.lists(vectors, min_size=4, max_size=4))
 def test_no_argument_makes_an_op_raise(op, ids, beta, scalars, vecs):
     t = leaves(convgen.cpu.Tape())
+    before = snapshot(t)
     positional, geometry = CALLS[op]
     args = ids[: len([p for p in positional if isinstance(p, int)])]
     if op.startswith("smooth"):
@@ -290,7 +352,10 @@ def test_no_argument_makes_an_op_raise(op, ids, beta, scalars, vecs):
     drawn = {name: next(vector_values) if isinstance(value, tuple) else next(values)
              for name, value in geometry.items()}
     result = getattr(t, op)(*args, **drawn)
-    assert result.is_ok() or result.error.startswith("autograd: ")
+    assert_unchanged(t, before)
     if result.is_ok():
         new_tape, node = result.unwrap()
         assert node == 5 and new_tape.value(node).dtype == np.float32
+    else:
+        assert result.error.startswith("autograd: ") and len(result.error) < 400, result.error
+    assert call(t, "max_pool").is_ok()  # the tape is still usable

@@ -68,13 +68,10 @@ def test_2d_ops_match_the_nd_ops(family: Family) -> None:
     rng = reference.case_rng("2d", family.value)
     beta = 1.5 if family is Family.SMOOTH_MAX_POOL else None
     geom = Geometry.build(family, 2, 3 if family.is_conv else 2, (3, 4), (2, 2), (2, 2), (1, 1), beta)
-    tape, ids = Tape(), []
-    for value in reference.draw_inputs(rng, geom):
-        tape, node = tape.leaf(value)
-        ids.append(node)
+    tape, ids = reference.record_leaves(Tape(), reference.draw_inputs(rng, geom))
     seed = reference.draw_grad(rng, geom)
     results = []
-    for result in nd_and_2d(tape, family, tuple(ids), beta):
+    for result in nd_and_2d(tape, family, ids, beta):
         after, out = result.unwrap()
         grads = after.backward(out, seed).unwrap()
         results.append([after.value(out), *(grads[i] for i in ids)])

@@ -1,11 +1,16 @@
-"""The tape as a value and its backward rules (SEMANTICS §6), on the CPU tape. Expected gradients
-are worked out by hand for ops whose gradient is a plain sum (avg pool, bias)."""
+"""The tape's API as SEMANTICS §6 gives it, on the CPU tape: a tape is a value, `value` cannot
+change the record, backward's rules, its rejections, and leaves whose recorded shape no op can
+read. Expected gradients are worked out by hand for ops whose gradient is a plain sum (avg pool,
+bias)."""
 
 from __future__ import annotations
+
+import re
 
 import convgen
 import numpy as np
 import pytest
+from reference import record_leaves
 
 POOL = dict(c=1, in_spatial=(4,), kernel=(2,), stride=(2,), padding=(0,))
 
@@ -105,3 +110,72 @@ def test_seed_on_a_leaf_is_returned_for_that_leaf():
     t, a = convgen.cpu.Tape().leaf(np.ones((1, 2), np.float32), requires_grad=False)
     grads = t.backward(a, np.array([[5, 6]], np.float32)).unwrap()
     np.testing.assert_array_equal(grads[a], [[5, 6]])
+
+
+def test_value_is_a_read_only_view_of_the_record():
+    t, a = convgen.cpu.Tape().leaf(np.array([[1, 2, 3, 4]], np.float32))
+    t2, p = t.max_pool(a, **POOL).unwrap()
+    for node in (a, p):
+        with pytest.raises(ValueError, match="read-only"):
+            t2.value(node)[:] = 7
+    np.testing.assert_array_equal(t2.value(a), [[1, 2, 3, 4]])  # and every tape sharing the leaf
+    np.testing.assert_array_equal(t.value(a), [[1, 2, 3, 4]])
+    np.testing.assert_array_equal(t2.value(p), [[2, 4]])
+
+
+def test_gradients_never_alias_the_seed_or_the_record():
+    t, (a, b) = record_leaves(convgen.cpu.Tape(), [np.ones((1, 4), np.float32), np.ones((1, 2), np.float32)])
+    t, p = t.avg_pool(a, **POOL).unwrap()
+    seed = np.array([[5, 6]], np.float32)
+    for out, seed_array in ((p, seed), (b, seed), (b, t.value(b))):
+        grads = t.backward(out, seed_array).unwrap()
+        arrays = [seed_array, *(t.value(i) for i in range(len(t)))]
+        assert not any(np.shares_memory(g, r) for g in grads for r in arrays)
+        grads[out][:] = 0  # a gradient is the caller's to change
+    np.testing.assert_array_equal(seed, [[5, 6]])
+    np.testing.assert_array_equal(t.value(b), [[1, 1]])
+
+
+@pytest.mark.parametrize(("seed", "shown"), [
+    ("abc", "'abc'"), (b"ab", "b'ab'"), ([[1, 2], [3]], "[[1, 2], [3]]"), (None, "None"),
+    ([["1", "x"]], "[['1', 'x']]"), (object(), "<object object at 0x"),
+])
+def test_a_seed_that_is_not_an_array_of_numbers_is_an_error(seed, shown):
+    t, a = convgen.cpu.Tape().leaf(np.ones((1, 2), np.float32))
+    error = t.backward(a, seed).error
+    assert error.startswith("autograd: seed gradient must be an array of numbers, got " + shown), error
+
+
+BAD_SHAPES = [(2, -1), (2.0,), (2**20, 2**20), (True, 2), ("2",)]
+
+
+@pytest.mark.parametrize("shape", BAD_SHAPES, ids=repr)
+def test_a_leaf_with_a_shape_no_op_can_read_does_not_break_backward(shape):
+    t, a = convgen.cpu.Tape().leaf(np.array([[1, 2, 3, 4]], np.float32))
+    t, bad = t.leaf(np.ones(2, np.float32), shape=shape)  # recorded as given: leaf does not validate
+    t, frozen = t.leaf(np.ones((3,), np.float32), requires_grad=False)
+    t, p = t.avg_pool(a, **POOL).unwrap()
+    assert t.shape(bad) == shape and t.value(bad).shape == (2,)  # the flat buffer, as given
+    grads = t.backward(p, np.array([[2, 4]], np.float32)).unwrap()
+    np.testing.assert_array_equal(grads[a], [[1, 1, 2, 2]])
+    np.testing.assert_array_equal(grads[frozen], [0, 0, 0])
+    assert grads[bad] is None  # no valid shape: no gradient at all, rather than a failure
+    assert t.backward(bad, np.ones(2, np.float32)).error == "autograd: seed gradient shape mismatch for output"
+
+
+def test_a_leaf_shape_of_floats_is_not_the_shape_of_ints():
+    t, bad = convgen.cpu.Tape().leaf(np.ones(4, np.float32), shape=(1.0, 4.0))
+    assert t.max_pool(bad, **POOL).error == (
+        "autograd: shape mismatch (cpu: max_pool: x_id 0 has shape (1.0, 4.0), expected (1, 4))")
+    t, good = t.leaf(np.ones(4, np.float32), shape=np.array([1, 4]))  # NumPy integers are natural numbers
+    assert t.max_pool(good, **POOL).is_ok()
+    assert t.value(good).shape == (1, 4)
+
+
+def test_a_shaped_leaf_whose_buffer_is_short_gets_no_gradient():
+    t, short = convgen.cpu.Tape().leaf(np.ones(3, np.float32), shape=(1, 4))
+    t, a = t.leaf(np.ones((1, 4), np.float32))
+    t, p = t.avg_pool(a, **POOL).unwrap()
+    assert t.backward(p, np.ones((1, 2), np.float32)).unwrap()[short] is None
+    assert re.fullmatch(r"autograd: CPU buffer size mismatch \(shape elements=4, native elements=3\)",
+                        t.avg_pool(short, **POOL).error)

@@ -1,0 +1,38 @@
+"""`convgen.checking.describe`, which every message uses to show a value: bounded, and it never
+raises, whatever the value."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from convgen.checking import DESCRIBE_LIMIT, describe
+
+
+class FailingRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class LongRepr:
+    def __repr__(self) -> str:
+        return "x" * 1000
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (-3, "-3"), (10**40 - 1, "9" * 40), (10**40, "an integer of 41 digits"), (10**5000, "an integer of 5001 digits"),
+    (-10**5000, "a negative integer of 5001 digits"), (True, "True"), (None, "None"), (1.5, "1.5"), ("3", "'3'"),
+    (np.int64(2), "np.int64(2)"), (np.array(2), "array(2)"), (itertools.count(1), "count(1)"),
+    ([1, [2, [3, [4]]]], "[1, [2, [3, [...]]]]"), (FailingRepr(), "<FailingRepr object>"),
+], ids=["small", "40 digits", "41 digits", "huge", "huge negative", "bool", "None", "float", "str", "numpy int",
+        "0-d array", "iterator", "nested", "failing repr"])
+def test_describe_shows_the_value(value, shown):
+    assert describe(value) == shown
+
+
+@pytest.mark.parametrize("value", [LongRepr(), "y" * 10**6, list(range(10**5)), np.arange(10**6).reshape(1000, 1000),
+                                   [10**5000] * 3], ids=["long repr", "long str", "long list", "array", "huge ints"])
+def test_describe_is_bounded(value):
+    text = describe(value)
+    assert len(text) <= DESCRIBE_LIMIT and ("..." in text or "5001 digits" in text), text
