@@ -6,11 +6,13 @@ known binder types, the arguments and geometry each kind of op takes, hypotheses
 
 from __future__ import annotations
 
+import builtins
 import keyword
 import re
 from collections.abc import Sequence
 from typing import NoReturn
 
+from convgen.generator.contract import Family
 from convgen.generator.lower import (
     FAMILY_PREFIXES,
     RANK_BINDER,
@@ -25,7 +27,6 @@ from convgen.generator.lower import (
     snake_case,
 )
 from convgen.generator.model import Decl, Loc, SpecError, SpecFile, format_expr
-from convgen.geometry import Family
 
 # C++ (CUDA compiles C++) and C keywords in lower case: what a snake_case name can collide with.
 _CPP_KEYWORDS = frozenset("""
@@ -39,6 +40,16 @@ _CPP_KEYWORDS = frozenset("""
     wchar_t while xor xor_eq
 """.split())
 
+# Every name the generated Python introduces itself starts with `_` (`_math`, `_checked`), which spec
+# names cannot, so these are the names left that an op, id or β could collide with:
+# - builtins, which the generated validators call (`len`, `max`) and would be shadowed;
+_PYTHON_BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
+# - the public attributes of the tape (convgen.tape.Tape and its backends), which would hide an op
+#   method of the same name (tests/test_spec_errors.py keeps this list complete);
+TAPE_ATTRIBUTES = frozenset({"backend_class", "backward", "leaf", "name", "parents", "shape", "value"})
+# - the module-level names of generated/ops.py that an op's constant (its name in capitals) could take.
+OPS_MODULE_NAMES = frozenset({"OPS"})
+
 _FAMILY_VALUES = tuple(f.value for f in Family)
 _EXPLICIT_ONLY = {BinderKind.TAPE, BinderKind.FLOAT}  # what the caller passes by position
 _IMPLICIT_ONLY = {BinderKind.VECTOR}  # geometry, passed by keyword
@@ -47,6 +58,10 @@ _IMPLICIT_ONLY = {BinderKind.VECTOR}  # geometry, passed by keyword
 def check_specs(specs: Sequence[SpecFile]) -> None:
     """Raise `SpecError` for the first problem in `specs`, file by file in order; declarations must
     have distinct Python names across all the files."""
+    if specs and not any(spec.decls for spec in specs):
+        files = ", ".join(spec.path for spec in specs)
+        raise SpecError(Loc(specs[0].path, 1, 1), f"no op declared in {files}: a spec needs at least one 'def' "
+                                                  "(building would leave the tape without ops)", specs[0].source)
     first_declared: dict[str, Decl] = {}
     for spec in specs:
         for decl in spec.decls:
@@ -72,6 +87,17 @@ def _identifier_problem(python_name: str) -> str | None:
         return "the name of the tape in the generated methods"
     if python_name in _CPP_KEYWORDS:
         return "a C++ keyword"
+    if python_name in _PYTHON_BUILTINS:
+        return "a Python builtin, which the generated code uses"
+    return None
+
+
+def _op_name_problem(python_name: str) -> str | None:
+    """Why an op cannot have this snake_case name beyond `_identifier_problem`, or None if it can."""
+    if python_name in TAPE_ATTRIBUTES:
+        return f"the tape's own '{python_name}' would hide the op"
+    if python_name.upper() in OPS_MODULE_NAMES:
+        return f"its constant '{python_name.upper()}' is taken in generated/ops.py"
     return None
 
 
@@ -134,7 +160,10 @@ class _DeclChecker:
 
     def check_identifiers(self) -> None:
         """Names that reach generated code must be safe there, and binders distinct once snake_cased."""
-        self.check_identifier(self.decl.short_name, self.decl.loc)
+        op_name = self.check_identifier(self.decl.short_name, self.decl.loc)
+        problem = _op_name_problem(op_name)
+        if problem:
+            self.fail(self.decl.loc, f"'{op_name}' cannot be an op name: {problem}")
         first_of: dict[str, str] = {}
         for name, binder, _ in self.bound:
             python_name = self.check_identifier(name, binder.name_loc(name))
@@ -153,6 +182,11 @@ class _DeclChecker:
 
     def family(self) -> Family:
         family = family_of(self.decl)
+        if family is None and "_" in self.decl.short_name:
+            self.fail(self.decl.loc, f"cannot tell the family of '{self.decl.short_name}': spec names are camelCase "
+                                     "(the Python name is derived from it: 'convTranspose2d' is "
+                                     "'conv_transpose2d'); rename it, or add '@[family X]' with X among "
+                                     f"{', '.join(_FAMILY_VALUES)}")
         if family is None:
             prefixes = ", ".join(prefix for prefix, _ in FAMILY_PREFIXES)
             self.fail(self.decl.loc, f"cannot tell the family of '{self.decl.short_name}': the name starts with "

@@ -1,61 +1,104 @@
 """The `convgen` command: spec files -> parse -> checks -> lower -> emit -> generated/ (`build`),
 plus `list` (the ops' Python signatures), `compile` (NVRTC over every generated source) and
 `demo` (a small 4-D network on the tape).
+
+Inside a convgen checkout (see checkout.py) `build` reads the checkout's spec/ and templates/ and
+writes its generated/, whether convgen is installed editable or not; elsewhere it needs --spec and
+--out. Exit status: 0 done, 1 `build --check` found drift, 2 a usage error, a spec error or an output
+folder that cannot be written safely, 3 an internal error.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import click
-from convgen.generator import checks, emit, lower, parse
+import jinja2
+from convgen.generator import checks, emit, lower, parse, write
+from convgen.generator.checkout import find_checkout, spec_label
+from convgen.generator.contract import MAX_RANK, Family
 from convgen.generator.model import SpecError
 
-PROJECT = Path(__file__).resolve().parent.parent
-DEFAULT_SPEC_DIR = PROJECT / "spec"
-DEFAULT_OUT = PROJECT / "generated"
+# The installed package (the checkout itself when installed editable): its spec is what `list` shows
+# outside a checkout.
+PACKAGED_SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 1, 2, 3
+T = TypeVar("T")
+_NO_CHECKOUT = ("not inside a convgen checkout (a folder holding pyproject.toml of project 'convgen', spec/ and "
+                "generated/, or a folder below one): run inside a convgen checkout, or pass --spec and --out")
 
 
-def _spec_label(path: Path) -> str:
-    """How generated headers name a spec file: relative to the project, else its bare name, so no
-    machine path leaks into the output."""
-    resolved = path.resolve()
-    return resolved.relative_to(PROJECT).as_posix() if resolved.is_relative_to(PROJECT) else path.name
+def _fail(command: str, message: str, code: int = EXIT_USAGE) -> NoReturn:
+    click.echo(f"convgen {command}: {message}", err=True)
+    sys.exit(code)
 
 
 def load_ops(spec_paths: list[Path]) -> tuple[lower.OpSpec, ...]:
-    """Parse, check and lower the spec files; raises SpecError with a located message."""
-    specs = [parse.parse_spec(p.read_text(encoding="utf-8"), _spec_label(p)) for p in spec_paths]
+    """Parse, check and lower the spec files; raises SpecError with a located message, OSError if
+    a file cannot be read."""
+    specs = []
+    for path in spec_paths:
+        label = spec_label(path)
+        specs.append(parse.parse_spec(parse.decode_spec(path.read_bytes(), label), label))
     checks.check_specs(specs)
     return lower.lower_spec(specs)
 
 
-def generate(spec_paths: list[Path]) -> dict[str, str]:
-    """Every file of generated/ for these spec files: relative path -> text."""
-    label = ", ".join(_spec_label(p) for p in spec_paths)
-    return emit.generate(load_ops(spec_paths), label)
+def generate(spec_paths: list[Path], template_dir: Path = emit.TEMPLATE_DIR) -> dict[str, str]:
+    """Every file of generated/ for these spec files, manifest included: relative path -> text."""
+    label = ", ".join(spec_label(p) for p in spec_paths)
+    files = emit.generate(load_ops(spec_paths), label, template_dir)
+    files[write.MANIFEST] = write.manifest_text(emit.header_line(label), list(files))
+    return dict(sorted(files.items()))
 
 
-def _existing(out: Path) -> set[str]:
-    """The files under `out` that a build owns (everything but Python's caches)."""
-    if not out.is_dir():
-        return set()
-    return {p.relative_to(out).as_posix() for p in out.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
+def _load_or_exit(command: str, action: Callable[[], T]) -> T:
+    """`action()`, with every spec problem a message and exit 2, and never a traceback."""
+    try:
+        return action()
+    except SpecError as error:
+        click.echo(str(error), err=True)
+        sys.exit(EXIT_USAGE)
+    except jinja2.TemplateNotFound as error:  # an OSError too: a broken installation, not the user's input
+        _fail(command, f"internal error: template {error.name} not found ({error.message})", EXIT_INTERNAL)
+    except OSError as error:
+        _fail(command, f"cannot read {error.filename}: {error.strerror}")
+    except emit.GeneratedCodeError as error:
+        _fail(command, f"internal error: {error}; this is a bug in convgen, please report it with the spec",
+              EXIT_INTERNAL)
 
 
-def _spec_paths(spec: tuple[Path, ...]) -> list[Path]:
-    paths = list(spec) or sorted(DEFAULT_SPEC_DIR.glob("*.lean"))
-    if not paths:
-        raise click.UsageError(f"no spec files: {DEFAULT_SPEC_DIR} has no *.lean")
-    return paths
+@dataclass(frozen=True, slots=True)
+class _Workspace:
+    """What `build` reads and writes."""
+
+    spec_paths: list[Path]
+    out: Path
+    template_dir: Path
+    default_out: Path | None  # the checkout's generated/, if working in one
 
 
-def _fix_command(spec: tuple[Path, ...], out: Path) -> str:
+def _workspace(spec: tuple[Path, ...], out: Path | None) -> _Workspace:
+    """The checkout around the current folder supplies what --spec and --out leave out."""
+    checkout = find_checkout(Path.cwd())
+    if checkout is None:
+        if not (spec and out):
+            _fail("build", _NO_CHECKOUT)
+        return _Workspace(list(spec), out, emit.TEMPLATE_DIR, None)
+    spec_paths = list(spec) or sorted(checkout.spec_dir.glob("*.lean"))
+    if not spec_paths:
+        _fail("build", f"no spec files: {checkout.spec_dir} has no *.lean")
+    return _Workspace(spec_paths, out or checkout.out_dir, checkout.template_dir, checkout.out_dir)
+
+
+def _fix_command(spec: tuple[Path, ...], workspace: _Workspace) -> str:
     parts = ["convgen build"] + [f"--spec {p}" for p in spec]
-    if out.resolve() != DEFAULT_OUT:
-        parts.append(f"--out {out}")
+    if workspace.default_out is None or workspace.out.resolve() != workspace.default_out:
+        parts.append(f"--out {workspace.out}")
     return " ".join(parts)
 
 
@@ -64,40 +107,60 @@ def main() -> None:
     """Generate, check and compile convgen's CUDA convolution and pooling kernels."""
 
 
+_SPEC_OPTION = click.option(
+    "--spec", "spec", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Spec file (repeatable). Default: spec/*.lean of the convgen checkout around the current folder.")
+
+
 @main.command()
-@click.option("--spec", "spec", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Spec file (repeatable). Default: every spec/*.lean of the project.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT, show_default=True,
-              help="Folder to write (or, with --check, to compare).")
+@_SPEC_OPTION
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder to write (or, with --check, to compare). Default: generated/ of the checkout.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if --out differs from what the spec gives.")
-def build(spec: tuple[Path, ...], out: Path, check: bool) -> None:
-    """Regenerate the generated/ tree from the spec files."""
+def build(spec: tuple[Path, ...], out: Path | None, check: bool) -> None:
+    """Regenerate the generated/ tree from the spec files.
+
+    Inside a convgen checkout (the current folder or a parent holds its pyproject.toml, spec/ and
+    generated/) --spec and --out default to the checkout's, and its templates/ are used; elsewhere
+    pass both. The build replaces and removes only files it wrote (headed "Code generated by
+    convgen", listed in manifest.txt), leaves every other file alone and writes through no symbolic
+    link.
+
+    \b
+    Exit status:
+      0  built, or up to date (--check)
+      1  out of date (--check): stale, missing, extra or foreign files are listed
+      2  usage error, spec error (a located message), or --out cannot be written safely
+      3  internal error (a bug in convgen)
+    """
+    workspace = _workspace(spec, out)
+    files = _load_or_exit("build", lambda: generate(workspace.spec_paths, workspace.template_dir))
     try:
-        files = generate(_spec_paths(spec))
-    except SpecError as error:
-        click.echo(str(error), err=True)
-        sys.exit(1)
-    existing = _existing(out)
-    stale = sorted(path for path in files if path in existing and (out / path).read_text(encoding="utf-8") != files[path])
-    missing = sorted(set(files) - existing)
-    extra = sorted(existing - set(files))
-    if check:
-        if stale or missing or extra:
-            click.echo(f"{out} is out of date with the spec and templates:", err=True)
-            for kind, paths in (("stale", stale), ("missing", missing), ("extra", extra)):
-                for path in paths:
-                    click.echo(f"  {kind}: {path}", err=True)
-            click.echo(f"run: {_fix_command(spec, out)}", err=True)
-            sys.exit(1)
-        click.echo(f"{out}: {len(files)} files up to date")
+        update = write.plan(workspace.out, files)
+        if check:
+            _report_check(update, _fix_command(spec, workspace))
+            return
+        write.apply(update)
+    except write.OutError as error:
+        _fail("build", str(error))
+    except OSError as error:
+        _fail("build", f"cannot write {error.filename}: {error.strerror}")
+    click.echo(f"{workspace.out}: {len(files)} files ({len(update.stale)} updated, {len(update.missing)} added, "
+               f"{len(update.extra)} removed)")
+
+
+def _report_check(update: write.Plan, fix: str) -> None:
+    if update.up_to_date:
+        click.echo(f"{update.out}: {len(update.files)} files up to date")
         return
-    for path in stale + missing:
-        target = out / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(files[path], encoding="utf-8", newline="\n")
-    for path in extra:
-        (out / path).unlink()
-    click.echo(f"{out}: {len(files)} files ({len(stale)} updated, {len(missing)} added, {len(extra)} removed)")
+    click.echo(f"{update.out} is out of date with the spec and templates:", err=True)
+    kinds = (("stale", update.stale), ("missing", update.missing), ("extra", update.extra),
+             ("foreign", update.foreign))
+    for kind, paths in kinds:
+        for path in paths:
+            click.echo(f"  {kind}: {path}", err=True)
+    click.echo(f"run: {fix}", err=True)
+    sys.exit(EXIT_DRIFT)
 
 
 def python_signature(op: lower.OpSpec) -> str:
@@ -107,16 +170,17 @@ def python_signature(op: lower.OpSpec) -> str:
 
 
 @main.command(name="list")
-@click.option("--spec", "spec", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Spec file (repeatable). Default: every spec/*.lean of the project.")
+@_SPEC_OPTION
 def list_ops(spec: tuple[Path, ...]) -> None:
-    """Print every op's Python signature and family."""
-    try:
-        ops = load_ops(_spec_paths(spec))
-    except SpecError as error:
-        click.echo(str(error), err=True)
-        sys.exit(1)
-    for op in ops:
+    """Print every op's Python signature and family (outside a checkout: of the installed spec).
+
+    Exit status: 0 done, 2 usage or spec error.
+    """
+    checkout = find_checkout(Path.cwd())
+    spec_paths = list(spec) or sorted((checkout.spec_dir if checkout else PACKAGED_SPEC_DIR).glob("*.lean"))
+    if not spec_paths:
+        _fail("list", "no spec files: pass --spec")
+    for op in _load_or_exit("list", lambda: load_ops(spec_paths)):
         rank = "2" if op.rank else "1..8"
         click.echo(f"{python_signature(op)}    # {op.family.value}, rank {rank}")
 
@@ -125,25 +189,26 @@ def list_ops(spec: tuple[Path, ...]) -> None:
 @click.option("--arch", default="sm_90", show_default=True, help="Real GPU architecture to compile for.")
 def compile_sources(arch: str) -> None:
     """Compile every generated CUDA source with NVRTC (no GPU needed); report registers and spills."""
-    from convgen.generator import nvrtc
+    from convgen.generator import cli_cuda
 
-    failed = spilled = 0
-    reports = nvrtc.compile_all(arch)
-    for report in reports:
-        if report.error is not None:
-            failed += 1
-            click.echo(f"FAIL {report.source}\n{report.error}")
-            continue
-        for kernel in report.kernels:
-            spilled += kernel.spills
-            mark = "  SPILLS" if kernel.spills else ""
-            click.echo(f"{kernel.symbol:<44} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B stack  "
-                       f"{kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
-    seconds = sum(r.seconds for r in reports)
-    click.echo(f"{len(reports) - failed}/{len(reports)} sources compiled for {arch} in {seconds:.1f} s; "
-               f"{failed} failed; {spilled} kernels spill")
-    if failed:
-        sys.exit(1)
+    cli_cuda.compile_sources(arch)
+
+
+@main.command(name="source")
+@click.argument("family", type=click.Choice([f.value for f in Family]))
+@click.argument("rank", type=click.IntRange(1, MAX_RANK))
+@click.option("--in-c", type=click.IntRange(1), help="Input channels (default: the compile check's geometry).")
+@click.option("--out-c", type=click.IntRange(1), help="Output channels (conv families).")
+@click.option("--in", "spatial", help="Input extents, NxN... (one N for every axis).")
+@click.option("--kernel", help="Kernel extents, NxN...")
+@click.option("--stride", help="Strides, NxN...")
+@click.option("--padding", help="Paddings, NxN...")
+def source(family: str, rank: int, in_c: int | None, out_c: int | None, spatial: str | None, kernel: str | None,
+           stride: str | None, padding: str | None) -> None:
+    """Print the exact NVRTC input of one op and geometry: a .cu with its -D defines as #defines."""
+    from convgen.generator import cli_cuda
+
+    cli_cuda.print_source(family, rank, in_c, out_c, spatial, kernel, stride, padding)
 
 
 @main.command()

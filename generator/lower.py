@@ -7,10 +7,10 @@ the hypotheses and binder types become the ordered check list of SEMANTICS §5.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from convgen.generator.contract import Family
 from convgen.generator.model import (
     NO_LOC,
     App,
@@ -25,7 +25,6 @@ from convgen.generator.model import (
     Prod,
     SpecFile,
 )
-from convgen.geometry import Family
 
 
 class Role(enum.Enum):
@@ -159,19 +158,31 @@ def is_rank_binder(name: str, binder: Binder) -> bool:
     return name == RANK_BINDER and not binder.explicit and binder_kind(binder.type) is BinderKind.NAT
 
 
+def _is_upper(char: str) -> bool:
+    return "A" <= char <= "Z"
+
+
 def snake_case(name: str) -> str:
-    """`maxPool2dPad` -> `max_pool2d_pad`, `inC` -> `in_c`, `kH` -> `k_h`, `C` -> `c`; digits stay
-    with the word before them (`conv2d`)."""
-    split_acronym = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)  # `IDFoo` -> `ID_Foo`
-    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", split_acronym).lower()
+    """`maxPool2dPad` -> `max_pool2d_pad`, `inC` -> `in_c`, `kH` -> `k_h`, `C` -> `c`, `IDFoo` ->
+    `id_foo`; digits stay with the word before them (`conv2d`). One pass, linear in the length."""
+    pieces = []
+    for i, char in enumerate(name):
+        before, after = name[i - 1: i], name[i + 1: i + 2]
+        starts_word = _is_upper(char) and i > 0 and (
+            ("a" <= before <= "z" or "0" <= before <= "9")  # `inC`, `conv2dPad`
+            or (_is_upper(before) and "a" <= after <= "z")  # the `F` of `IDFoo`
+        )
+        pieces.append("_" + char if starts_word else char)
+    return "".join(pieces).lower()
 
 
 def family_from_name(short_name: str) -> Family | None:
-    """The family whose camelCase prefix starts the name and ends a word there (`conv2d`,
-    `convTranspose`, but not `convex`); None if no prefix fits."""
+    """The family whose camelCase prefix starts the name and ends a word there: the name is the
+    prefix, or goes on with a capital or a digit (`conv2d`, `convTranspose`, but not `convex` nor
+    `conv_transpose2d`); None if no prefix fits."""
     for prefix, family in FAMILY_PREFIXES:
         rest = short_name.removeprefix(prefix)
-        if rest != short_name and not rest[:1].islower():
+        if rest != short_name and (not rest or _is_upper(rest[0]) or "0" <= rest[0] <= "9"):
             return family
     return None
 

@@ -172,15 +172,30 @@ def format_expr(expr: Expr, context: int = _FORALL) -> str:
     return f"({text})" if strength < context else text
 
 
+# An error quotes at most this many characters of the offending line, around the caret.
+QUOTE_WIDTH = 200
+ELLIPSIS = "..."
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """`text`, cut to `limit` characters with an ellipsis, for quoting spec text in a message."""
+    return text if len(text) <= limit else text[: limit - len(ELLIPSIS)] + ELLIPSIS
+
+
 class SpecError(Exception):
     """A mistake in a spec file. `str(e)` is `path:line:col: error: what`, then the offending line
-    and a caret under the column: ready to print as is."""
+    (about QUOTE_WIDTH characters of it around the column) and a caret under the column: ready to
+    print as is."""
 
     def __init__(self, loc: Loc, message: str, source: str) -> None:
         lines = source.split("\n")  # as the parser counts lines
         line = lines[loc.line - 1].rstrip("\r") if 0 < loc.line <= len(lines) else ""
+        start = min(max(loc.column - 1 - QUOTE_WIDTH // 2, 0), max(len(line) - QUOTE_WIDTH, 0))
+        end = start + QUOTE_WIDTH
+        before = ELLIPSIS if start > 0 else ""
+        after = ELLIPSIS if end < len(line) else ""
         # Keep the line's tabs so the caret lines up however the terminal expands them.
-        indent = "".join(c if c == "\t" else " " for c in line[: loc.column - 1])
-        super().__init__(f"{loc}: error: {message}\n{line}\n{indent}^")
+        indent = " " * len(before) + "".join(c if c == "\t" else " " for c in line[start: loc.column - 1])
+        super().__init__(f"{loc}: error: {message}\n{before}{line[start:end]}{after}\n{indent}^")
         self.loc = loc
         self.message = message

@@ -1,7 +1,9 @@
 """Parse: spec text -> `SpecFile`, the IR of model.py, through the LALR grammar of grammar.lark.
 
 ASCII spellings become the canonical Unicode ones (`Nat` -> `ℕ`). A syntax error becomes a
-`SpecError`: `path:line:col: error: expected ..., got ...`, the line and a caret.
+`SpecError`: `path:line:col: error: expected ..., got ...`, the line and a caret. So does text that
+is not UTF-8, and input past the limits below (deep nesting would exhaust Python's stack in the
+recursive passes after parsing; huge numbers and names would make them slow).
 """
 
 from __future__ import annotations
@@ -22,24 +24,29 @@ from convgen.generator.model import (
     Prod,
     SpecError,
     SpecFile,
+    shorten,
 )
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 from lark.lexer import PatternStr
 from lark.tree import Meta
 
-PARSER = Lark(
-    Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8"),
-    parser="lalr",
+PARSER_OPTIONS = {
+    "parser": "lalr",
     # Not the contextual lexer: a lone `x` must be the product everywhere, not only where the
     # parser happens to accept one.
-    lexer="basic",
-    propagate_positions=True,
-    maybe_placeholders=True,
+    "lexer": "basic",
+    "propagate_positions": True,
+    "maybe_placeholders": True,
     # Strict: no shift/reduce conflicts, no colliding terminals (lark checks the latter with
     # `interegular`, a dependency of ours for that reason).
-    strict=True,
-)
+    "strict": True,
+}
+PARSER = Lark(Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8"), **PARSER_OPTIONS)
+
+MAX_NESTING = 64  # levels of the parse tree under a declaration
+MAX_DIGITS = 20  # a number literal (the spec only writes 0)
+MAX_NAME_LENGTH = 200  # characters of a (dotted) name
 
 # Messages name the pattern terminals in words and the ASCII alternatives by their Unicode spelling.
 _TERMINAL_WORDS = {"NAME": "identifier", "NUMBER": "number", "DOC": "doc comment", "$END": "end of file"}
@@ -48,13 +55,47 @@ _UNICODE_SPELLING = {"x": "×", "!=": "≠", "forall": "∀", "Nat": "ℕ"}
 _CONTINUATIONS = {"'('", "'×'", "'≠'", "identifier", "number"}
 
 
+def decode_spec(data: bytes, path: str) -> str:
+    """The text of a spec file's bytes, or a SpecError at the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line_start = before.rfind(b"\n") + 1
+        column = len(before[line_start:].decode("utf-8", errors="replace")) + 1
+        loc = Loc(path, before.count(b"\n") + 1, column)
+        message = f"spec is not UTF-8 text: invalid byte 0x{data[error.start]:02x}"
+        raise SpecError(loc, message, data.decode("utf-8", errors="replace")) from None
+
+
 def parse_spec(text: str, path: str) -> SpecFile:
     """The declarations of one spec file; `path` is only used in locations and messages."""
     try:
         tree = PARSER.parse(text)
     except (UnexpectedCharacters, UnexpectedToken) as error:
         raise _syntax_error(error, text, path) from None
+    _check_limits(tree, text, path)
     return SpecFile(path, _ToModel(path).transform(tree), text)
+
+
+def _check_limits(tree: Tree, text: str, path: str) -> None:
+    """SpecError at the first subtree nested deeper than MAX_NESTING, number longer than MAX_DIGITS or
+    name longer than MAX_NAME_LENGTH. Iterative, so that it cannot itself run out of stack."""
+    pending: list[tuple[Tree | Token, int]] = [(decl, 0) for decl in tree.children]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, Token):
+            if node.type == "NUMBER" and len(node) > MAX_DIGITS:
+                raise SpecError(Loc(path, node.line, node.column), f"number too long (more than {MAX_DIGITS} digits)",
+                                text)
+            if node.type == "NAME" and len(node) > MAX_NAME_LENGTH:
+                raise SpecError(Loc(path, node.line, node.column),
+                                f"name too long (more than {MAX_NAME_LENGTH} characters)", text)
+        elif isinstance(node, Tree):
+            if depth > MAX_NESTING:
+                raise SpecError(Loc(path, node.meta.line, node.meta.column),
+                                f"expression nested too deeply (more than {MAX_NESTING} levels)", text)
+            pending.extend((child, depth + 1) for child in node.children)
 
 
 def _syntax_error(error: UnexpectedCharacters | UnexpectedToken, text: str, path: str) -> SpecError:
@@ -89,9 +130,9 @@ def _terminal_spelling(name: str) -> str:
 
 def _token_spelling(token: Token) -> str:
     if token.type == "NAME":
-        return f"identifier {str(token)!r}"
+        return f"identifier {shorten(str(token))!r}"
     if token.type == "NUMBER":
-        return f"number {token}"
+        return f"number {shorten(str(token))}"
     if token == "x":
         return "'x' (reserved: the ASCII spelling of '×')"
     return _TERMINAL_WORDS.get(token.type, repr(str(token)))

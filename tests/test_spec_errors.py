@@ -3,11 +3,13 @@ and a caret, never a traceback. The full text of each message is pinned."""
 
 from __future__ import annotations
 
-import pytest
+import importlib.util
 
-pytest.importorskip("lark")
-from convgen.generator.checks import check_specs
-from convgen.generator.model import SpecError
+import pytest
+from convgen.generator import emit
+from convgen.generator.checks import TAPE_ATTRIBUTES, check_specs
+from convgen.generator.lower import lower_spec
+from convgen.generator.model import QUOTE_WIDTH, SpecError
 from convgen.generator.parse import parse_spec
 
 CONV2D = """\
@@ -320,12 +322,108 @@ spec/bad.lean:3:48: error: the result type must be 'Result (Tape × ℕ)', got '
                                                ^""",
         id='wrong_result_type',
     ),
+    pytest.param(
+        CONV2D.replace("T.conv2d", "T.conv_transpose2d"),
+        """\
+spec/bad.lean:1:5: error: cannot tell the family of 'conv_transpose2d': spec names are camelCase (the Python name is derived from it: 'convTranspose2d' is 'conv_transpose2d'); rename it, or add '@[family X]' with X among conv, conv_transpose, max_pool, avg_pool, smooth_max_pool
+def T.conv_transpose2d {inC outC kH kW stride padding inH inW : ℕ}
+    ^""",
+        id='snake_case_family',
+    ),
+    pytest.param(
+        MAX_POOL.replace("T.maxPool", "T.maxPoolX").replace("xId", "validators"),
+        None,
+        id='generated_names_are_free_for_ids',
+    ),
+    *[pytest.param(
+        "@[family max_pool]\n" + MAX_POOL.replace("T.maxPool", f"T.{name}"),
+        f"""\
+spec/bad.lean:2:5: error: '{name}' cannot be an op name: the tape's own '{name}' would hide the op
+def T.{name} {{d C : ℕ}} {{inSpatial kernel stride padding : Vector ℕ d}}
+    ^""",
+        id=f'tape_attribute_{name}',
+    ) for name in ("value", "leaf", "backward")],
+    pytest.param(
+        "@[family max_pool]\n" + MAX_POOL.replace("T.maxPool", "T.ops"),
+        """\
+spec/bad.lean:2:5: error: 'ops' cannot be an op name: its constant 'OPS' is taken in generated/ops.py
+def T.ops {d C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+    ^""",
+        id='op_table_name',
+    ),
+    pytest.param(
+        SMOOTH.replace("beta", "len"),
+        """\
+spec/bad.lean:2:27: error: 'len' cannot appear in generated C or Python: a Python builtin, which the generated code uses
+    (t : Tape) (xId : ℕ) (len : Float) : Result (Tape × ℕ)
+                          ^""",
+        id='builtin_beta',
+    ),
+    pytest.param(
+        "@[family max_pool]\n" + MAX_POOL.replace("T.maxPool", "T.max"),
+        """\
+spec/bad.lean:2:5: error: 'max' cannot appear in generated C or Python: a Python builtin, which the generated code uses
+def T.max {d C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+    ^""",
+        id='builtin_op',
+    ),
 ]
 
 
-@pytest.mark.parametrize(("source", "message"), MALFORMED)
+@pytest.mark.parametrize(("source", "message"), [case for case in MALFORMED if case.values[1]])
 def test_malformed_spec_message(source, message):
     assert error_text(source) == message
+
+
+@pytest.mark.parametrize(("op", "node", "beta"), [
+    ("natural", "checked", "device"), ("real", "validators", "math"), ("math", "describe", "real"),
+    ("device", "geometry", "natural"), ("checked", "math", "validators"),
+])
+def test_names_the_generated_code_uses_are_free_for_ops_ids_and_beta(tmp_path, op, node, beta):
+    """The generated modules name everything of their own with a leading `_`, so such spec names
+    build, and the generated validators import and check."""
+    source = (f"@[family smooth_max_pool]\ndef T.{op} {{d C : ℕ}} {{inSpatial kernel stride padding : Vector ℕ d}} "
+              f"(t : Tape) ({node} : ℕ) ({beta} : Float) : Result (Tape × ℕ)\n")
+    specs = [parse_spec(source, "spec/names.lean")]
+    check_specs(specs)
+    files = emit.generate(lower_spec(specs), "spec/names.lean")
+    compile(files["ops.py"], "ops.py", "exec", dont_inherit=True)
+    (tmp_path / "validators.py").write_text(files["validators.py"])
+    module_spec = importlib.util.spec_from_file_location(f"validators_{op}", tmp_path / "validators.py")
+    validators = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(validators)
+    validate = getattr(validators, op)
+    geometry = {"c": 1, "in_spatial": (4,), "kernel": (2,), "stride": (1,), "padding": (0,)}
+    assert validate("cpu", 1.0, **geometry).out_spatial == (3,)
+    assert validate("cpu", 0.0, **geometry) == f"autograd: cpu: {op}: {beta} must be finite and nonzero"
+
+
+def test_tape_attributes_are_reserved_op_names():
+    """Every public attribute of the tapes that is not a generated op is in TAPE_ATTRIBUTES, so an op
+    cannot be hidden by one (and the list cannot go stale)."""
+    from convgen import cpu, tape
+    from convgen.generated.ops import OPS
+
+    for tape_class in (tape.Tape, cpu.Tape):
+        public = {name for name in dir(tape_class) if not name.startswith("_")}
+        assert public - set(OPS) <= TAPE_ATTRIBUTES, tape_class
+
+
+def test_a_long_line_is_quoted_in_part_with_the_caret_aligned():
+    line = "def T.conv2d " + "{a : ℕ} " * 10_000 + "(t : Tape) :: R"
+    text = error_text(line)
+    head, quoted, caret = text.split("\n")
+    column = line.index("::") + 2
+    assert head == f"spec/bad.lean:1:{column}: error: expected '(', '∀', identifier or number, got ':'"
+    assert quoted.startswith("...") and not quoted.endswith("...") and len(quoted) == len("...") + QUOTE_WIDTH
+    assert caret.index("^") == quoted.index("::") + 1
+
+
+def test_an_empty_spec_is_an_error():
+    assert error_text("-- nothing here\n") == """\
+spec/bad.lean:1:1: error: no op declared in spec/bad.lean: a spec needs at least one 'def' (building would leave the tape without ops)
+-- nothing here
+^"""
 
 
 def test_duplicate_declaration_across_files():

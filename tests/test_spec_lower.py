@@ -3,13 +3,13 @@ the seed's ops, with the checks of SEMANTICS §5 in order."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("lark")
 from convgen.generator import checks
 from convgen.generator.checks import check_specs
+from convgen.generator.contract import Family
 from convgen.generator.lower import (
     GEOMETRY_ROLES,
     Check,
@@ -22,7 +22,6 @@ from convgen.generator.lower import (
     snake_case,
 )
 from convgen.generator.parse import parse_spec
-from convgen.geometry import Family
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DECLS = ROOT / "tests" / "data" / "seed_decls.lean"
@@ -55,16 +54,26 @@ def vector(lean: str, role: Role) -> GeometryParam:
     ("maxPool2dPad", "max_pool2d_pad"), ("convTranspose2d", "conv_transpose2d"),
     ("smoothMaxPool", "smooth_max_pool"), ("avgPool2dPad", "avg_pool2d_pad"), ("conv2d", "conv2d"),
     ("inC", "in_c"), ("kH", "k_h"), ("inSpatial", "in_spatial"), ("kernelId", "kernel_id"),
-    ("xId", "x_id"), ("C", "c"), ("beta", "beta"), ("HTTPServer", "http_server"),
+    ("xId", "x_id"), ("C", "c"), ("beta", "beta"), ("HTTPServer", "http_server"), ("IDFoo", "id_foo"),
+    ("ABcDEf", "a_bc_d_ef"), ("a1B", "a1_b"), ("aBC", "a_bc"), ("conv_2d", "conv_2d"), ("ℕx", "ℕx"),
 ])
 def test_snake_case(lean, python):
     assert snake_case(lean) == python
+
+
+def test_snake_case_is_linear():
+    # A regex with nested repetition took minutes here: 100000 capitals then a lower-case letter.
+    start = time.perf_counter()
+    assert snake_case("A" * 100_000 + "a") == "a" * 99_999 + "_aa"
+    assert time.perf_counter() - start < 1
 
 
 @pytest.mark.parametrize(("name", "family"), [
     ("conv2d", Family.CONV), ("conv", Family.CONV), ("convTranspose2d", Family.CONV_TRANSPOSE),
     ("maxPool2dPad", Family.MAX_POOL), ("avgPool", Family.AVG_POOL),
     ("smoothMaxPool2d", Family.SMOOTH_MAX_POOL), ("convex2d", None), ("pool2d", None), ("MaxPool2d", None),
+    # Exact camelCase prefixes: snake_case would read as a forward conv.
+    ("conv_transpose2d", None), ("conv_transpose", None), ("max_pool", None), ("conv_", None),
 ])
 def test_family_from_name(name, family):
     assert family_from_name(name) is family

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("lark")
 from convgen.generator import parse
 from convgen.generator.model import (
     App,
@@ -23,6 +21,8 @@ from convgen.generator.model import (
     format_expr,
 )
 from convgen.generator.parse import parse_spec
+from lark import Lark
+from lark.exceptions import GrammarError, LexError
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DECLS = ROOT / "tests" / "data" / "seed_decls.lean"
@@ -140,5 +140,14 @@ def test_printing_parenthesises_where_needed():
     assert format_expr(App(App(Ident("f"), (Ident("a"),)), (Prod(Ident("b"), NAT),))) == "(f a) (b × ℕ)"
 
 
-def test_grammar_builds_in_strict_mode():
+@pytest.mark.parametrize("grammar", [
+    'start: e\ne: e "+" e | "n"\n',  # a shift/reduce conflict
+    'start: A | B\nA: /a+/\nB: /a|b/\n',  # colliding terminals: both match "a"
+])
+def test_the_parser_options_reject_an_ambiguous_grammar(grammar):
+    """PARSER is built with PARSER_OPTIONS, whose strict mode refuses what lark would otherwise
+    resolve silently (it builds the same grammars without it)."""
+    Lark(grammar, **{**parse.PARSER_OPTIONS, "strict": False})
+    with pytest.raises((GrammarError, LexError)):
+        Lark(grammar, **parse.PARSER_OPTIONS)
     assert parse.PARSER.options.strict
