@@ -1,6 +1,7 @@
 """The CUDA backend: CuPy arrays in, the generated sources of `convgen.generated` compiled with NVRTC
 for one geometry at a time (the -D defines and launch plan of `convgen.cuda_launch`), one kernel
-launch per stage out; and `Tape`, the CUDA tape that runs on it.
+launch per stage out; and `Tape`, the CUDA tape that runs on it. Each kernel's arguments are
+built from its parameter list in the generated contract, by role.
 
 CuPy is imported when the backend is constructed, so `import convgen.cuda` works without it.
 """
@@ -8,17 +9,40 @@ CuPy is imported when the backend is constructed, so `import convgen.cuda` works
 from __future__ import annotations
 
 import importlib.resources
+import math
 from typing import Any
 
 import numpy as np
-from convgen.backend import BackendError
-from convgen.cuda_launch import NVRTC_OPTIONS, Plan, plan
-from convgen.generated.kernels import KERNELS
+from convgen.backend import BackendError, OutOfMemory
+from convgen.cuda_launch import H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan
+from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry
+
+CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
+# The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
+# devices are taken to sustain the same share of the boost clock they report.
+SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
 
 # Poison for outputs in the test mode: NaN, and for the argmax offsets a value no window has.
 _POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.uint8): np.uint8(0xFF),
            np.dtype(np.uint16): np.uint16(0xFFFF), np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
+
+
+def device_hardware(attributes: dict[str, int]) -> Hardware:
+    """The hardware record of a device from CuPy's `Device.attributes`; what a device does not
+    report (the register cap, the driver's per-block reserve, the bandwidth) is the H200's."""
+    return Hardware(
+        sm_count=attributes.get("MultiProcessorCount", H200.sm_count),
+        shared_per_block=attributes.get("MaxSharedMemoryPerBlock", H200.shared_per_block),
+        shared_per_sm=attributes.get("MaxSharedMemoryPerMultiprocessor", H200.shared_per_sm),
+        shared_reserved_per_block=H200.shared_reserved_per_block,
+        registers_per_sm=attributes.get("MaxRegistersPerMultiprocessor", H200.registers_per_sm),
+        registers_per_thread=H200.registers_per_thread,
+        threads_per_sm=attributes.get("MaxThreadsPerMultiProcessor", H200.threads_per_sm),
+        blocks_per_sm=attributes.get("MaxBlocksPerMultiprocessor", H200.blocks_per_sm),
+        clock_hz=attributes["ClockRate"] * 1e3 * SUSTAINED_CLOCK_SHARE if "ClockRate" in attributes else H200.clock_hz,
+        memory_bandwidth=H200.memory_bandwidth,
+    )
 
 
 def _geometry_key(geom: Geometry) -> tuple:
@@ -30,7 +54,8 @@ class _Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block), stages with
     nothing to write left out, and the plan they came from."""
 
-    def __init__(self, plan: Plan, functions: dict[str, Any]) -> None:
+    def __init__(self, family: Family, plan: Plan, functions: dict[str, Any]) -> None:
+        self.family = family
         self.plan = plan
         self.launches = {stage: (functions[stage], (launch.grid,), (launch.block,), launch.shared_bytes)
                          for stage, launch in plan.launches.items() if launch.grid}
@@ -45,18 +70,27 @@ class CupyBackend:
     # Test hook: fill every output with NaN before its kernel runs, so an element a kernel forgets
     # to write shows up. Set it on a subclass (tests/test_cuda.py does).
     poison_outputs = False
+    # How plans pick each GEMM stage's tile; tests/test_cuda.py forces tiles through it.
+    tile_chooser: TileChooser = staticmethod(choose_tile)
 
     def __init__(self) -> None:
         try:
             import cupy
             import cupy.cuda.compiler
         except ImportError as error:
-            raise BackendError(f"the CUDA tape needs CuPy ({error})") from error
+            raise BackendError(f"the CUDA tape needs CuPy ({error}); install it with: {CUPY_EXTRA}") from None
+        try:
+            devices = cupy.cuda.runtime.getDeviceCount()
+        except cupy.cuda.runtime.CUDARuntimeError as error:
+            raise BackendError(f"the CUDA tape found no GPU ({error})") from None
+        if devices == 0:
+            raise BackendError("the CUDA tape found no GPU (CUDA reports 0 devices)")
         self._xp = cupy
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
-            cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.memory.OutOfMemoryError)
+            cupy.cuda.runtime.CUDARuntimeError)
         self._compiled: dict[tuple, _Compiled] = {}
+        self._hardware: dict[int, Hardware] = {}
 
     # Arrays.
 
@@ -90,7 +124,10 @@ class CupyBackend:
         return f"cuda:{self._xp.cuda.runtime.getDevice()}"
 
     def _output(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
-        array = self._xp.empty(shape, dtype)
+        try:
+            array = self._xp.empty(shape, dtype)
+        except self._xp.cuda.memory.OutOfMemoryError:
+            raise OutOfMemory(math.prod(shape) * np.dtype(dtype).itemsize) from None
         if self.poison_outputs:
             array.fill(_POISON[np.dtype(dtype)])
         return array
@@ -100,40 +137,53 @@ class CupyBackend:
     def _compile(self, geom: Geometry) -> _Compiled:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
-        key = (*_geometry_key(geom), self._xp.cuda.runtime.getDevice())
+        device = self._xp.cuda.runtime.getDevice()
+        key = (*_geometry_key(geom), device)
         compiled = self._compiled.get(key)
         if compiled is None:
+            hardware = self._hardware.get(device)
+            if hardware is None:
+                hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
             entry = KERNELS[(geom.family, geom.rank)]
-            geometry_plan = plan(geom)
+            geometry_plan = plan(geom, hardware, self.tile_chooser)
             source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
             try:
-                module = self._xp.RawModule(code=source, options=NVRTC_OPTIONS + geometry_plan.defines)
+                module = self._xp.RawModule(code=source, options=nvrtc_options(geometry_plan))
                 functions = {stage: module.get_function(symbol) for stage, symbol in entry.symbols.items()}
             except self._errors as error:
                 raise BackendError(f"compiling {entry.source} failed: {error}") from error
-            compiled = self._compiled[key] = _Compiled(geometry_plan, functions)
+            compiled = self._compiled[key] = _Compiled(geom.family, geometry_plan, functions)
         return compiled
 
-    def _launch(self, compiled: _Compiled, stage: str, *args: Any) -> None:
+    def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
+        """Run `stage` with its arguments taken from `values` by the roles of its parameters (the
+        contract's order); a stage with nothing to write is skipped, an unknown one is an error."""
+        params = STAGES[compiled.family].get(stage)
+        if params is None:
+            known = ", ".join(STAGES[compiled.family])
+            raise ValueError(f"{compiled.family.value} has no stage {stage!r} (stages: {known})")
         launch = compiled.launches.get(stage)
         if launch is None:
             return  # nothing to write
         function, grid, block, shared_bytes = launch
+        args = tuple(values[param.role] for param in params)
         try:
             function(grid, block, args, shared_mem=shared_bytes)
         except self._errors as error:
             raise BackendError(f"{stage} kernel failed: {error}") from error
 
-    def _gemm(self, compiled: _Compiled, stage: str, out: Any, *args: Any) -> None:
-        """An implicit-GEMM stage into `out`; when the plan splits its reduction, into a partial
-        buffer [split, *out.shape] that the stage's reduce kernel adds up in a fixed order."""
+    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
+        """An implicit-GEMM stage into its output (the kernel's non-const parameter); when the plan
+        splits its reduction, into a partial buffer [split, *output.shape] that the stage's reduce
+        kernel adds up in a fixed order."""
         split = compiled.plan.splits[stage]
         if split == 1:
-            self._launch(compiled, stage, *args, out)
+            self._launch(compiled, stage, values)
             return
-        partial = self._output((split, *out.shape))
-        self._launch(compiled, stage, *args, partial)
-        self._launch(compiled, f"{stage}_reduce", partial, out)
+        (output,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
+        partial = self._output((split, *values[output].shape))
+        self._launch(compiled, stage, {**values, output: partial})
+        self._launch(compiled, f"{stage}_reduce", {"partial": partial, output: values[output]})
 
     # The ops.
 
@@ -145,43 +195,40 @@ class CupyBackend:
         family = geom.family
         if family.is_conv:
             weight, bias, x = inputs
-            self._gemm(compiled, "forward", y, x, weight, bias)
+            self._gemm(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "y": y})
             return y, None
         (x,) = inputs
+        values = {"x": x, "y": y}
         if family is Family.MAX_POOL:
-            argmax = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offset of each max
-            self._launch(compiled, "forward", x, y, argmax)
-            return y, argmax
-        if family is Family.AVG_POOL:
-            self._launch(compiled, "forward", x, y)
-            return y, None
-        pivots, sums = self._output(geom.output_shape), self._output(geom.output_shape)
-        self._launch(compiled, "forward", x, np.float32(geom.beta), y, pivots, sums)
-        return y, (pivots, sums)
+            saved = values["argmax"] = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
+        elif family is Family.SMOOTH_MAX_POOL:
+            saved = values["pivots"], values["sums"] = self._output(geom.output_shape), self._output(geom.output_shape)
+            values["beta"] = np.float32(geom.beta)
+        else:
+            saved = None
+        self._launch(compiled, "forward", values)
+        return y, saved
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
         compiled = self._compile(geom)
         family = geom.family
         if family.is_conv:
             weight, bias, x = inputs
-            d_x, d_weight, d_bias = self._output(x.shape), self._output(weight.shape), self._output(bias.shape)
-            self._gemm(compiled, "backward_input", d_x, grad, weight)
-            # The weight gradient reduces over the cells of D against U: g and x for conv, x and g
-            # for the transpose (whose roles of input and output are swapped).
-            d_values, u_values = (grad, x) if family is Family.CONV else (x, grad)
-            self._gemm(compiled, "backward_weight", d_weight, d_values, u_values)
-            self._launch(compiled, "backward_bias", grad, d_bias)
-            return d_weight, d_bias, d_x
+            values = {"x": x, "weight": weight, "grad": grad, "grad_x": self._output(x.shape),
+                      "grad_weight": self._output(weight.shape), "grad_bias": self._output(bias.shape)}
+            self._gemm(compiled, "backward_input", values)
+            self._gemm(compiled, "backward_weight", values)
+            self._launch(compiled, "backward_bias", values)
+            return values["grad_weight"], values["grad_bias"], values["grad_x"]
         (x,) = inputs
-        d_x = self._output(x.shape)
+        values = {"x": x, "grad": grad, "grad_x": self._output(x.shape)}
         if family is Family.MAX_POOL:
-            self._launch(compiled, "backward_input", grad, saved, d_x)
-        elif family is Family.AVG_POOL:
-            self._launch(compiled, "backward_input", grad, d_x)
-        else:
-            pivots, sums = saved
-            self._launch(compiled, "backward_input", x, grad, pivots, sums, np.float32(geom.beta), d_x)
-        return (d_x,)
+            values["argmax"] = saved
+        elif family is Family.SMOOTH_MAX_POOL:
+            values["pivots"], values["sums"] = saved
+            values["beta"] = np.float32(geom.beta)
+        self._launch(compiled, "backward_input", values)
+        return (values["grad_x"],)
 
 
 from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geometry, not this module)

@@ -1,33 +1,21 @@
 """Validated geometry of one op call: the families, the output extents of SEMANTICS §2, and the
 `Geometry` value that the generated validators build and both backends consume.
 
-Imports nothing beyond the standard library: the generator, the generated code and the runtime share it.
+Family and MAX_RANK are the generated contract's (generated/contract.py), re-exported here for the
+runtime and the generated validators.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 from dataclasses import dataclass, field
 
+from convgen.generated.contract import MAX_RANK, Family
+
+__all__ = ["MAX_RANK", "U32_LIMIT", "Family", "Geometry", "axis_extent", "fits_u32", "window"]
+
 U32_LIMIT = 1 << 32
-MAX_RANK = 8
-
-
-class Family(enum.Enum):
-    """The kernel families; each has one CUDA source per rank."""
-
-    CONV = "conv"
-    CONV_TRANSPOSE = "conv_transpose"
-    MAX_POOL = "max_pool"
-    AVG_POOL = "avg_pool"
-    SMOOTH_MAX_POOL = "smooth_max_pool"
-
-    @property
-    def is_conv(self) -> bool:
-        """True for the families with a kernel and a bias (parents kernel, bias, input)."""
-        return self in (Family.CONV, Family.CONV_TRANSPOSE)
 
 
 def window(n: int, k: int, s: int, p: int) -> int:

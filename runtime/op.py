@@ -17,10 +17,3 @@ class OpInfo:
     geometry_params: tuple[str, ...]  # keyword-only, signature order
     reads_first: bool  # SEMANTICS §5 steps 6-7: *2d* ops read inputs before sizing the output
 
-
-@dataclass(frozen=True, slots=True)
-class KernelSource:
-    """One generated CUDA source (a file of generated/cuda/) and its kernels, stage -> symbol."""
-
-    source: str
-    symbols: dict[str, str]

@@ -1,15 +1,22 @@
 """Layer 2: every generated CUDA source compiles with NVRTC for sm_90 (no GPU needed) at a
-representative geometry of its rank, and no forward kernel spills to local memory."""
+representative geometry of its rank, no forward kernel spills to local memory, and every kernel's
+signature is the one the contract gives the launcher."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
+from convgen import nvrtc_check
+from convgen.cuda_launch import representative_geometry
+from convgen.generated.contract import KERNELS, STAGES
+from convgen.generator import cli
+from convgen.geometry import Family
 
-pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc-cu12 (the test extra)")
-
-from convgen.generated.kernels import KERNELS
-from convgen.generator import nvrtc
-from convgen.generator.kernels import kernel_base
+GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
+SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 
 PTXAS_LOG = """\
 ptxas info    : 0 bytes gmem
@@ -23,19 +30,102 @@ ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill l
 ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem
 """
 
+SOURCES = sorted(KERNELS, key=lambda k: (k[0].value, k[1]))
+
+
+def _ids(value):
+    return getattr(value, "value", value)
+
 
 def test_ptxas_log_is_read_per_kernel():
-    assert nvrtc.parse_ptxas_log(PTXAS_LOG) == (
-        nvrtc.KernelReport("conv_r2_forward", 40, 0, 0, 0),
-        nvrtc.KernelReport("conv_r2_backward_bias", 255, 16, 8, 12),
+    assert nvrtc_check.parse_ptxas_log(PTXAS_LOG) == (
+        nvrtc_check.KernelReport("conv_r2_forward", 40, 0, 0, 0),
+        nvrtc_check.KernelReport("conv_r2_backward_bias", 255, 16, 8, 12),
     )
 
 
-@pytest.mark.parametrize(("family", "rank"), sorted(KERNELS, key=lambda k: (k[0].value, k[1])),
-                         ids=lambda v: getattr(v, "value", v))
+def _declared(param: str) -> tuple[str, str, bool, bool]:
+    """`const float* __restrict__ x` -> (name, dtype, const, pointer)."""
+    words = param.replace("__restrict__", "").replace("*", " * ").split()
+    return words[-1], next(w for w in words if w not in ("const", "*")), "const" in words, "*" in words
+
+
+@pytest.mark.parametrize(("family", "rank"), SOURCES, ids=_ids)
+def test_kernel_signatures_match_the_contract(family, rank):
+    """The launcher builds arguments from the contract: the generated signatures must agree."""
+    entry = KERNELS[(family, rank)]
+    text = (GENERATED_CUDA / entry.source).read_text()
+    found = {symbol: [_declared(p) for p in params.split(",")] for symbol, params in SIGNATURE.findall(text)}
+    assert list(found) == list(entry.symbols.values())
+    for stage, symbol in entry.symbols.items():
+        expected = [(p.name, p.dtype, p.const, p.pointer) for p in STAGES[family][stage]]
+        assert found[symbol] == expected, symbol
+
+
+def test_every_source_checks_for_the_defines_the_contract_lists():
+    for family, rank in SOURCES:
+        entry = KERNELS[(family, rank)]
+        text = (GENERATED_CUDA / entry.source).read_text()
+        check = text[text.index("#if !defined"):text.index("#error")]
+        assert re.findall(r"!defined\((\w+)\)", check) == list(entry.defines), entry.source
+
+
+def test_generated_sources_read_like_hand_written_cuda():
+    for path in GENERATED_CUDA.glob("*.cu"):
+        lines = path.read_text().splitlines()
+        assert max(len(line) for line in lines) <= 120, path.name
+        assert not [line for line in lines if line.startswith("constexpr unsigned M ")], path.name
+        assert "\n\n\n" not in path.read_text(), path.name
+
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc-cu12 (the test extra)")
+
+
+@pytest.mark.parametrize(("family", "rank"), SOURCES, ids=_ids)
 def test_source_compiles_for_sm90_without_forward_spills(family, rank):
-    report = nvrtc.compile_source(family, rank, "sm_90")
+    report = nvrtc_check.compile_source(family, rank, "sm_90")
     assert report.error is None, report.error
     assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
-    forward = [k for k in report.kernels if k.symbol == f"{kernel_base(family, rank)}_forward"]
+    forward = [k for k in report.kernels if k.symbol == KERNELS[(family, rank)].symbols["forward"]]
     assert forward and not forward[0].spills, forward
+
+
+def test_a_bad_arch_is_one_usage_error():
+    result = CliRunner().invoke(cli.main, ["compile", "--arch", "sm_91"])
+    assert result.exit_code == 2
+    supported = ", ".join(nvrtc_check.supported_architectures())
+    assert result.output == f"convgen compile: unknown architecture 'sm_91'; this NVRTC supports {supported}\n"
+
+
+def test_compile_without_nvrtc_names_the_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "cuda.bindings", None)
+    result = CliRunner().invoke(cli.main, ["compile"])
+    assert result.exit_code == 2
+    assert result.output.startswith("convgen compile: NVRTC is not installed (")
+    assert result.output.endswith("); install it with: pip install 'convgen[test]'\n")
+
+
+def test_source_command_prints_a_standalone_nvrtc_input():
+    """`convgen source` output compiles with no -D options: the defines are in the text."""
+    result = CliRunner().invoke(cli.main, ["source", "conv_transpose", "2", "--in-c", "5", "--out-c", "7",
+                                           "--in", "9x8", "--kernel", "3", "--stride", "2x1", "--padding", "1x0"])
+    assert result.exit_code == 0, result.output
+    assert "#define IN_C 5\n#define OUT_C 7\n" in result.output
+    assert "#define OUT0 17\n" in result.output  # (9 - 1) * 2 + 3 - 2
+    bindings = nvrtc_check.nvrtc()
+    _, program = bindings.nvrtcCreateProgram(result.output.encode(), b"standalone.cu", 0, [], [])
+    try:
+        (status,) = bindings.nvrtcCompileProgram(program, 2, [b"--std=c++17", b"--gpu-architecture=sm_90"])
+    finally:
+        bindings.nvrtcDestroyProgram(program)
+    assert status == bindings.nvrtcResult.NVRTC_SUCCESS
+
+
+def test_source_command_rejects_a_wrong_axis_count():
+    result = CliRunner().invoke(cli.main, ["source", "max_pool", "3", "--in", "4x4"])
+    assert result.exit_code == 2
+    assert "Invalid value for --in: '4x4' needs 3 non-negative extents (rank 3)" in result.output
+
+
+def test_representative_geometry_has_every_family():
+    assert {representative_geometry(f, 1).family for f in Family} == set(Family)

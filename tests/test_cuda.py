@@ -15,7 +15,7 @@ import pytest
 import reference
 import torch_oracle
 from convgen import cuda_launch
-from convgen.cuda_launch import GemmTile, plan
+from convgen.cuda_launch import H200, GemmTile, ceil_div, plan
 from convgen.geometry import MAX_RANK, Family, Geometry
 
 cupy = pytest.importorskip("cupy")
@@ -78,7 +78,7 @@ def run(tape, geom: Geometry, inputs, grad, *, repeat: int = 1):
 
 
 def assert_close_to(geom: Geometry, got, ref, ref_abs) -> None:
-    """`got` = (output, grads) within DESIGN.md's bound of `ref`, scaled by `ref_abs` (the same
+    """`got` = (output, grads) within docs/DESIGN.md's bound of `ref`, scaled by `ref_abs` (the same
     computation on absolute values)."""
     names = ["output"] + [f"d{n}" for n in (("kernel", "bias", "input") if geom.family.is_conv else ("x",))]
     refs, scales = [ref[0], *ref[1]], [ref_abs[0], *ref_abs[1]]
@@ -143,35 +143,33 @@ FORCED_GEOMETRY = [
 ]
 
 
-@pytest.fixture
-def forced_tile(monkeypatch):
-    """Makes every plan take the given tile (splits cut down to the slices there are); gives a
-    poisoning tape with its own module cache (these tiles are not the planned ones)."""
-    def force(bm: int, bn: int, tm: int, tn: int, split: int) -> type:
-        def tile(shape):
-            parts = max(1, min(split, shape.chunks))
-            per_part = -(-shape.chunks // parts) if shape.chunks else 1
-            return GemmTile(bm, bn, shape.bk, tm, tn, -(-shape.chunks // per_part) if shape.chunks else 1)
-        monkeypatch.setattr(cuda_launch, "gemm_tile", tile)
-        cuda_launch._plan.cache_clear()
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int):
+    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are."""
+    def choose(shape, hardware):
+        parts = max(1, min(split, shape.chunks))
+        per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
+        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1)
+    return choose
 
-        class Backend(PoisonBackend):
-            pass
 
-        class ForcedTape(PoisonTape):
-            backend_class = Backend
+def forced_tape(tile) -> type:
+    """A poisoning tape whose plans take `tile` (its own backend, so its own module cache)."""
 
-        return ForcedTape
-    yield force
-    cuda_launch._plan.cache_clear()
+    class Backend(PoisonBackend):
+        tile_chooser = staticmethod(forced_chooser(*tile))
+
+    class ForcedTape(PoisonTape):
+        backend_class = Backend
+
+    return ForcedTape
 
 
 @pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
-def test_every_gemm_tile_shape(tile, forced_tile) -> None:
-    tape_class = forced_tile(*tile)
+def test_every_gemm_tile_shape(tile) -> None:
+    tape_class = forced_tape(tile)
     rng = reference.case_rng("forced", tile)
     for geom in FORCED_GEOMETRY:
-        assert f"-DFWD_BN={tile[1]}" in plan(geom).defines
+        assert plan(geom, H200, forced_chooser(*tile)).defines["FWD_BN"] == tile[1]
         check_against_cpu(geom, rng, tape_class)
 
 
@@ -201,10 +199,10 @@ def test_stride_phases(geom: Geometry) -> None:
 
 @pytest.mark.parametrize("tile", [(4, 256, 4, 4, 1), (16, 64, 1, 4, 5), (8, 64, 2, 8, 2)],
                          ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
-def test_stride_phases_forced_tiles(tile, forced_tile) -> None:
+def test_stride_phases_forced_tiles(tile) -> None:
     """Several B columns or rows per thread, scalar and vector fragments, and splits that leave
     some phases' runs empty (their slice counts differ)."""
-    tape_class = forced_tile(*tile)
+    tape_class = forced_tape(tile)
     rng = reference.case_rng("phases forced", tile)
     for geom in PHASE_GEOMETRY[2:6]:
         check_against_cpu(geom, rng, tape_class)
@@ -235,7 +233,7 @@ def test_pool_offset_widths_and_long_rows() -> None:
 @pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
 def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
     torch = pytest.importorskip("torch")
-    torch.backends.cudnn.allow_tf32 = False  # strict float32, as the figures in DESIGN.md
+    torch.backends.cudnn.allow_tf32 = False  # strict float32, as the figures in docs/DESIGN.md
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = reference.case_rng("torch", family.value, rank)
     cases = 0
@@ -269,6 +267,8 @@ DEGENERATE = {
 
 
 def same_error(got, expected) -> bool:
+    """The two tapes' messages agree once the tape names are swapped (`cuda: ` for `cpu: `, the
+    buffer labels), whatever detail the messages carry."""
     return got.error.replace("cuda", "cpu").replace("CUDA", "CPU") == expected.error
 
 
@@ -323,6 +323,16 @@ def test_rejections_give_the_cpu_result(call) -> None:
 
 # Values the CPU tape pins exactly.
 
+@pytest.mark.parametrize("name", reference.SPECIAL_CASES)
+def test_special_values_follow_semantics(name: str) -> None:
+    """0 · inf, inf beside padding: the same IEEE results as the CPU tape (SEMANTICS §3-§4)."""
+    case = reference.SPECIAL_CASES[name]
+    out, grads = run(PoisonTape(), case.geom, case.inputs, case.grad)
+    np.testing.assert_array_equal(out, case.output)
+    for got, expected in zip(grads, case.grads, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_smooth_max_never_forms_beta_times_x() -> None:
     for beta, expected_grad in ((1e20, [1, 0]), (-1e20, [0, 1])):
         geom = G(Family.SMOOTH_MAX_POOL, 1, 1, (2,), (2,), (1,), (0,), beta)
@@ -340,6 +350,22 @@ def test_max_pool_nan_and_ties_follow_the_cpu_tape() -> None:
     expected = run(convgen.cpu.Tape(), geom, [x], grad)
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_allclose(got[1][0], expected[1][0], rtol=1e-6, atol=1e-6)
+
+
+def test_out_of_memory_names_the_op_and_the_bytes(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise cupy.cuda.memory.OutOfMemoryError(3 * 2**30, 0)
+
+    tape, ids = _rejection_tape(convgen.cuda.Tape()), (0, 1, 2)
+    monkeypatch.setattr(cupy, "empty", refuse)
+    result = tape.conv(*ids, **CONV)
+    assert result.error == "autograd: cuda: conv: out of memory (needs 0.0 GiB)"
+
+
+def test_hardware_comes_from_the_device() -> None:
+    hardware = convgen.cuda.device_hardware(cupy.cuda.Device().attributes)
+    assert hardware.sm_count == cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert hardware.shared_per_block == 48 * 1024
 
 
 def test_device_float32_input_is_taken_without_a_copy() -> None:

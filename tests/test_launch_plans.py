@@ -1,13 +1,28 @@
 """Launch plans (pure Python, no GPU): the scratch of a split reduction stays bounded whatever the
-geometry, so no op needs an im2col-sized workspace."""
+geometry, so no op needs an im2col-sized workspace; the tile chooser is a parameter of the plan;
+plans set exactly the defines of the contract."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
-from convgen.cuda_launch import SPLIT_WORKSPACE_BYTES, gemm_shapes, plan
+from convgen.cuda_launch import (
+    GEMM_STAGES,
+    H200,
+    SPLIT_WORKSPACE_BYTES,
+    choose_tile,
+    gemm_cost,
+    gemm_shapes,
+    nvrtc_options,
+    plan,
+    representative_geometry,
+    tile_candidates,
+)
+from convgen.generated.contract import KERNELS, gemm_shared_bytes
+from convgen.generator import contract
 from convgen.geometry import Family, Geometry
 
 SIZES = [
@@ -38,3 +53,44 @@ def test_every_stage_of_every_conv_family_is_planned():
         assert all(math.prod(geom.output_shape) and launch.grid > 0
                    for stage, launch in geometry_plan.launches.items()
                    if stage in geometry_plan.splits)
+
+
+def test_the_default_chooser_takes_the_cheapest_candidate():
+    geom = Geometry.build(*SIZES[2])
+    for shape in gemm_shapes(geom).values():
+        candidates = tile_candidates(shape, H200)
+        cheapest = min(gemm_cost(shape, tile, H200) for tile in candidates)
+        assert gemm_cost(shape, choose_tile(shape, H200), H200) == cheapest
+
+
+def test_plan_takes_the_chooser_it_is_given():
+    geom = Geometry.build(*SIZES[0])
+    tiles = {}
+
+    def smallest(shape, hardware):
+        tiles[shape] = min(tile_candidates(shape, hardware), key=lambda t: (t.bm * t.bn, t.split))
+        return tiles[shape]
+
+    geometry_plan = plan(geom, H200, smallest)
+    for stage, shape in gemm_shapes(geom).items():
+        assert geometry_plan.defines[f"{GEMM_STAGES[stage]}_BM"] == tiles[shape].bm
+    assert nvrtc_options(geometry_plan)[1:] == tuple(f"-D{k}={v}" for k, v in geometry_plan.defines.items())
+
+
+def test_candidates_fit_the_hardware_they_are_chosen_for():
+    shape = gemm_shapes(Geometry.build(*SIZES[2]))["forward"]
+    small = replace(H200, shared_per_block=8 * 1024)
+    fitting = tile_candidates(shape, small)
+    assert fitting and all(gemm_shared_bytes(t.bm, t.bn, t.bk) <= 8 * 1024 for t in fitting)
+    assert len(fitting) < len(tile_candidates(shape, H200))
+
+
+def test_plans_set_the_defines_the_contract_lists():
+    for family, rank in itertools.product(Family, range(1, 9)):
+        geom = representative_geometry(family, rank)
+        assert tuple(plan(geom).defines) == KERNELS[(family, rank)].defines
+
+
+def test_an_unknown_family_stage_is_named():
+    with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward, forward_reduce, "):
+        contract.stage(contract.Family.CONV, "forwrd")

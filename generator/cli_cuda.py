@@ -1,0 +1,100 @@
+"""The CUDA commands of `convgen` (application layer, so it may use the runtime): `compile`, NVRTC
+over every generated source, and `source`, the exact NVRTC input of one op and geometry as a
+standalone .cu file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+from convgen.cuda_launch import NVRTC_OPTIONS, plan, representative_geometry
+from convgen.generated.contract import KERNELS
+from convgen.geometry import Family, Geometry
+
+GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
+
+
+def _usage_error(message: str) -> None:
+    click.echo(f"convgen compile: {message}", err=True)
+    sys.exit(2)
+
+
+def compile_sources(arch: str) -> None:
+    """`convgen compile`: every source, one line per kernel as it is compiled, then the total."""
+    from convgen import nvrtc_check
+
+    try:
+        nvrtc_check.check_architecture(arch)
+    except (nvrtc_check.NvrtcMissing, nvrtc_check.BadArchitecture) as error:
+        _usage_error(str(error))
+    failed = spilled = 0
+    sources = nvrtc_check.sources()
+    start = time.perf_counter()
+    for family, rank in sources:
+        report = nvrtc_check.compile_source(family, rank, arch)
+        if report.error is not None:
+            failed += 1
+            click.echo(f"FAIL {report.source}\n{report.error}")
+            continue
+        for kernel in report.kernels:
+            spilled += kernel.spills
+            mark = "  SPILLS" if kernel.spills else ""
+            click.echo(f"{kernel.symbol:<44} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B stack  "
+                       f"{kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
+        sys.stdout.flush()
+    seconds = time.perf_counter() - start
+    click.echo(f"{len(sources) - failed}/{len(sources)} sources compiled for {arch} in {seconds:.1f} s; "
+               f"{failed} failed; {spilled} kernels spill")
+    if failed:
+        sys.exit(1)
+
+
+def _axes(option: str, text: str | None, rank: int, default: tuple[int, ...]) -> tuple[int, ...]:
+    """`5x6` -> (5, 6); one number stands for every axis."""
+    if text is None:
+        return default
+    try:
+        values = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not N or NxNx... (integers)", param_hint=option) from None
+    if len(values) == 1:
+        values *= rank
+    if len(values) != rank or min(values) < 0:
+        raise click.BadParameter(f"{text!r} needs {rank} non-negative extents (rank {rank})", param_hint=option)
+    return values
+
+
+def source_text(geom: Geometry) -> str:
+    """The generated source of `geom` with the plan's defines prepended, and how to compile it."""
+    entry = KERNELS[(geom.family, geom.rank)]
+    defines = plan(geom).defines
+    stem = entry.source.removesuffix(".cu")
+    lines = [
+        f"// {entry.source} specialised by `convgen source` for {geom.family.value}: in_c {geom.in_c}, "
+        f"out_c {geom.out_c},",
+        f"// input {geom.in_spatial}, kernel {geom.kernel}, stride {geom.stride}, padding {geom.padding}.",
+        f"// NVRTC options: {' '.join(NVRTC_OPTIONS)} plus the defines below; compile outside Python with",
+        f"// nvcc {' '.join(NVRTC_OPTIONS)} -arch=sm_90 -cubin -o {stem}.cubin {stem}_specialised.cu",
+        *(f"#define {name} {value}" for name, value in defines.items()),
+        "",
+    ]
+    return "\n".join(lines) + (GENERATED_CUDA / entry.source).read_text(encoding="utf-8")
+
+
+def print_source(family: str, rank: int, in_c: int | None, out_c: int | None, spatial: str | None,
+                 kernel: str | None, stride: str | None, padding: str | None) -> None:
+    """`convgen source`: the NVRTC input of one geometry (defaults: the compile check's)."""
+    default = representative_geometry(Family(family), rank)
+    in_c = default.in_c if in_c is None else in_c
+    out_c = in_c if not default.family.is_conv else default.out_c if out_c is None else out_c
+    geom = Geometry.build(default.family, in_c, out_c, _axes("--in", spatial, rank, default.in_spatial),
+                          _axes("--kernel", kernel, rank, default.kernel),
+                          _axes("--stride", stride, rank, default.stride),
+                          _axes("--padding", padding, rank, default.padding), default.beta)
+    if min(geom.out_spatial) <= 0 or min(geom.kernel) <= 0 or min(geom.stride) <= 0:
+        raise click.UsageError(f"convgen source: geometry gives output extents {geom.out_spatial}; "
+                               "kernel and stride must be positive and the output non-empty")
+    click.echo(source_text(geom), nl=False)

@@ -1,0 +1,206 @@
+"""The kernel contract: the one vocabulary that the CUDA templates, the generated Python and the
+runtime's launcher share. The generator owns it; `convgen build` prints it into the CUDA sources
+and into generated/contract.py, which is all the runtime reads. Standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+MAX_RANK = 8
+RANKS = tuple(range(1, MAX_RANK + 1))
+
+
+class Family(enum.Enum):
+    """The kernel families; each has one CUDA source per rank."""
+
+    CONV = "conv"
+    CONV_TRANSPOSE = "conv_transpose"
+    MAX_POOL = "max_pool"
+    AVG_POOL = "avg_pool"
+    SMOOTH_MAX_POOL = "smooth_max_pool"
+
+    @property
+    def is_conv(self) -> bool:
+        """True for the families with a kernel and a bias (parents kernel, bias, input)."""
+        return self in (Family.CONV, Family.CONV_TRANSPOSE)
+
+
+# Defines every source needs, and those of each spatial axis a (IN0, K0, S0, P0, OUT0, ...).
+COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK")
+AXIS_DEFINES = ("IN", "K", "S", "P", "OUT")
+# The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
+GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
+TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
+# The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
+# floats; the pad keeps a warp's column reads off one bank. The formula is printed, with these
+# constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
+SHARED_ROW_PAD = 4
+SHARED_BUFFERS = 2
+
+
+def tile_defines(stage: str) -> tuple[str, ...]:
+    """`FWD_BM`, ...: the tile defines of one GEMM stage."""
+    return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in TILE_FIELDS)
+
+
+def pool_defines(family: Family) -> tuple[str, ...]:
+    """The defines a pooling source takes beyond the common and axis ones."""
+    return ("POOL_V", "ARGMAX_BYTES") if family is Family.MAX_POOL else ("POOL_V",)
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One kernel parameter. `role` names the value the runtime passes (`x`, `grad`, `partial`...);
+    outputs are the non-const pointers. `dtype` is the CUDA element type."""
+
+    name: str
+    role: str
+    dtype: str = "float"
+    const: bool = True
+    pointer: bool = True
+
+    @property
+    def declaration(self) -> str:
+        qualifier = "const " if self.const else ""
+        pointer = "* __restrict__" if self.pointer else ""
+        return f"{qualifier}{self.dtype}{pointer} {self.name}"
+
+
+def _in(name: str, role: str, dtype: str = "float") -> Param:
+    return Param(name, role, dtype)
+
+
+def _out(name: str, role: str, dtype: str = "float") -> Param:
+    return Param(name, role, dtype, const=False)
+
+
+BETA = Param("beta", "beta", pointer=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ConvRow:
+    """How one convolution-shaped GEMM stage reads its operands (templates/cuda/conv.cu.j2):
+    destination cells (IN/OUT extents) and channels, source likewise, the form (`direct`: source
+    j = d*S + k - P; `gather`: d = j*S + k - P), the weight layout (`dst_major` W[dst, src, k],
+    `src_major` W[src, dst, k]) and whether the bias seeds the accumulators."""
+
+    form: str
+    dst: str
+    dst_c: str
+    src: str
+    src_c: str
+    weight_layout: str
+    with_bias: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRow:
+    """The weight-gradient GEMM: dW over the cells of D (extents `d`) against U (extents `u`)."""
+
+    d: str
+    d_c: str
+    u: str
+    u_c: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One kernel of a family's source: its stage name, parameters in order, the formula it
+    computes (printed above it), and for the conv families its GEMM layout."""
+
+    name: str
+    params: tuple[Param, ...]
+    summary: str
+    layout: ConvRow | WeightRow | None = None
+
+    @property
+    def gemm(self) -> str | None:
+        """The GEMM stage this kernel belongs to (itself, or the one it reduces), if any."""
+        base = self.name.removesuffix("_reduce")
+        return base if base in GEMM_STAGES else None
+
+
+def _reduce(stage: str, output: str) -> Stage:
+    return Stage(f"{stage}_reduce", (_in("partial", "partial"), _out("dest", output)),
+                 "Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.")
+
+
+_BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), _out("bias_grad", "grad_bias")),
+                   "dB[oc] = sum of g[oc, :] over the output cells, one block per channel.")
+
+_CONV_STAGES = (
+    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), _out("dest", "y")),
+          "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
+          ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)),
+    _reduce("forward", "y"),
+    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), _out("dest", "grad_x")),
+          "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
+          ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)),
+    _reduce("backward_input", "grad_x"),
+    Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), _out("dest", "grad_weight")),
+          "dW[oc, ic, k] = sum_o g[oc, o] * x[ic, o*S + k - P].",
+          WeightRow("OUT", "OUT_C", "IN", "IN_C")),
+    _reduce("backward_weight", "grad_weight"),
+    _BIAS_GRAD,
+)
+
+_CONV_TRANSPOSE_STAGES = (
+    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), _out("dest", "y")),
+          "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
+          "each output cell gathers from the input cells whose scatter reaches it.",
+          ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)),
+    _reduce("forward", "y"),
+    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), _out("dest", "grad_x")),
+          "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
+          ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)),
+    _reduce("backward_input", "grad_x"),
+    Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), _out("dest", "grad_weight")),
+          "dW[ic, oc, k] = sum_i x[ic, i] * g[oc, i*S + k - P].",
+          WeightRow("IN", "IN_C", "OUT", "OUT_C")),
+    _reduce("backward_weight", "grad_weight"),
+    _BIAS_GRAD,
+)
+
+
+def _pool_stages(forward: tuple[Param, ...], forward_summary: str, backward: tuple[Param, ...],
+                 backward_summary: str) -> tuple[Stage, ...]:
+    return (Stage("forward", forward, forward_summary), Stage("backward_input", backward, backward_summary))
+
+
+# Every family's kernels in launch order of a forward then a backward pass. Each implicit-GEMM stage
+# may be split over blocks along its reduction; its `*_reduce` kernel then adds the partial results
+# in a fixed order (launched only when the plan splits).
+FAMILY_STAGES: dict[Family, tuple[Stage, ...]] = {
+    Family.CONV: _CONV_STAGES,
+    Family.CONV_TRANSPOSE: _CONV_TRANSPOSE_STAGES,
+    Family.MAX_POOL: _pool_stages(
+        (_in("x", "x"), _out("y", "y"), _out("argmax", "argmax", "argmax_t")),
+        "y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN "
+        "first cell stays; padded cells are skipped); argmax = its flat window offset, for the backward pass.",
+        (_in("grad", "grad"), _in("argmax", "argmax", "argmax_t"), _out("grad_x", "grad_x")),
+        "dx[c, i] = sum of g[c, o] over the windows o that cover i and chose i in the forward pass."),
+    Family.AVG_POOL: _pool_stages(
+        (_in("x", "x"), _out("y", "y")),
+        "y = (sum of the in-bounds cells) / K: padded cells count as zeros (count-include-pad).",
+        (_in("grad", "grad"), _out("grad_x", "grad_x")),
+        "dx[c, i] = (sum of g[c, o] over the windows o that cover i) / K."),
+    Family.SMOOTH_MAX_POOL: _pool_stages(
+        (_in("x", "x"), BETA, _out("y", "y"), _out("pivots", "pivots"), _out("sums", "sums")),
+        "y = pivot + log(Z) / beta with Z = sum over all K cells (padded ones are 0) of exp(beta * (v - pivot)); "
+        "pivot = window max (beta > 0) or min (beta < 0), taken in input space so that beta * v is never "
+        "formed. Saves pivot and Z for the backward pass.",
+        (_in("x", "x"), _in("grad", "grad"), _in("pivots", "pivots"), _in("sums", "sums"), BETA,
+         _out("grad_x", "grad_x")),
+        "dx[c, i] = sum over the windows o that cover i of g[c, o] * exp(beta * (x[c, i] - pivot)) / Z."),
+}
+
+
+def stage(family: Family, name: str) -> Stage:
+    """The stage `name` of `family`; an unknown name is an error naming the known ones."""
+    for candidate in FAMILY_STAGES[family]:
+        if candidate.name == name:
+            return candidate
+    known = ", ".join(s.name for s in FAMILY_STAGES[family])
+    raise ValueError(f"{family.value} has no stage {name!r} (stages: {known})")

@@ -1,0 +1,167 @@
+"""Emit, CUDA side: the kernel contract -> the CUDA sources of generated/cuda/ and
+generated/contract.py, the contract as the runtime reads it.
+
+Everything the templates print is worked out here, from generator/contract.py: each kernel's
+parameters, the defines a source checks, the GEMM layout of each conv stage. The Jinja-free CUDA
+helpers (templates/cuda/*.cuh) are inlined, so every generated source is one self-contained
+NVRTC input.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable
+
+import jinja2
+from convgen.generator.contract import (
+    AXIS_DEFINES,
+    COMMON_DEFINES,
+    FAMILY_STAGES,
+    GEMM_STAGES,
+    MAX_RANK,
+    RANKS,
+    SHARED_BUFFERS,
+    SHARED_ROW_PAD,
+    TILE_FIELDS,
+    ConvRow,
+    Family,
+    Stage,
+    WeightRow,
+    pool_defines,
+    tile_defines,
+)
+from convgen.generator.naming import FAMILY_TEMPLATES, POOL_MODES, source_name, symbols
+
+LINE_WIDTH = 120  # of the generated CUDA
+HELPERS = ("common", "gemm")  # templates/cuda/<name>.cuh
+
+FAMILY_TITLES: dict[Family, str] = {
+    Family.CONV: "Convolution",
+    Family.CONV_TRANSPOSE: "Transposed convolution (the adjoint of conv)",
+}
+
+
+def format_each(items: Iterable[object], pattern: str) -> list[str]:
+    """Jinja filter: `pattern.format(item)` for every item."""
+    return [pattern.format(item) for item in items]
+
+
+def wrap_terms(terms: Iterable[str], separator: str, continuation: str = " \\", indent: str = "    ",
+               start: int = 4) -> str:
+    """Jinja filter: the terms joined by `separator` (e.g. " &&"), broken after a separator into
+    lines of at most LINE_WIDTH characters; the first line starts at column `start`, the others
+    with `indent`, and every line but the last ends with `continuation` (a preprocessor `\\`)."""
+    lines: list[str] = []
+    line, column = "", start
+    for term in terms:
+        piece = f"{separator} {term}" if line else term
+        if line and column + len(piece) + len(separator) + len(continuation) > LINE_WIDTH:
+            lines.append(line + separator + continuation)
+            line, column = term, len(indent) + len(term)
+            continue
+        line += piece
+        column += len(piece)
+    lines.append(line)
+    return f"\n{indent}".join(lines)
+
+
+def environment(base: jinja2.Environment) -> jinja2.Environment:
+    """The shared environment with the printing filters of the CUDA templates."""
+    env = base.overlay()
+    env.filters.update(format_each=format_each, wrap_terms=wrap_terms)
+    return env
+
+
+def source_defines(family: Family, rank: int) -> tuple[str, ...]:
+    """Every -D define a source of `family` and `rank` checks for, in the launcher's order."""
+    axes = tuple(f"{name}{axis}" for axis in range(rank) for name in AXIS_DEFINES)
+    if family.is_conv:
+        extra = tuple(name for gemm in GEMM_STAGES for name in tile_defines(gemm))
+    else:
+        extra = pool_defines(family)
+    return (*COMMON_DEFINES, *axes, *extra)
+
+
+def _kind(stage: Stage) -> str:
+    if isinstance(stage.layout, ConvRow):
+        return "conv"
+    if isinstance(stage.layout, WeightRow):
+        return "weight"
+    return "reduce" if stage.name.endswith("_reduce") else "bias"
+
+
+def _reduce_count(family: Family, gemm: str) -> str:
+    """The element count of a GEMM stage's output, as a CUDA expression."""
+    layout = next(s.layout for s in FAMILY_STAGES[family] if s.name == gemm)
+    if isinstance(layout, ConvRow):
+        return f"{layout.dst_c} * {layout.dst}_SIZE"
+    assert isinstance(layout, WeightRow)
+    return f"{layout.d_c} * {layout.u_c} * K_SIZE"
+
+
+def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
+    """What the CUDA templates print for one kernel."""
+    gemm = stage.gemm
+    return {
+        "symbol": symbols(family, rank)[stage.name],
+        "params": [p.declaration for p in stage.params],
+        "summary": textwrap.wrap(stage.summary, LINE_WIDTH - 3, break_on_hyphens=False),
+        "kind": _kind(stage),
+        "layout": stage.layout,
+        "prefix": GEMM_STAGES[gemm] if gemm else "",
+        "count": _reduce_count(family, gemm) if gemm and stage.name != gemm else "",
+    }
+
+
+def _helpers(env: jinja2.Environment) -> dict[str, str]:
+    """The text of each templates/cuda/*.cuh, to inline."""
+    loader = env.loader
+    assert loader is not None
+    return {name: loader.get_source(env, f"cuda/{name}.cuh")[0].rstrip() for name in HELPERS}
+
+
+def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str) -> str:
+    """One CUDA source: every stage of `family`, with the `rank` spatial axes unrolled."""
+    env = environment(env)
+    kernels = [_kernel_view(family, rank, stage) for stage in FAMILY_STAGES[family]]
+    return env.get_template(FAMILY_TEMPLATES[family]).render(
+        header=header,
+        title=FAMILY_TITLES.get(family, ""),
+        mode=POOL_MODES.get(family, ""),
+        rank=rank,
+        axes=list(range(rank)),
+        defines=source_defines(family, rank),
+        helpers=_helpers(env),
+        shared_row_pad=SHARED_ROW_PAD,
+        kernels=kernels,
+        stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},
+    )
+
+
+def contract_source(env: jinja2.Environment, families: Iterable[Family], header: str) -> str:
+    """generated/contract.py: the vocabulary the runtime launches by."""
+    used = sorted(families, key=lambda f: f.value)
+    return environment(env).get_template("python/contract.py.j2").render(
+        header=header,
+        families=list(Family),
+        max_rank=MAX_RANK,
+        gemm_stages=GEMM_STAGES,
+        tile_fields=TILE_FIELDS,
+        shared_row_pad=SHARED_ROW_PAD,
+        shared_buffers=SHARED_BUFFERS,
+        stages={family: FAMILY_STAGES[family] for family in used},
+        kernels=[{"family": f, "rank": r, "source": source_name(f, r), "symbols": symbols(f, r),
+                  "defines": source_defines(f, r)} for f in used for r in RANKS],
+    )
+
+
+def cuda_sources(env: jinja2.Environment, families: set[Family], header: str) -> dict[str, str]:
+    """`cuda/<family>_r<rank>.cu` for every family in use and every rank, and `contract.py`;
+    `header` is the generated files' first line (emit.header_line)."""
+    files = {
+        f"cuda/{source_name(family, rank)}": render_cuda(env, family, rank, header)
+        for family in sorted(families, key=lambda f: f.value)
+        for rank in RANKS
+    }
+    files["contract.py"] = contract_source(env, families, header)
+    return files

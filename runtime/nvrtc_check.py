@@ -1,0 +1,125 @@
+"""NVRTC check: every generated CUDA source compiled for a real architecture at a representative
+geometry of its rank, without a GPU, with each kernel's registers, stack frame and spills read
+off ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and the NVRTC wheel
+(the `test` extra); `nvrtc()` says so when they are missing.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from convgen.cuda_launch import nvrtc_options, plan, representative_geometry
+from convgen.generated.contract import KERNELS
+from convgen.geometry import Family
+
+GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
+NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
+
+
+class NvrtcMissing(Exception):
+    """cuda-bindings or the NVRTC library is not installed."""
+
+
+class BadArchitecture(ValueError):
+    """NVRTC does not know the architecture asked for."""
+
+
+def nvrtc() -> Any:
+    """The NVRTC bindings module; NvrtcMissing, naming the extra to install, without them."""
+    try:
+        from cuda.bindings import nvrtc as bindings
+    except ImportError as error:
+        raise NvrtcMissing(f"NVRTC is not installed ({error}); install it with: {NVRTC_EXTRA}") from None
+    return bindings
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """`sm_50`, ...: the real architectures this NVRTC compiles for."""
+    bindings = nvrtc()
+    _, count = bindings.nvrtcGetNumSupportedArchs()
+    _, archs = bindings.nvrtcGetSupportedArchs()
+    return tuple(f"sm_{arch}" for arch in archs[:count])
+
+
+def check_architecture(arch: str) -> None:
+    """BadArchitecture naming the supported ones unless NVRTC compiles for `arch`."""
+    supported = supported_architectures()
+    if arch.removesuffix("a").removesuffix("f") not in supported:  # sm_90a: sm_90 with its own features
+        raise BadArchitecture(f"unknown architecture {arch!r}; this NVRTC supports {', '.join(supported)}")
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelReport:
+    symbol: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_store_bytes > 0 or self.spill_load_bytes > 0
+
+
+@dataclass(frozen=True, slots=True)
+class SourceReport:
+    family: Family
+    rank: int
+    source: str
+    error: str | None  # the NVRTC log when compilation failed
+    kernels: tuple[KernelReport, ...]
+    seconds: float
+
+
+def parse_ptxas_log(log: str) -> tuple[KernelReport, ...]:
+    """The per-kernel resource lines that `--ptxas-options=-v` writes into the NVRTC log."""
+    reports, symbol, frame = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            symbol, frame = m.group(1), (0, 0, 0)
+        elif m := _FRAME.search(line):
+            frame = tuple(int(g) for g in m.groups())
+        elif (m := _REGISTERS.search(line)) and symbol is not None:
+            reports.append(KernelReport(symbol, int(m.group(1)), *frame))
+            symbol = None
+    return tuple(reports)
+
+
+def _nvrtc_log(bindings: Any, program: Any) -> str:
+    _, size = bindings.nvrtcGetProgramLogSize(program)
+    log = b" " * size
+    bindings.nvrtcGetProgramLog(program, log)
+    return log.decode(errors="replace").rstrip("\x00 \n")
+
+
+def compile_source(family: Family, rank: int, arch: str) -> SourceReport:
+    """Compile one generated source to a cubin for `arch` (e.g. `sm_90`)."""
+    nvrtc_module = nvrtc()
+    kernels = KERNELS[(family, rank)]
+    code = (GENERATED_CUDA / kernels.source).read_bytes()
+    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v",
+               *nvrtc_options(plan(representative_geometry(family, rank)))]
+    start = time.perf_counter()
+    _, program = nvrtc_module.nvrtcCreateProgram(code, kernels.source.encode(), 0, [], [])
+    try:
+        (result,) = nvrtc_module.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        log = _nvrtc_log(nvrtc_module, program)
+    finally:
+        nvrtc_module.nvrtcDestroyProgram(program)
+    seconds = time.perf_counter() - start
+    if result != nvrtc_module.nvrtcResult.NVRTC_SUCCESS:
+        return SourceReport(family, rank, kernels.source, log or str(result), (), seconds)
+    return SourceReport(family, rank, kernels.source, None, parse_ptxas_log(log), seconds)
+
+
+def sources() -> list[tuple[Family, int]]:
+    """Every (family, rank) with a generated source, in a stable order."""
+    return sorted(KERNELS, key=lambda k: (k[0].value, k[1]))

@@ -1,0 +1,248 @@
+"""The tile model of the implicit-GEMM stages: the hardware a plan is made for, the GEMM shape of
+each conv stage, the candidate tiles, a cost estimate in cycles and the default chooser.
+
+The cost model steers which tile runs, never what is computed. Its fitted constants come from
+benchmarks/tile_sweep.py on an H200 (every candidate tile of a set of stages timed against this
+model's ranking); each is named below with what it stands for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from convgen.generated.contract import gemm_shared_bytes
+from convgen.geometry import Family, Geometry
+
+
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up, for non-negative a and positive b."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What a plan needs to know of the GPU. cuda.py reads it from the device; H200 stands in for
+    `convgen compile` and for plans made without a device."""
+
+    sm_count: int
+    shared_per_block: int  # bytes of static shared memory one block may declare
+    shared_per_sm: int  # bytes of shared memory of one SM
+    shared_reserved_per_block: int  # bytes the driver keeps per resident block
+    registers_per_sm: int
+    registers_per_thread: int  # the most one thread may use
+    threads_per_sm: int
+    blocks_per_sm: int
+    clock_hz: float  # SM clock under sustained load: cycles <-> seconds
+    memory_bandwidth: float  # bytes/s a streaming kernel reaches
+
+
+# NVIDIA H200 SXM (sm_90). The clock is what it sustained under the sweep's load (the boost clock
+# is 1.98 GHz); the bandwidth is the measured stream rate (benchmarks/suite/cases.py), not the
+# 4.8 TB/s of the data sheet.
+H200 = Hardware(sm_count=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, shared_reserved_per_block=1024,
+                registers_per_sm=65536, registers_per_thread=255, threads_per_sm=2048, blocks_per_sm=32,
+                clock_hz=1.7e9, memory_bandwidth=4.07e12)
+
+SPLIT_WORKSPACE_BYTES = 16 << 20  # at most this much scratch for a split reduction's partial sums
+WEIGHT_BK = 16  # reduction slice of the weight gradient (cells of D)
+MAX_BK = 16  # largest source-channel slice of the convolution-shaped stages
+MAX_SPLIT = 64  # most blocks one reduction is cut into
+SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves of the SMs
+BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
+MAX_BM, MAX_BN = 128, 256
+
+# Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
+ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
+HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate
+SLICE_OVERHEAD = 20  # instructions of a slice beyond its loads and FMAs (loop, barrier, swaps)
+BASE_REGISTERS = 40  # registers of a GEMM thread beyond its tiles and staged values
+# Each slice waits on its global loads and a barrier at least once: ~1000 cycles a round trip
+# (20 slices of 1-D 64->64 4096 took 19.7 us, 5 slices split 4 ways 12.9 us), which is why deep
+# unsplit reductions of few blocks lose.
+SLICE_LATENCY_CYCLES = 1000
+# Launch, ramp-up and tail of one kernel (~6 us back to back on the sweep); the same for every
+# tile, so it moves the estimates, not the choice.
+KERNEL_CYCLES = 10000
+SPLIT_KERNEL_CYCLES = 2000  # the launch of a split's second kernel
+# A split's partial buffer is written and read back at ~3.0 TB/s on the sweep: short kernels
+# reach about this share of the stream rate.
+SPLIT_BANDWIDTH_SHARE = 3.0e12 / 4.07e12
+
+
+@dataclass(frozen=True, slots=True)
+class GemmTile:
+    """Tile of one implicit-GEMM stage: block tile bm x bn, slice depth bk, thread tile tm x tn,
+    and the number of blocks the reduction's slices are cut into."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    split: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmShape:
+    """C[m, n] = sum over the reduction; `conv` stages reduce over (source channel, window offset)
+    in slices of bk channels, weight stages over the cells of D in slices of WEIGHT_BK."""
+
+    m: int
+    n: int
+    rank: int
+    conv: bool
+    source_c: int = 0  # conv stages: source channels
+    k_size: int = 0  # conv stages: window cells
+    reduction: int = 0  # weight stages: cells of D
+    # Gather-form conv stages with a stride > 1 (conv backward_input, transpose forward) run one
+    # GEMM per stride phase: `phases` of them, each over `phase_n` cells (the destination cells
+    # rho + S*u of one residue rho per axis, a box of ceil(extent / S) per axis) and k_size window
+    # offsets (the mean over the phases, K_SIZE / phases rounded up: each offset serves one phase
+    # per axis). phase_n = 0: one phase over all n cells.
+    phases: int = 1
+    phase_n: int = 0
+
+    @property
+    def bk(self) -> int:
+        if not self.conv:
+            return WEIGHT_BK
+        return ceil_div(self.source_c, ceil_div(self.source_c, MAX_BK)) if self.source_c else 1
+
+    @property
+    def columns(self) -> int:
+        """GEMM columns of one phase."""
+        return self.phase_n if self.phases > 1 else self.n
+
+    def grid(self, bm: int, bn: int, split: int) -> int:
+        """Blocks of a launch with this tile: (phase, split, row tile, column tile)."""
+        return ceil_div(self.m, bm) * ceil_div(self.columns, bn) * split * self.phases
+
+    @property
+    def chunks(self) -> int:
+        if self.conv:
+            return ceil_div(self.source_c, self.bk) * self.k_size
+        return ceil_div(self.reduction, WEIGHT_BK)
+
+
+def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
+    """The three implicit GEMMs of a conv-family geometry, per stage."""
+    in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
+    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    in_c, out_c = geom.in_c, geom.out_c
+    # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
+    d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
+    direct_forward = GemmShape(m=out_c, n=out_size, rank=rank, conv=True, source_c=in_c, k_size=k_size)
+    direct_backward = GemmShape(m=in_c, n=in_size, rank=rank, conv=True, source_c=out_c, k_size=k_size)
+    if geom.family is Family.CONV:
+        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom)
+    else:
+        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom), direct_backward
+    return {
+        "forward": forward,
+        "backward_input": backward_input,
+        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, rank=rank, conv=False, reduction=d_size),
+    }
+
+
+def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry) -> GemmShape:
+    """A gather-form stage (destination cell d collects from source (d + P - k) / S where
+    divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
+    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    phases = math.prod(geom.stride)
+    common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c}
+    if phases == 1:
+        return GemmShape(**common, k_size=k_size)
+    phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
+    return GemmShape(**common, k_size=ceil_div(k_size, phases), phases=phases, phase_n=phase_n)
+
+
+def _block_tiles(bk: int, conv: bool, hardware: Hardware) -> list[tuple[int, int, int, int]]:
+    """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block."""
+    out = []
+    for tm in (1, 2, 4, 8):
+        for tn in (4, 8):
+            for rows in (1, 2, 4, 8, 16, 32):
+                for cols in (2, 4, 8, 16, 32, 64):
+                    threads, bm, bn = rows * cols, tm * rows, tn * cols
+                    if threads not in BLOCK_THREADS or bm > MAX_BM or bn > MAX_BN:
+                        continue
+                    if gemm_shared_bytes(bm, bn, bk) > hardware.shared_per_block:
+                        continue
+                    if not conv and threads % bk:  # the weight kernel's B rows per thread
+                        continue
+                    out.append((bm, bn, tm, tn))
+    return out
+
+
+def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]:
+    """The splits worth trying for a block tile: none unless the stage has few blocks; no split
+    with an empty part; partial sums within SPLIT_WORKSPACE_BYTES."""
+    splits = {1}
+    if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
+        for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
+            splits.add(ceil_div(shape.chunks, ceil_div(shape.chunks, split)))
+    return sorted(s for s in splits if s == 1 or s * shape.m * shape.n * 4 <= SPLIT_WORKSPACE_BYTES)
+
+
+def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
+    """Every candidate block tile of `shape` with every allowed split."""
+    return [GemmTile(bm, bn, shape.bk, tm, tn, split)
+            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, hardware)
+            for split in _splits(shape, bm, bn, hardware)]
+
+
+def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
+    """Rough cycles of the busiest SM: issued warp instructions over the schedulers' rate, derated
+    when few warps share an SM, plus the second pass of a split. Steers choices only."""
+    bm, bn, tm, tn, split = tile.bm, tile.bn, tile.tm, tile.tn, tile.split
+    bk, chunks, rank = shape.bk, shape.chunks, shape.rank
+    threads = tile.threads
+    per_split = ceil_div(chunks, split) if chunks else 0
+    blocks = shape.grid(bm, bn, split) if shape.m and shape.n else 0
+    if blocks == 0:
+        return 0.0
+    a_loads = ceil_div(bm * bk, threads)
+    fma = bk * tm * tn
+    lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4))
+    if shape.conv:
+        cols = max(bn // threads, 1)
+        b_rows = ceil_div(bk, max(threads // bn, 1))
+        b_loads = cols * b_rows
+        index = 3 * rank + cols * (6 * rank + 4) + b_loads * 4
+        if shape.phases > 1:
+            index += 4 * rank  # the phase's slice cursor and window offset
+        hoisted = cols * (rank + 1)  # window starts of the thread's columns
+    else:
+        b_loads = ceil_div(bn, threads // bk)
+        index = 4 * rank + b_loads * (4 * rank + 4)
+        hoisted = b_loads * (rank + 2)  # channel and window offset of the thread's columns
+    per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
+    registers = tm * tn + 2 * (a_loads + b_loads) + hoisted + BASE_REGISTERS + (tm + tn)
+    if registers > hardware.registers_per_thread:
+        return math.inf
+    shared = gemm_shared_bytes(bm, bn, bk) + hardware.shared_reserved_per_block
+    resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
+                          hardware.blocks_per_sm, hardware.shared_per_sm // shared))
+    busiest = ceil_div(blocks, hardware.sm_count)
+    warps = min(busiest, resident) * threads / 32
+    utilisation = warps / (warps + HALF_ISSUE_WARPS)
+    issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
+    latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
+    cost = max(issue, latency) + KERNEL_CYCLES
+    if split > 1:
+        moved = 4 * shape.m * shape.n * (split + 1)  # the partial buffer written, then read with the output
+        seconds = moved / (hardware.memory_bandwidth * SPLIT_BANDWIDTH_SHARE)
+        cost += SPLIT_KERNEL_CYCLES + seconds * hardware.clock_hz
+    return cost
+
+
+def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
+    """The default chooser: the cheapest candidate by gemm_cost; ties go to fewer splits, then the
+    larger block tile, then the smaller thread tile."""
+    return min(tile_candidates(shape, hardware),
+               key=lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn))
