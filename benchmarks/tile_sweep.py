@@ -1,148 +1,203 @@
 #!/usr/bin/env python3
 """Time the implicit-GEMM stages of the conv benchmark cases under several tile choices: the
 planned one (runtime/cuda_launch.py) and the next cheapest by the plan's cost model, each stage
-compiled on its own with the other stages' defines left as planned. Kernels alone: CUDA events
-around back-to-back launches (stage + its split reduce), median of rounds. Every candidate's output
-is checked against the planned one's (relative error). Feeds the cost model's calibration.
+compiled on its own with the other stages left as planned. Kernels alone: CUDA events around
+back-to-back launches (stage + its split reduce), median of rounds. Every candidate's output is
+checked against the planned one's (relative error). Feeds the cost model's calibration.
 
-    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--json PATH]
+    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--json PATH] [--rounds N] [--list]
+
+`--list` prints the candidates and the model's time of each, without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.resources
 import json
 import statistics
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench
-from convgen import cuda_launch
-from convgen.cuda_launch import GEMM_STAGES, NVRTC_OPTIONS, GemmTile, gemm_shapes, gemm_tile, plan
-from convgen.generated.kernels import KERNELS
-from convgen.geometry import Family, Geometry
+from convgen.cuda_launch import (
+    H200,
+    GemmShape,
+    GemmTile,
+    Hardware,
+    Plan,
+    choose_tile,
+    gemm_cost,
+    gemm_shapes,
+    nvrtc_options,
+    plan,
+    tile_candidates,
+)
+from convgen.generated.contract import KERNELS
+from convgen.geometry import Geometry
+from suite.cases import CASES, Case
 
-CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]
+CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
+LAUNCHES_PER_ROUND = 20
+MISMATCH_REL_ERR = 1e-5  # a candidate computes the same sums as the planned tile, in another order
 
 
-def candidates(shape, top: int) -> list[GemmTile]:
+def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
+    return (tile.bm, tile.bn, tile.tm, tile.tn)
+
+
+def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[GemmTile]:
     """The planned tile first, then the `top` cheapest others by the cost model (one per block
     shape, each with its best split), the CLASSIC shapes, and the planned block shape unsplit."""
-    planned = gemm_tile(shape)
-    best: dict[tuple, tuple[float, GemmTile]] = {}
-    for bm, bn, tm, tn in cuda_launch._tile_candidates(shape.bk, shape.conv):
-        splits = {1}
-        for split in range(2, min(shape.chunks, 64) + 1):
-            splits.add(-(-shape.chunks // -(-shape.chunks // split)))
-        for split in splits:
-            cost = cuda_launch._gemm_cost(shape, bm, bn, tm, tn, split)
-            key = (bm, bn, tm, tn)
-            if key not in best or cost < best[key][0]:
-                best[key] = (cost, GemmTile(bm, bn, shape.bk, tm, tn, split))
-    ranked = [tile for _, tile in sorted(best.values(), key=lambda ct: ct[0]) if tile != planned]
-    out = [planned, *ranked[:top]]
+    planned = choose_tile(shape, hardware)
+    best: dict[tuple[int, int, int, int], tuple[float, GemmTile]] = {}
+    for tile in tile_candidates(shape, hardware):
+        cost = gemm_cost(shape, tile, hardware)
+        key = block_shape(tile)
+        if key not in best or cost < best[key][0]:
+            best[key] = (cost, tile)
+    ranked = [tile for _, tile in sorted(best.values(), key=lambda cost_tile: cost_tile[0]) if tile != planned]
+    chosen = [planned, *ranked[:top]]
     for key in CLASSIC:  # the usual SGEMM shapes, whatever the model thinks of them
-        if key in best and best[key][1] not in out:
-            out.append(best[key][1])
+        if key in best and best[key][1] not in chosen:
+            chosen.append(best[key][1])
     unsplit = dataclasses.replace(planned, split=1)
-    if unsplit not in out:
-        out.append(unsplit)
-    return out
+    if unsplit not in chosen:
+        chosen.append(unsplit)
+    return chosen
 
 
-def stage_defines(defines: tuple[str, ...], prefix: str, tile: GemmTile) -> list[str]:
-    values = {"BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "TM": tile.tm, "TN": tile.tn, "SPLIT": tile.split}
-    out = []
-    for d in defines:
-        name = d[2:].split("=")[0]
-        if name.startswith(prefix + "_"):
-            out.append(f"-D{name}={values[name[len(prefix) + 1:]]}")
-        else:
-            out.append(d)
-    return out
+def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile) -> Plan:
+    """The plan of `geom` with `tile` for the stage of shape `stage_shape` and the default choice
+    elsewhere (a stage of the same shape gets `tile` too; only the swept stage is launched)."""
+
+    def chooser(shape: GemmShape, hardware: Hardware) -> GemmTile:
+        return tile if shape == stage_shape else choose_tile(shape, hardware)
+
+    return plan(geom, choose_tile=chooser)
+
+
+def model_us(shape: GemmShape, tile: GemmTile, hardware: Hardware = H200) -> float:
+    return gemm_cost(shape, tile, hardware) / hardware.clock_hz * 1e6
+
+
+def stage_launcher(module: Any, symbols: dict[str, str], candidate_plan: Plan, stage: str, inputs: tuple[Any, ...],
+                   out: Any, cupy: Any) -> Callable[[], None]:
+    """One run of `stage` as the CUDA tape makes it: the GEMM kernel into `out`, or, when the plan
+    splits the reduction, into a partial buffer [split, *out.shape] that the reduce kernel adds up."""
+    kernel, main = module.get_function(symbols[stage]), candidate_plan.launches[stage]
+    split = candidate_plan.splits[stage]
+    if split == 1:
+        return lambda: kernel((main.grid,), (main.block,), (*inputs, out), shared_mem=main.shared_bytes)
+    reduce, fold = module.get_function(symbols[f"{stage}_reduce"]), candidate_plan.launches[f"{stage}_reduce"]
+    partial = cupy.empty((split, *out.shape), cupy.float32)
+
+    def launch() -> None:
+        kernel((main.grid,), (main.block,), (*inputs, partial), shared_mem=main.shared_bytes)
+        reduce((fold.grid,), (fold.block,), (partial, out), shared_mem=fold.shared_bytes)
+
+    return launch
+
+
+def median_us(launch: Callable[[], None], rounds: int, cupy: Any) -> float:
+    """Median over `rounds` of LAUNCHES_PER_ROUND back-to-back launches between CUDA events, per launch."""
+    samples = []
+    for _ in range(rounds):
+        begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+        begin.record()
+        for _ in range(LAUNCHES_PER_ROUND):
+            launch()
+        end.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(begin, end) / LAUNCHES_PER_ROUND * 1e3)
+    return statistics.median(samples)
+
+
+def stage_arrays(case: Case, cupy: Any) -> dict[str, tuple[tuple[Any, ...], tuple[int, ...]]]:
+    """Each GEMM stage's kernel inputs (in the tape's argument order) and output shape."""
+    rng = cupy.random.RandomState(1)
+    x = rng.standard_normal(case.input_shape, dtype=cupy.float32)
+    w = rng.standard_normal(case.weight_shape, dtype=cupy.float32)
+    b = rng.standard_normal((case.out_c,), dtype=cupy.float32)
+    g = rng.standard_normal(case.output_shape, dtype=cupy.float32)
+    return {
+        "forward": ((x, w, b), case.output_shape),
+        "backward_input": ((g, w), case.input_shape),
+        "backward_weight": ((g, x), case.weight_shape),
+    }
+
+
+def sweep_case(case: Case, top: int, rounds: int, cupy: Any) -> list[dict[str, Any]]:
+    """Every candidate tile of every GEMM stage of `case`, timed and checked against the planned one."""
+    geom = case.geometry
+    entry = KERNELS[(geom.family, geom.rank)]
+    source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
+    arrays = stage_arrays(case, cupy)
+    rows = []
+    for stage, shape in gemm_shapes(geom).items():
+        inputs, out_shape = arrays[stage]
+        reference = None
+        for index, tile in enumerate(candidates(shape, top)):
+            candidate_plan = plan_with_tile(geom, shape, tile)
+            module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
+            out = cupy.empty(out_shape, cupy.float32)
+            launch = stage_launcher(module, entry.symbols, candidate_plan, stage, inputs, out, cupy)
+            launch()
+            cupy.cuda.Device().synchronize()
+            if reference is None:
+                reference, error = out.copy(), 0.0
+            else:
+                error = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
+            row = tile_row(case, stage, tile, candidate_plan, planned=index == 0)
+            row |= {"us": round(median_us(launch, rounds, cupy), 2), "model_us": round(model_us(shape, tile), 2),
+                    "rel_err_vs_planned": error}
+            rows.append(row)
+            print(row_line(row) + f" {row['us']:9.2f} us  model {row['model_us']:8.2f} us  err {error:.1e}"
+                  + ("" if error < MISMATCH_REL_ERR else "  MISMATCH"), flush=True)
+    return rows
+
+
+def tile_row(case: Case, stage: str, tile: GemmTile, candidate_plan: Plan, planned: bool) -> dict[str, Any]:
+    """The JSON row of one candidate, before it is timed; threads and blocks as the plan launches them."""
+    launch = candidate_plan.launches[stage]
+    return {"case": case.name, "stage": stage, "planned": planned, "bm": tile.bm, "bn": tile.bn, "bk": tile.bk,
+            "tm": tile.tm, "tn": tile.tn, "split": tile.split, "threads": launch.block, "blocks": launch.grid}
+
+
+def row_line(row: dict[str, Any]) -> str:
+    return (f"{row['case']:16s} {row['stage']:16s} {'*' if row['planned'] else ' '} bm{row['bm']:<4d} "
+            f"bn{row['bn']:<4d} bk{row['bk']:<3d} tm{row['tm']} tn{row['tn']} split{row['split']:<3d} "
+            f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
+
+
+def list_candidates(case: Case, top: int) -> None:
+    """The candidates of every stage with the model's time, as the sweep would time them (no GPU)."""
+    for stage, shape in gemm_shapes(case.geometry).items():
+        for index, tile in enumerate(candidates(shape, top)):
+            row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile), planned=index == 0)
+            print(row_line(row) + f"  model {model_us(shape, tile):8.2f} us")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--top", type=int, default=3)
-    parser.add_argument("--cases", default="")
-    parser.add_argument("--json", default="")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--top", type=int, default=3, help="cheapest other block shapes to time per stage")
+    parser.add_argument("--cases", default="", help="comma-separated conv case names (default: all conv cases)")
+    parser.add_argument("--json", default="", help="where to write the rows (e.g. benchmarks/results/tiles.json)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
+    wanted = set(filter(None, args.cases.split(",")))
+    cases = [case for case in CASES if case.is_conv and (not wanted or case.name in wanted)]
+    if args.list:
+        for case in cases:
+            list_candidates(case, args.top)
+        return
     import cupy
 
-    wanted = set(filter(None, args.cases.split(",")))
-    rows = []
     start = time.perf_counter()
-    for case in bench.CASES:
-        if not case.is_conv or (wanted and case.name not in wanted):
-            continue
-        geom = Geometry.build(Family.CONV, case.in_c, case.out_c, case.spatial, case.kernel, case.strides,
-                              case.paddings)
-        base = plan(geom)
-        entry = KERNELS[(Family.CONV, case.rank)]
-        source = (Path(cuda_launch.__file__).resolve().parent.parent / "generated" / "cuda" / entry.source).read_text()
-        rng = cupy.random.RandomState(1)
-        x = rng.standard_normal(case.input_shape, dtype=cupy.float32)
-        w = rng.standard_normal(case.weight_shape, dtype=cupy.float32)
-        b = rng.standard_normal((case.out_c,), dtype=cupy.float32)
-        g = rng.standard_normal(case.output_shape, dtype=cupy.float32)
-        stage_io = {
-            "forward": ((x, w, b), case.output_shape),
-            "backward_input": ((g, w), case.input_shape),
-            "backward_weight": ((g, x), case.weight_shape),
-        }
-        for stage, shape in gemm_shapes(geom).items():
-            prefix = GEMM_STAGES[stage]
-            inputs, out_shape = stage_io[stage]
-            reference = None
-            for rank_in_list, tile in enumerate(candidates(shape, args.top)):
-                module = cupy.RawModule(code=source, options=NVRTC_OPTIONS + tuple(stage_defines(base.defines, prefix, tile)))
-                kernel = module.get_function(entry.symbols[stage])
-                reduce = module.get_function(entry.symbols[f"{stage}_reduce"])
-                blocks = shape.grid(tile.bm, tile.bn, tile.split)
-                count = shape.m * shape.n
-                out = cupy.empty(out_shape, cupy.float32)
-                partial = cupy.empty((tile.split, *out_shape), cupy.float32) if tile.split > 1 else None
-                reduce_grid = -(-(count // 4 if count % 4 == 0 else count) // cuda_launch.BLOCK)
-
-                def launch():
-                    if partial is None:
-                        kernel((blocks,), (tile.threads,), (*inputs, out))
-                    else:
-                        kernel((blocks,), (tile.threads,), (*inputs, partial))
-                        reduce((reduce_grid,), (cuda_launch.BLOCK,), (partial, out))
-
-                launch()
-                cupy.cuda.Device().synchronize()
-                if reference is None:
-                    reference = out.copy()
-                    error = 0.0
-                else:
-                    error = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
-                n = 20
-                samples = []
-                for _ in range(args.rounds):
-                    begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-                    begin.record()
-                    for _ in range(n):
-                        launch()
-                    end.record()
-                    end.synchronize()
-                    samples.append(cupy.cuda.get_elapsed_time(begin, end) / n * 1e3)
-                us = statistics.median(samples)
-                model = cuda_launch._gemm_cost(shape, tile.bm, tile.bn, tile.tm, tile.tn, tile.split) / cuda_launch.CLOCK_HZ * 1e6
-                row = {"case": case.name, "stage": stage, "planned": rank_in_list == 0, "bm": tile.bm, "bn": tile.bn,
-                       "bk": tile.bk, "tm": tile.tm, "tn": tile.tn, "split": tile.split, "threads": tile.threads,
-                       "blocks": blocks, "us": round(us, 2), "model_us": round(model, 2), "rel_err_vs_planned": error}
-                rows.append(row)
-                print(f"{case.name:16s} {stage:16s} {'*' if row['planned'] else ' '} bm{tile.bm:<4d} bn{tile.bn:<4d} "
-                      f"bk{tile.bk:<3d} tm{tile.tm} tn{tile.tn} split{tile.split:<3d} thr{tile.threads:<4d} "
-                      f"blocks{blocks:<6d} {us:9.2f} us  model {model:8.2f} us  err {error:.1e}"
-                      f"{'  MISMATCH' if not error < 1e-5 else ''}", flush=True)
+    rows = [row for case in cases for row in sweep_case(case, args.top, args.rounds, cupy)]
     print(f"sweep took {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

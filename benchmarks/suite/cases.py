@@ -1,0 +1,148 @@
+"""The benchmark cases of DESIGN.md "Figures to beat", as `Geometry` values, with the physical floor of
+each forward (the H200 figures DESIGN.md uses)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from convgen.geometry import Family, Geometry
+
+FP32_FMA_FLOPS = 50.8e12  # H200 figures used by DESIGN.md for the physical floor
+HBM_BYTES_PER_S = 4.07e12
+GRAPH_COPIES_MAX = 10  # calls per captured graph, to hide the graph-launch gap behind small kernels
+GRAPH_MEMORY_BUDGET = 2 << 30  # ... unless the copies' buffers would exceed this
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark geometry, named. Kernel, stride and padding are the same on every spatial axis
+    (the 2-D calls of the tape take them as scalars)."""
+
+    name: str  # for --cases and the JSON
+    title: str  # as DESIGN.md writes it
+    geometry: Geometry
+
+    @classmethod
+    def square(cls, name: str, title: str, family: Family, in_c: int, out_c: int, spatial: tuple[int, ...],
+               k: int, stride: int, padding: int, beta: float | None = None) -> Case:
+        rank = len(spatial)
+        geometry = Geometry.build(family, in_c, out_c, spatial, (k,) * rank, (stride,) * rank, (padding,) * rank,
+                                  beta)
+        return cls(name, title, geometry)
+
+    @property
+    def op(self) -> str:
+        """The family's name, as the JSON has it: "conv", "max_pool" or "smooth_max_pool"."""
+        return self.geometry.family.value
+
+    @property
+    def is_conv(self) -> bool:
+        return self.geometry.family.is_conv
+
+    @property
+    def rank(self) -> int:
+        return self.geometry.rank
+
+    @property
+    def in_c(self) -> int:
+        return self.geometry.in_c
+
+    @property
+    def out_c(self) -> int:
+        return self.geometry.out_c
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        return self.geometry.in_spatial
+
+    @property
+    def kernel(self) -> tuple[int, ...]:
+        return self.geometry.kernel
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.geometry.stride
+
+    @property
+    def paddings(self) -> tuple[int, ...]:
+        return self.geometry.padding
+
+    @property
+    def k(self) -> int:
+        return self.kernel[0]
+
+    @property
+    def stride(self) -> int:
+        return self.strides[0]
+
+    @property
+    def padding(self) -> int:
+        return self.paddings[0]
+
+    @property
+    def beta(self) -> float | None:
+        """Smooth max pool only."""
+        return self.geometry.beta
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.geometry.input_shape
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.geometry.output_shape
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        return self.geometry.kernel_shape
+
+    @property
+    def io_bytes(self) -> int:
+        """Input plus output, each once (the bandwidth figure of the pool cases)."""
+        return 4 * (math.prod(self.input_shape) + self.geometry.output_numel)
+
+    @property
+    def floor_us(self) -> float:
+        """DESIGN.md's physical floor of the forward: fp32 FMA rate or HBM bandwidth, whichever binds."""
+        moved = self.io_bytes
+        flops = 0
+        if self.is_conv:
+            moved += 4 * (math.prod(self.weight_shape) + self.out_c)
+            flops = 2 * self.geometry.output_numel * self.in_c * math.prod(self.kernel)
+        return 1e6 * max(flops / FP32_FMA_FLOPS, moved / HBM_BYTES_PER_S)
+
+    @property
+    def graph_copies(self) -> int:
+        """Calls per captured graph: up to GRAPH_COPIES_MAX while their buffers fit the budget."""
+        return max(1, min(GRAPH_COPIES_MAX, GRAPH_MEMORY_BUDGET // (4 * self.io_bytes)))
+
+
+CASES = (
+    Case.square("conv2d_64_56", "conv2d 64→64 56×56 k3 p1", Family.CONV, 64, 64, (56, 56), 3, 1, 1),
+    Case.square("conv2d_3_224_k7", "conv2d 3→64 224×224 k7 s2 p3", Family.CONV, 3, 64, (224, 224), 7, 2, 3),
+    Case.square("conv2d_256_14", "conv2d 256→256 14×14 k3 p1", Family.CONV, 256, 256, (14, 14), 3, 1, 1),
+    Case.square("conv2d_128_128", "conv2d 128→128 128×128 k3 p1", Family.CONV, 128, 128, (128, 128), 3, 1, 1),
+    Case.square("conv3d_32_32", "conv3d 32→32 32³ k3 p1", Family.CONV, 32, 32, (32, 32, 32), 3, 1, 1),
+    Case.square("conv1d_64_4096", "conv1d 64→64 4096 k5 p2", Family.CONV, 64, 64, (4096,), 5, 1, 2),
+    Case.square("conv4d_8_16", "conv4d 8→8 16⁴ k3 p1", Family.CONV, 8, 8, (16, 16, 16, 16), 3, 1, 1),
+    Case.square("maxpool2d_1024", "max pool 2d C64 1024² k3 s1 p1", Family.MAX_POOL, 64, 64, (1024, 1024), 3, 1, 1),
+    Case.square("smoothmax2d_1024", "smooth max 2d C64 1024² k3 s1 p1 β=1", Family.SMOOTH_MAX_POOL, 64, 64,
+                (1024, 1024), 3, 1, 1, beta=1.0),
+)
+CASES_BY_NAME = {case.name: case for case in CASES}
+
+CASE_TABLE_HEADER = ("name", "title", "op", "input", "output", "weight", "kernel", "stride", "padding", "beta",
+                     "io bytes", "floor fwd µs", "graph copies")
+
+
+def case_table(cases: tuple[Case, ...] | list[Case] = CASES) -> str:
+    """The cases as a markdown table, every derived figure computed from the Geometry (`bench.py --list`)."""
+
+    def row(case: Case) -> tuple[object, ...]:
+        return (case.name, case.title, case.op, case.input_shape, case.output_shape,
+                case.weight_shape if case.is_conv else None, case.kernel, case.strides, case.paddings, case.beta,
+                case.io_bytes, f"{case.floor_us:.12g}", case.graph_copies)
+
+    lines = [CASE_TABLE_HEADER, ("---",) * len(CASE_TABLE_HEADER), *(row(case) for case in cases)]
+    return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)

@@ -1,0 +1,100 @@
+"""One case: check every contestant against the float64 PyTorch reference, then time it (user call and
+kernels, forward and forward+backward) and measure its peak memory; JAX for the 4-D case."""
+
+from __future__ import annotations
+
+import gc
+import time
+from functools import partial
+from typing import Any
+
+from suite.cases import Case
+from suite.children import run_jax_children
+from suite.contestants import MODES, Contestant, ConvgenContestant, Libraries, TorchContestant, make_device_inputs
+from suite.report import MISMATCH_REL_ERR, CaseReport, fmt_pair
+from suite.timing import Settings, relative_error, time_kernels, time_user_calls
+
+
+def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
+    report = CaseReport(case)
+    started = time.perf_counter()
+    try:
+        inputs = make_device_inputs(case, libs.cupy)
+        reference_contestant = TorchContestant(case, inputs, libs.torch, dtype=libs.torch.float64)
+    except Exception as error:
+        report.error("inputs/reference", error)
+        return report
+    with reference_contestant.active():
+        by_mode = eager_outputs(reference_contestant, "float64 reference", report)
+    reference = {name: array for outputs in by_mode.values() for name, array in outputs.items()}
+    del reference_contestant, by_mode
+    builders = [("convgen", partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy)),
+                ("torch_strict", partial(TorchContestant, case, inputs, libs.torch, tf32=False))]
+    if case.is_conv:  # TF32 changes nothing for the pools (no cuDNN convolution, no matmul)
+        builders.append(("torch_tf32", partial(TorchContestant, case, inputs, libs.torch, tf32=True)))
+    for label, build in builders:
+        try:
+            contestant = build()
+        except Exception as error:
+            report.error(f"{label} setup", error)
+            continue
+        measure_contestant(contestant, case, reference, settings, libs, report)
+        del contestant
+        release_memory(libs)
+    if case.rank == 4:
+        report.jax = run_jax_children(case, inputs, reference, settings, libs.cupy.asnumpy)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def eager_outputs(contestant: Contestant, label: str, report: CaseReport) -> dict[str, dict[str, Any]]:
+    """One eager call per mode: {mode: {output name: NumPy array}}; a failing mode is reported and left out."""
+    outputs = {}
+    for mode in MODES:
+        try:
+            result = contestant.call_for(mode)()
+            arrays = contestant.arrays_of(result, mode)
+            outputs[mode] = {name: contestant.device.to_numpy(array) for name, array in arrays.items()}
+            del result, arrays
+        except Exception as error:
+            report.error(f"{label} {mode} (first call)", error)
+    return outputs
+
+
+def measure_contestant(contestant: Contestant, case: Case, reference: dict[str, Any], settings: Settings,
+                       libs: Libraries, report: CaseReport) -> None:
+    label, device = contestant.label, contestant.device
+    with contestant.active() as flags:
+        if flags:
+            report.flags[label] = flags
+        eager = eager_outputs(contestant, label, report)
+        report.check[label] = {name: relative_error(value, reference[name])
+                               for outputs in eager.values() for name, value in outputs.items() if name in reference}
+        for mode in eager:
+            call = contestant.call_for(mode)
+            timings = report.timings.setdefault(label, {}).setdefault(mode, {})
+            try:
+                timings["call"] = time_user_calls(device, call, settings, libs.flush_l2)
+            except Exception as error:
+                report.error(f"{label} {mode} call timing", error)
+            try:
+                timings["kernels"] = time_kernels(device, call, settings, case.graph_copies,
+                                                  lambda result, m=mode: contestant.arrays_of(result, m), eager[mode])
+            except Exception as error:
+                report.error(f"{label} {mode} kernel timing", error)
+            try:
+                report.memory.setdefault(label, {})[mode] = device.peak_memory(call)
+            except Exception as error:
+                report.error(f"{label} {mode} memory", error)
+    worst = report.worst_error(label)
+    verdict = "-" if worst is None else f"{worst:.1e}" + ("" if worst <= MISMATCH_REL_ERR else " MISMATCH")
+    times = "  ".join(f"{mode} {fmt_pair(report.median(label, mode, 'call'), report.median(label, mode, 'kernels'))}"
+                      for mode in MODES)
+    print(f"    {label:<13} err {verdict:<18} {times} ms (call/kernels)", flush=True)
+
+
+def release_memory(libs: Libraries) -> None:
+    gc.collect()
+    libs.cupy.cuda.Device().synchronize()
+    libs.cupy.get_default_memory_pool().free_all_blocks()
+    libs.torch.cuda.empty_cache()
