@@ -2,16 +2,17 @@
 """The op table and the tape's entry points, one method per spec declaration.
 
 `convgen.tape.Tape` inherits `GeneratedOps` and supplies `_apply`, which reads the inputs, sizes
-the output, runs the backend and records the node (SEMANTICS §5 steps 6-8).
+the output, runs the backend and records the node (SEMANTICS §5 steps 6-8). Every name this module
+introduces besides the constants, `OPS` and `GeneratedOps` starts with `_`, which no spec name can.
 """
 
-from convgen.generated import validators
-from convgen.geometry import Family
-from convgen.op import OpInfo
+from convgen.generated import validators as _validators
+from convgen.geometry import Family as _Family
+from convgen.op import OpInfo as _OpInfo
 
-AVG_POOL = OpInfo(
+AVG_POOL = _OpInfo(
     name="avg_pool",
-    family=Family.AVG_POOL,
+    family=_Family.AVG_POOL,
     rank=None,
     id_params=("x_id",),
     beta_param=None,
@@ -19,9 +20,9 @@ AVG_POOL = OpInfo(
     reads_first=False,
 )
 
-AVG_POOL2D = OpInfo(
+AVG_POOL2D = _OpInfo(
     name="avg_pool2d",
-    family=Family.AVG_POOL,
+    family=_Family.AVG_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param=None,
@@ -29,9 +30,9 @@ AVG_POOL2D = OpInfo(
     reads_first=True,
 )
 
-AVG_POOL2D_PAD = OpInfo(
+AVG_POOL2D_PAD = _OpInfo(
     name="avg_pool2d_pad",
-    family=Family.AVG_POOL,
+    family=_Family.AVG_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param=None,
@@ -39,9 +40,9 @@ AVG_POOL2D_PAD = OpInfo(
     reads_first=True,
 )
 
-CONV = OpInfo(
+CONV = _OpInfo(
     name="conv",
-    family=Family.CONV,
+    family=_Family.CONV,
     rank=None,
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
@@ -49,9 +50,9 @@ CONV = OpInfo(
     reads_first=False,
 )
 
-CONV2D = OpInfo(
+CONV2D = _OpInfo(
     name="conv2d",
-    family=Family.CONV,
+    family=_Family.CONV,
     rank=2,
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
@@ -59,9 +60,9 @@ CONV2D = OpInfo(
     reads_first=True,
 )
 
-CONV_TRANSPOSE = OpInfo(
+CONV_TRANSPOSE = _OpInfo(
     name="conv_transpose",
-    family=Family.CONV_TRANSPOSE,
+    family=_Family.CONV_TRANSPOSE,
     rank=None,
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
@@ -69,9 +70,9 @@ CONV_TRANSPOSE = OpInfo(
     reads_first=False,
 )
 
-CONV_TRANSPOSE2D = OpInfo(
+CONV_TRANSPOSE2D = _OpInfo(
     name="conv_transpose2d",
-    family=Family.CONV_TRANSPOSE,
+    family=_Family.CONV_TRANSPOSE,
     rank=2,
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
@@ -79,9 +80,9 @@ CONV_TRANSPOSE2D = OpInfo(
     reads_first=True,
 )
 
-MAX_POOL = OpInfo(
+MAX_POOL = _OpInfo(
     name="max_pool",
-    family=Family.MAX_POOL,
+    family=_Family.MAX_POOL,
     rank=None,
     id_params=("x_id",),
     beta_param=None,
@@ -89,9 +90,9 @@ MAX_POOL = OpInfo(
     reads_first=False,
 )
 
-MAX_POOL2D = OpInfo(
+MAX_POOL2D = _OpInfo(
     name="max_pool2d",
-    family=Family.MAX_POOL,
+    family=_Family.MAX_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param=None,
@@ -99,9 +100,9 @@ MAX_POOL2D = OpInfo(
     reads_first=True,
 )
 
-MAX_POOL2D_PAD = OpInfo(
+MAX_POOL2D_PAD = _OpInfo(
     name="max_pool2d_pad",
-    family=Family.MAX_POOL,
+    family=_Family.MAX_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param=None,
@@ -109,9 +110,9 @@ MAX_POOL2D_PAD = OpInfo(
     reads_first=True,
 )
 
-SMOOTH_MAX_POOL = OpInfo(
+SMOOTH_MAX_POOL = _OpInfo(
     name="smooth_max_pool",
-    family=Family.SMOOTH_MAX_POOL,
+    family=_Family.SMOOTH_MAX_POOL,
     rank=None,
     id_params=("x_id",),
     beta_param='beta',
@@ -119,9 +120,9 @@ SMOOTH_MAX_POOL = OpInfo(
     reads_first=False,
 )
 
-SMOOTH_MAX_POOL2D = OpInfo(
+SMOOTH_MAX_POOL2D = _OpInfo(
     name="smooth_max_pool2d",
-    family=Family.SMOOTH_MAX_POOL,
+    family=_Family.SMOOTH_MAX_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param='beta',
@@ -129,9 +130,9 @@ SMOOTH_MAX_POOL2D = OpInfo(
     reads_first=True,
 )
 
-SMOOTH_MAX_POOL2D_PAD = OpInfo(
+SMOOTH_MAX_POOL2D_PAD = _OpInfo(
     name="smooth_max_pool2d_pad",
-    family=Family.SMOOTH_MAX_POOL,
+    family=_Family.SMOOTH_MAX_POOL,
     rank=2,
     id_params=("x_id",),
     beta_param='beta',
@@ -139,7 +140,7 @@ SMOOTH_MAX_POOL2D_PAD = OpInfo(
     reads_first=True,
 )
 
-OPS = {op.name: op for op in (AVG_POOL, AVG_POOL2D, AVG_POOL2D_PAD, CONV, CONV2D, CONV_TRANSPOSE, CONV_TRANSPOSE2D, MAX_POOL, MAX_POOL2D, MAX_POOL2D_PAD, SMOOTH_MAX_POOL, SMOOTH_MAX_POOL2D, SMOOTH_MAX_POOL2D_PAD)}
+OPS = {op.name: op for op in (AVG_POOL, AVG_POOL2D, AVG_POOL2D_PAD, CONV, CONV2D, CONV_TRANSPOSE, CONV_TRANSPOSE2D, MAX_POOL, MAX_POOL2D, MAX_POOL2D_PAD, SMOOTH_MAX_POOL, SMOOTH_MAX_POOL2D, SMOOTH_MAX_POOL2D_PAD,)}
 
 
 class GeneratedOps:
@@ -148,66 +149,321 @@ class GeneratedOps:
     __slots__ = ()
 
     def avg_pool(self, x_id, *, c, in_spatial, kernel, stride, padding):
-        """N-D average pooling (CUDA) via ConvPool FFI (rank $\\le 8$)."""
-        checked = validators.avg_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
-        return self._apply(AVG_POOL, (x_id,), checked)
+        """N-D average pooling of one channels-first image.
+
+        Each output is the mean of its window; padded cells count as zeros, and in the divisor. d =
+        len(in_spatial) is the number of spatial axes, 1 to 8.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [c, *in_spatial].
+            c: channels, of the input and of the output, an int >= 0.
+            in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+            kernel: kernel extent per spatial axis, a sequence of d ints > 0.
+            stride: stride per spatial axis, a sequence of d ints > 0.
+            padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
+            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
+            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
+            On a bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.avg_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
+        return self._apply(AVG_POOL, (x_id,), _checked)
 
     def avg_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
-        """AvgPool2D via ConvPool FFI (no padding)."""
-        checked = validators.avg_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(AVG_POOL2D, (x_id,), checked)
+        """2-D average pooling of one channels-first image, without padding.
+
+        Each output is the mean of its window.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
+            bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.avg_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
+        return self._apply(AVG_POOL2D, (x_id,), _checked)
 
     def avg_pool2d_pad(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
-        """AvgPool2D via ConvPool FFI (with symmetric padding)."""
-        checked = validators.avg_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(AVG_POOL2D_PAD, (x_id,), checked)
+        """2-D average pooling of one channels-first image.
+
+        Each output is the mean of its window; padded cells count as zeros, and in the divisor.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+            padding: padding on each side, for both axes, an int >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h + 2 * padding - k_h) // stride + 1, or 0 if in_h + 2 * padding < k_h or in_h == 0
+            or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
+            error message, and this tape is unchanged.
+        """
+        _checked = _validators.avg_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
+        return self._apply(AVG_POOL2D_PAD, (x_id,), _checked)
 
     def conv(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial):
-        """N-D convolution (CUDA) via ConvPool FFI (rank $\\le 8$)."""
-        checked = validators.conv(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
-        return self._apply(CONV, (kernel_id, bias_id, input_id,), checked)
+        """N-D convolution of one channels-first image.
+
+        A cross-correlation, as PyTorch's convolutions compute; padding reads zeros. d = len(in_spatial) is
+        the number of spatial axes, 1 to 8.
+
+        Ids are positional, geometry keyword-only:
+            kernel_id: id of the kernel node, shape [out_c, in_c, *kernel].
+            bias_id: id of the bias node, shape [out_c].
+            input_id: id of the input node, shape [in_c, *in_spatial].
+            in_c: input channels, an int > 0.
+            out_c: output channels, an int >= 0.
+            kernel: kernel extent per spatial axis, a sequence of d ints > 0.
+            stride: stride per spatial axis, a sequence of d ints > 0.
+            padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+            in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], where
+            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
+            in_spatial[i] + 2 * padding[i] < kernel[i]. On a bad argument the Result holds the error
+            message, and this tape is unchanged.
+        """
+        _checked = _validators.conv(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
+        return self._apply(CONV, (kernel_id, bias_id, input_id,), _checked)
 
     def conv2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
-        """Conv2D forward/backward via ConvPool FFI (single image, channels-first)."""
-        checked = validators.conv2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
-        return self._apply(CONV2D, (kernel_id, bias_id, input_id,), checked)
+        """2-D convolution of one channels-first image.
+
+        A cross-correlation, as PyTorch's convolutions compute; padding reads zeros.
+
+        Ids are positional, geometry keyword-only:
+            kernel_id: id of the kernel node, shape [out_c, in_c, k_h, k_w].
+            bias_id: id of the bias node, shape [out_c].
+            input_id: id of the input node, shape [in_c, in_h, in_w].
+            in_c: input channels, an int > 0.
+            out_c: output channels, an int >= 0.
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            stride: stride, for both axes, an int > 0.
+            padding: padding on each side, for both axes, an int >= 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, out_h, out_w], where
+            out_h = (in_h + 2 * padding - k_h) // stride + 1, or 0 if in_h + 2 * padding < k_h (out_w
+            likewise, along the width). On a bad argument the Result holds the error message, and this tape
+            is unchanged.
+        """
+        _checked = _validators.conv2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
+        return self._apply(CONV2D, (kernel_id, bias_id, input_id,), _checked)
 
     def conv_transpose(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial):
-        """N-D transposed convolution (CUDA) via ConvPool FFI (rank $\\le 8$)."""
-        checked = validators.conv_transpose(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
-        return self._apply(CONV_TRANSPOSE, (kernel_id, bias_id, input_id,), checked)
+        """N-D transposed convolution of one channels-first image.
+
+        The adjoint of the convolution of the same geometry; padding crops the output. d = len(in_spatial)
+        is the number of spatial axes, 1 to 8.
+
+        Ids are positional, geometry keyword-only:
+            kernel_id: id of the kernel node, shape [in_c, out_c, *kernel].
+            bias_id: id of the bias node, shape [out_c].
+            input_id: id of the input node, shape [in_c, *in_spatial].
+            in_c: input channels, an int > 0.
+            out_c: output channels, an int >= 0.
+            kernel: kernel extent per spatial axis, a sequence of d ints > 0.
+            stride: stride per spatial axis, a sequence of d ints > 0.
+            padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+            in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], where
+            out_spatial[i] = max((in_spatial[i] - 1) * stride[i] + kernel[i] - 2 * padding[i], 0), or 0 if
+            in_spatial[i] == 0. On a bad argument the Result holds the error message, and this tape is
+            unchanged.
+        """
+        _checked = _validators.conv_transpose(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
+        return self._apply(CONV_TRANSPOSE, (kernel_id, bias_id, input_id,), _checked)
 
     def conv_transpose2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
-        """ConvTranspose2D forward/backward via ConvPool FFI (single image, channels-first)."""
-        checked = validators.conv_transpose2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
-        return self._apply(CONV_TRANSPOSE2D, (kernel_id, bias_id, input_id,), checked)
+        """2-D transposed convolution of one channels-first image.
+
+        The adjoint of the convolution of the same geometry; padding crops the output.
+
+        Ids are positional, geometry keyword-only:
+            kernel_id: id of the kernel node, shape [in_c, out_c, k_h, k_w].
+            bias_id: id of the bias node, shape [out_c].
+            input_id: id of the input node, shape [in_c, in_h, in_w].
+            in_c: input channels, an int > 0.
+            out_c: output channels, an int >= 0.
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            stride: stride, for both axes, an int > 0.
+            padding: padding on each side, for both axes, an int >= 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, out_h, out_w], where
+            out_h = max((in_h - 1) * stride + k_h - 2 * padding, 0), or 0 if in_h == 0 (out_w likewise,
+            along the width). On a bad argument the Result holds the error message, and this tape is
+            unchanged.
+        """
+        _checked = _validators.conv_transpose2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
+        return self._apply(CONV_TRANSPOSE2D, (kernel_id, bias_id, input_id,), _checked)
 
     def max_pool(self, x_id, *, c, in_spatial, kernel, stride, padding):
-        """N-D max pooling (CUDA) via ConvPool FFI (rank $\\le 8$)."""
-        checked = validators.max_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
-        return self._apply(MAX_POOL, (x_id,), checked)
+        """N-D max pooling of one channels-first image.
+
+        Each output is the first strictly largest cell of its window; padded cells never win. d =
+        len(in_spatial) is the number of spatial axes, 1 to 8.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [c, *in_spatial].
+            c: channels, of the input and of the output, an int >= 0.
+            in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+            kernel: kernel extent per spatial axis, a sequence of d ints > 0.
+            stride: stride per spatial axis, a sequence of d ints > 0.
+            padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
+            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
+            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
+            On a bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.max_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
+        return self._apply(MAX_POOL, (x_id,), _checked)
 
     def max_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
-        """MaxPool2D via ConvPool FFI (no padding)."""
-        checked = validators.max_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(MAX_POOL2D, (x_id,), checked)
+        """2-D max pooling of one channels-first image, without padding.
+
+        Each output is the first strictly largest cell of its window.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
+            bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.max_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
+        return self._apply(MAX_POOL2D, (x_id,), _checked)
 
     def max_pool2d_pad(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
-        """MaxPool2D via ConvPool FFI (with symmetric padding)."""
-        checked = validators.max_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(MAX_POOL2D_PAD, (x_id,), checked)
+        """2-D max pooling of one channels-first image.
+
+        Each output is the first strictly largest cell of its window; padded cells never win.
+
+        Ids are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+            padding: padding on each side, for both axes, an int >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h + 2 * padding - k_h) // stride + 1, or 0 if in_h + 2 * padding < k_h or in_h == 0
+            or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
+            error message, and this tape is unchanged.
+        """
+        _checked = _validators.max_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
+        return self._apply(MAX_POOL2D_PAD, (x_id,), _checked)
 
     def smooth_max_pool(self, x_id, beta, *, c, in_spatial, kernel, stride, padding):
-        """N-D smooth max pooling via the CUDA ConvPool FFI (rank at most eight). beta is checked after conversion to Float32, because conversion can underflow a nonzero Float to zero or overflow a finite one to infinity."""
-        checked = validators.smooth_max_pool(self._backend.name, beta, c, in_spatial, kernel, stride, padding)
-        return self._apply(SMOOTH_MAX_POOL, (x_id,), checked)
+        """N-D smooth max pooling of one channels-first image.
+
+        Each output is (1/beta) * log(sum(exp(beta * v))) over the window's cells v; padded cells take part
+        as zeros. d = len(in_spatial) is the number of spatial axes, 1 to 8.
+
+        Ids and beta are positional, geometry keyword-only:
+            x_id: id of the input node, shape [c, *in_spatial].
+            beta: the sharpness, a real number; rounded to float32 it must be finite and nonzero (a negative
+                beta gives a smooth min).
+            c: channels, of the input and of the output, an int >= 0.
+            in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+            kernel: kernel extent per spatial axis, a sequence of d ints > 0.
+            stride: stride per spatial axis, a sequence of d ints > 0.
+            padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
+            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
+            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
+            On a bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.smooth_max_pool(self._backend.name, beta, c, in_spatial, kernel, stride, padding)
+        return self._apply(SMOOTH_MAX_POOL, (x_id,), _checked)
 
     def smooth_max_pool2d(self, x_id, beta, *, k_h, k_w, in_h, in_w, in_c, stride):
-        """Smooth max-pool2d (log-sum-exp surrogate) via ConvPool FFI, without padding. beta is checked after conversion to Float32, because conversion can underflow a nonzero Float to zero or overflow a finite one to infinity."""
-        checked = validators.smooth_max_pool2d(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(SMOOTH_MAX_POOL2D, (x_id,), checked)
+        """2-D smooth max pooling of one channels-first image, without padding.
+
+        Each output is (1/beta) * log(sum(exp(beta * v))) over the window's cells v.
+
+        Ids and beta are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            beta: the sharpness, a real number; rounded to float32 it must be finite and nonzero (a negative
+                beta gives a smooth min).
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
+            bad argument the Result holds the error message, and this tape is unchanged.
+        """
+        _checked = _validators.smooth_max_pool2d(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride)
+        return self._apply(SMOOTH_MAX_POOL2D, (x_id,), _checked)
 
     def smooth_max_pool2d_pad(self, x_id, beta, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
-        """Smooth max-pool2d (log-sum-exp surrogate) via ConvPool FFI, with symmetric padding. beta is checked after conversion to Float32, because conversion can underflow a nonzero Float to zero or overflow a finite one to infinity."""
-        checked = validators.smooth_max_pool2d_pad(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(SMOOTH_MAX_POOL2D_PAD, (x_id,), checked)
+        """2-D smooth max pooling of one channels-first image.
+
+        Each output is (1/beta) * log(sum(exp(beta * v))) over the window's cells v; padded cells take part
+        as zeros.
+
+        Ids and beta are positional, geometry keyword-only:
+            x_id: id of the input node, shape [in_c, in_h, in_w].
+            beta: the sharpness, a real number; rounded to float32 it must be finite and nonzero (a negative
+                beta gives a smooth min).
+            k_h: kernel extent along the height, an int > 0.
+            k_w: kernel extent along the width, an int > 0.
+            in_h: input extent along the height, an int >= 0.
+            in_w: input extent along the width, an int >= 0.
+            in_c: input channels, an int >= 0.
+            stride: stride, for both axes, an int > 0.
+            padding: padding on each side, for both axes, an int >= 0.
+
+        Returns:
+            Result of (Tape, id): a new tape with the output node, of shape [in_c, out_h, out_w], where
+            out_h = (in_h + 2 * padding - k_h) // stride + 1, or 0 if in_h + 2 * padding < k_h or in_h == 0
+            or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
+            error message, and this tape is unchanged.
+        """
+        _checked = _validators.smooth_max_pool2d_pad(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride, padding)
+        return self._apply(SMOOTH_MAX_POOL2D_PAD, (x_id,), _checked)

@@ -3,25 +3,14 @@
 // along the last axis; per window row it loads the input segment they share once and reuses it.
 // Backward: a thread owns POOL_V consecutive input cells along the last axis and gathers from the
 // windows that cover them, loading each covering output row segment once (no atomics). Geometry
-// comes as -D defines (runtime/cuda_launch.py); IN_C = OUT_C = the channel count.
-// Geometry arrives as -D defines at load time (runtime/cuda_launch.py: defines()).
-#ifndef IN_C
-#error "missing define IN_C"
-#endif
-#ifndef OUT_C
-#error "missing define OUT_C"
-#endif
-#ifndef BLOCK
-#error "missing define BLOCK"
-#endif
-#ifndef POOL_V
-#error "missing define POOL_V"
-#endif
-#if !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0)
-#error "missing a define of axis 0 (IN0, K0, S0, P0, OUT0)"
-#endif
-#if !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1)
-#error "missing a define of axis 1 (IN1, K1, S1, P1, OUT1)"
+// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count.
+
+// Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
+// compilable copy with them set.
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
+    !defined(P0) || !defined(OUT0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
+    !defined(OUT1) || !defined(POOL_V)
+#error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
@@ -40,38 +29,6 @@ typedef long long pos_t;
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
-
-// Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
-// each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
-template <int N>
-__device__ __forceinline__ void block_sum(float (&acc)[N])
-{
-    constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ float per_warp[WARPS][N];
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-        for (unsigned offset = 16; offset > 0; offset /= 2) {
-            acc[n] += __shfl_down_sync(0xffffffffu, acc[n], offset);
-        }
-    }
-    if (threadIdx.x % 32 == 0) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-            per_warp[threadIdx.x / 32][n] = acc[n];
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-            acc[n] = per_warp[0][n];
-            for (unsigned w = 1; w < WARPS; ++w) {
-                acc[n] += per_warp[w][n];
-            }
-        }
-    }
-}
-
 
 constexpr unsigned V = POOL_V;  // cells per thread along the last axis
 constexpr unsigned K_LAST = K1, S_LAST = S1;
@@ -107,9 +64,6 @@ constexpr unsigned OUT_ROWS = OUT_SIZE / nonzero(OUT1), IN_ROWS = IN_SIZE / nonz
 constexpr unsigned OUT_THREADS = OUT_C * OUT_ROWS * ((OUT1 + V - 1) / V);
 constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN1 + V - 1) / V);
 
-
-
-
 // y = (sum of the in-bounds cells) / K: padded cells count as zeros (count-include-pad).
 extern "C" __global__ void avg_pool_r2_forward(
     const float* __restrict__ x,
@@ -122,7 +76,6 @@ extern "C" __global__ void avg_pool_r2_forward(
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT1 + slot.first;
     unsigned rest = slot.row;
     const pos_t d0 = (pos_t)rest;
-
     float sum[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
@@ -185,7 +138,6 @@ extern "C" __global__ void avg_pool_r2_forward(
 
 }
 
-
 // dx[c, i] = (sum of g[c, o] over the windows o that cover i) / K.
 extern "C" __global__ void avg_pool_r2_backward_input(
     const float* __restrict__ grad,
@@ -198,7 +150,6 @@ extern "C" __global__ void avg_pool_r2_backward_input(
     const size_t first_index = ((size_t)slot.channel * IN_ROWS + slot.row) * IN1 + slot.first;
     unsigned rest = slot.row;
     const pos_t d0 = (pos_t)rest;
-
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_LAST + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;

@@ -3,51 +3,27 @@
 // along the last axis; per window row it loads the input segment they share once and reuses it.
 // Backward: a thread owns POOL_V consecutive input cells along the last axis and gathers from the
 // windows that cover them, loading each covering output row segment once (no atomics). Geometry
-// comes as -D defines (runtime/cuda_launch.py); IN_C = OUT_C = the channel count.
-// Geometry arrives as -D defines at load time (runtime/cuda_launch.py: defines()).
-#ifndef IN_C
-#error "missing define IN_C"
-#endif
-#ifndef OUT_C
-#error "missing define OUT_C"
-#endif
-#ifndef BLOCK
-#error "missing define BLOCK"
-#endif
-#ifndef POOL_V
-#error "missing define POOL_V"
-#endif
-#ifndef ARGMAX_BYTES
-#error "missing define ARGMAX_BYTES"
-#endif
-#if !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0)
-#error "missing a define of axis 0 (IN0, K0, S0, P0, OUT0)"
-#endif
-#if !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1)
-#error "missing a define of axis 1 (IN1, K1, S1, P1, OUT1)"
-#endif
-#if !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2)
-#error "missing a define of axis 2 (IN2, K2, S2, P2, OUT2)"
-#endif
-#if !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3)
-#error "missing a define of axis 3 (IN3, K3, S3, P3, OUT3)"
-#endif
-#if !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || !defined(OUT4)
-#error "missing a define of axis 4 (IN4, K4, S4, P4, OUT4)"
-#endif
-#if !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || !defined(OUT5)
-#error "missing a define of axis 5 (IN5, K5, S5, P5, OUT5)"
-#endif
-#if !defined(IN6) || !defined(K6) || !defined(S6) || !defined(P6) || !defined(OUT6)
-#error "missing a define of axis 6 (IN6, K6, S6, P6, OUT6)"
-#endif
-#if !defined(IN7) || !defined(K7) || !defined(S7) || !defined(P7) || !defined(OUT7)
-#error "missing a define of axis 7 (IN7, K7, S7, P7, OUT7)"
+// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count.
+
+// Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
+// compilable copy with them set.
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
+    !defined(P0) || !defined(OUT0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
+    !defined(OUT1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || \
+    !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3) || !defined(IN4) || \
+    !defined(K4) || !defined(S4) || !defined(P4) || !defined(OUT4) || !defined(IN5) || !defined(K5) || !defined(S5) || \
+    !defined(P5) || !defined(OUT5) || !defined(IN6) || !defined(K6) || !defined(S6) || !defined(P6) || \
+    !defined(OUT6) || !defined(IN7) || !defined(K7) || !defined(S7) || !defined(P7) || !defined(OUT7) || \
+    !defined(POOL_V) || !defined(ARGMAX_BYTES)
+#error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
 // some axis reaches 2^31 through its extents, stride and padding.
-#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 + P1 + IN1 < 0x7fffffffLL) && (OUT2 * S2 + K2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 + P3 + IN3 < 0x7fffffffLL) && (OUT4 * S4 + K4 + P4 + IN4 < 0x7fffffffLL) && (OUT5 * S5 + K5 + P5 + IN5 < 0x7fffffffLL) && (OUT6 * S6 + K6 + P6 + IN6 < 0x7fffffffLL) && (OUT7 * S7 + K7 + P7 + IN7 < 0x7fffffffLL)
+#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 + P1 + IN1 < 0x7fffffffLL) && \
+    (OUT2 * S2 + K2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 + P3 + IN3 < 0x7fffffffLL) && \
+    (OUT4 * S4 + K4 + P4 + IN4 < 0x7fffffffLL) && (OUT5 * S5 + K5 + P5 + IN5 < 0x7fffffffLL) && \
+    (OUT6 * S6 + K6 + P6 + IN6 < 0x7fffffffLL) && (OUT7 * S7 + K7 + P7 + IN7 < 0x7fffffffLL)
 typedef int pos_t;
 #else
 typedef long long pos_t;
@@ -62,39 +38,7 @@ typedef long long pos_t;
 // would divide by it is still compiled.
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
-// Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
-// each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
-template <int N>
-__device__ __forceinline__ void block_sum(float (&acc)[N])
-{
-    constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ float per_warp[WARPS][N];
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-        for (unsigned offset = 16; offset > 0; offset /= 2) {
-            acc[n] += __shfl_down_sync(0xffffffffu, acc[n], offset);
-        }
-    }
-    if (threadIdx.x % 32 == 0) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-            per_warp[threadIdx.x / 32][n] = acc[n];
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-            acc[n] = per_warp[0][n];
-            for (unsigned w = 1; w < WARPS; ++w) {
-                acc[n] += per_warp[w][n];
-            }
-        }
-    }
-}
-
-
-// The saved window offsets: the narrowest unsigned type with a spare value (runtime/cuda_launch.py).
+// The saved window offsets: the narrowest unsigned type with a spare value (convgen.cuda_launch).
 #if ARGMAX_BYTES == 1
 typedef unsigned char argmax_t;
 #elif ARGMAX_BYTES == 2
@@ -137,11 +81,8 @@ constexpr unsigned OUT_ROWS = OUT_SIZE / nonzero(OUT7), IN_ROWS = IN_SIZE / nonz
 constexpr unsigned OUT_THREADS = OUT_C * OUT_ROWS * ((OUT7 + V - 1) / V);
 constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN7 + V - 1) / V);
 
-
-
-
-// y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN first
-// cell stays; padded cells are skipped); argmax = its flat window offset, for the backward pass.
+// y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN first cell stays; padded
+// cells are skipped); argmax = its flat window offset, for the backward pass.
 extern "C" __global__ void max_pool_r8_forward(
     const float* __restrict__ x,
     float* __restrict__ y,
@@ -166,7 +107,6 @@ extern "C" __global__ void max_pool_r8_forward(
     const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
-
     float best[V];
     unsigned best_kappa[V];
     bool found[V];
@@ -293,7 +233,6 @@ extern "C" __global__ void max_pool_r8_forward(
 
 }
 
-
 // dx[c, i] = sum of g[c, o] over the windows o that cover i and chose i in the forward pass.
 extern "C" __global__ void max_pool_r8_backward_input(
     const float* __restrict__ grad,
@@ -319,7 +258,6 @@ extern "C" __global__ void max_pool_r8_backward_input(
     const pos_t d1 = (pos_t)(rest % nonzero(IN1));
     rest /= nonzero(IN1);
     const pos_t d0 = (pos_t)rest;
-
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_LAST + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
