@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from convgen.generated.contract import MAX_RANK, Family
 
-__all__ = ["MAX_RANK", "U32_LIMIT", "Family", "Geometry", "axis_extent", "fits_u32", "window"]
+__all__ = ["MAX_RANK", "U32_LIMIT", "Family", "Geometry", "axis_extent", "dilated", "fits_u32", "window"]
 
 U32_LIMIT = 1 << 32
 
@@ -25,17 +25,25 @@ def window(n: int, k: int, s: int, p: int) -> int:
     return (n + 2 * p - k) // s + 1
 
 
-def axis_extent(family: Family, n: int, k: int, s: int, p: int) -> int:
-    """Output extent along one axis (SEMANTICS §2); invalid geometry gives 0."""
+def dilated(k: int, d: int) -> int:
+    """The extent a kernel of k cells covers with dilation d: d·(k − 1) + 1 (0 for k = 0)."""
+    return d * (k - 1) + 1 if k else 0
+
+
+def axis_extent(family: Family, n: int, k: int, s: int, p: int, d: int = 1, output_padding: int = 0) -> int:
+    """Output extent along one axis (SEMANTICS §2, with §8's dilation and output padding); invalid
+    geometry gives 0."""
+    span = dilated(k, d)
     if family is Family.CONV:
-        return window(n, k, s, p)
+        return window(n, span, s, p)
     if family is Family.CONV_TRANSPOSE:
         if n == 0 or k == 0 or s == 0:
             return 0
-        return max((n - 1) * s + k - 2 * p, 0)
-    if n == 0 or k == 0 or p > k // 2:
+        extent = max((n - 1) * s + span - 2 * p, 0)
+        return extent + output_padding if extent else 0
+    if n == 0 or k == 0 or p > span // 2:
         return 0
-    return window(n, k, s, p)
+    return window(n, span, s, p)
 
 
 def fits_u32(shape: tuple[int, ...]) -> bool:
@@ -45,7 +53,11 @@ def fits_u32(shape: tuple[int, ...]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Geometry:
-    """Everything a backend needs to run one op; built only by the generated validators."""
+    """Everything a backend needs to run one op; built only by the generated validators.
+
+    The §8 fields keep the seed's meaning at their defaults: `batch` None is one image without a
+    batch axis, `dilation` all 1, `groups` 1, `circular` False (zero padding), `output_padding` all 0.
+    """
 
     family: Family
     in_c: int
@@ -56,6 +68,11 @@ class Geometry:
     padding: tuple[int, ...]
     out_spatial: tuple[int, ...]
     beta: float | None = None  # smooth max only, already rounded to float32
+    batch: int | None = None  # None: no batch axis; n: input [n, C, *S], output [n, C', *S']
+    dilation: tuple[int, ...] = ()  # one entry per axis, each >= 1
+    groups: int = 1  # conv families: channels split into this many independent blocks
+    circular: bool = False  # conv: padding reads x[pos mod in] instead of 0
+    output_padding: tuple[int, ...] = ()  # conv transpose: added to each output extent
     # Derived once per geometry, so the per-call path of the tape only reads them.
     output_shape: tuple[int, ...] = field(init=False, compare=False)
     output_numel: int = field(init=False, compare=False)
@@ -63,35 +80,54 @@ class Geometry:
     parent_shapes: tuple[tuple[int, ...], ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        output_shape = (self.out_c, *self.out_spatial)
+        images = () if self.batch is None else (self.batch,)
+        output_shape = (*images, self.out_c, *self.out_spatial)
         object.__setattr__(self, "output_shape", output_shape)
         object.__setattr__(self, "output_numel", math.prod(output_shape))
         object.__setattr__(self, "output_fits_u32", fits_u32(self.out_spatial) and fits_u32(output_shape))
-        input_shape = (self.in_c, *self.in_spatial)
+        input_shape = (*images, self.in_c, *self.in_spatial)
         parents = (self.kernel_shape, (self.out_c,), input_shape) if self.family.is_conv else (input_shape,)
         object.__setattr__(self, "parent_shapes", parents)
 
     @classmethod
     def build(cls, family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
               kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
-              beta: float | None = None) -> Geometry:
-        """The geometry with its output extents; the same arguments give the same (cached) object."""
-        return _build(cls, family, in_c, out_c, in_spatial, kernel, stride, padding, beta)
+              beta: float | None = None, *, batch: int | None = None, dilation: tuple[int, ...] | None = None,
+              groups: int = 1, circular: bool = False,
+              output_padding: tuple[int, ...] | None = None) -> Geometry:
+        """The geometry with its output extents; the same arguments give the same (cached) object.
+        `dilation` and `output_padding` default to all 1 and all 0."""
+        rank = len(in_spatial)
+        dilation = (1,) * rank if dilation is None else tuple(dilation)
+        output_padding = (0,) * rank if output_padding is None else tuple(output_padding)
+        return _build(cls, family, in_c, out_c, tuple(in_spatial), tuple(kernel), tuple(stride), tuple(padding),
+                      beta, batch, dilation, groups, circular, output_padding)
 
     @property
     def rank(self) -> int:
         return len(self.in_spatial)
 
     @property
+    def images(self) -> int:
+        """Images in one call: the batch, or 1 without a batch axis."""
+        return 1 if self.batch is None else self.batch
+
+    @property
+    def is_seed(self) -> bool:
+        """True when every §8 argument is at its default: the seed's op exactly."""
+        return (self.batch is None and self.groups == 1 and not self.circular
+                and all(d == 1 for d in self.dilation) and not any(self.output_padding))
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
-        return (self.in_c, *self.in_spatial)
+        return self.parent_shapes[-1]
 
     @property
     def kernel_shape(self) -> tuple[int, ...]:
-        """conv: [outC, inC, *K]; conv transpose: [inC, outC, *K] (SEMANTICS §1)."""
+        """conv: [out_c, in_c / groups, *K]; conv transpose: [in_c, out_c / groups, *K] (SEMANTICS §1, §8)."""
         if self.family is Family.CONV_TRANSPOSE:
-            return (self.in_c, self.out_c, *self.kernel)
-        return (self.out_c, self.in_c, *self.kernel)
+            return (self.in_c, self.out_c // self.groups, *self.kernel)
+        return (self.out_c, self.in_c // self.groups, *self.kernel)
 
     @property
     def bias_shape(self) -> tuple[int, ...]:
@@ -100,7 +136,10 @@ class Geometry:
 
 @functools.lru_cache(maxsize=4096)
 def _build(cls: type[Geometry], family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
-           kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
-           beta: float | None) -> Geometry:
-    out = tuple(axis_extent(family, *axis) for axis in zip(in_spatial, kernel, stride, padding))
-    return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta)
+           kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...], beta: float | None,
+           batch: int | None, dilation: tuple[int, ...], groups: int, circular: bool,
+           output_padding: tuple[int, ...]) -> Geometry:
+    out = tuple(axis_extent(family, *axis)
+                for axis in zip(in_spatial, kernel, stride, padding, dilation, output_padding))
+    return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta, batch, dilation, groups,
+               circular, output_padding)
