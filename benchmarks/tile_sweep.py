@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy
 from convgen.cuda_launch import (
     H200,
     GemmShape,
@@ -35,9 +36,9 @@ from convgen.cuda_launch import (
     plan,
     tile_candidates,
 )
-from convgen.generated.contract import KERNELS
-from convgen.geometry import Geometry
-from suite.cases import CASES, Case
+from convgen.generated.contract import KERNELS, STAGES
+from convgen.geometry import Family, Geometry
+from suite.cases import UNBATCHED_CASES, Case
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
 LAUNCHES_PER_ROUND = 20
@@ -83,20 +84,29 @@ def model_us(shape: GemmShape, tile: GemmTile, hardware: Hardware = H200) -> flo
     return gemm_cost(shape, tile, hardware) / hardware.clock_hz * 1e6
 
 
-def stage_launcher(module: Any, symbols: dict[str, str], candidate_plan: Plan, stage: str, inputs: tuple[Any, ...],
-                   out: Any, cupy: Any) -> Callable[[], None]:
-    """One run of `stage` as the CUDA tape makes it: the GEMM kernel into `out`, or, when the plan
-    splits the reduction, into a partial buffer [split, *out.shape] that the reduce kernel adds up."""
+def stage_launcher(module: Any, family: Family, symbols: dict[str, str], candidate_plan: Plan, stage: str,
+                   values: dict[str, Any], cupy: Any) -> Callable[[], None]:
+    """One run of `stage` as the CUDA tape makes it, its arguments taken from `values` by the roles of
+    the contract's parameters: the GEMM kernel into its output, or, when the plan splits the reduction,
+    into a partial buffer [split, *output.shape] that the reduce kernel adds up."""
+    params = STAGES[family][stage]
+    (output,) = (p.role for p in params if not p.const)
     kernel, main = module.get_function(symbols[stage]), candidate_plan.launches[stage]
-    split = candidate_plan.splits[stage]
-    if split == 1:
-        return lambda: kernel((main.grid,), (main.block,), (*inputs, out), shared_mem=main.shared_bytes)
+
+    def arguments(stage_name: str, these: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(these[p.role] for p in STAGES[family][stage_name])
+
+    if candidate_plan.splits[stage] == 1:
+        args = arguments(stage, values)
+        return lambda: kernel((main.grid,), (main.block,), args, shared_mem=main.shared_bytes)
     reduce, fold = module.get_function(symbols[f"{stage}_reduce"]), candidate_plan.launches[f"{stage}_reduce"]
-    partial = cupy.empty((split, *out.shape), cupy.float32)
+    partial = cupy.empty((candidate_plan.splits[stage], *values[output].shape), cupy.float32)
+    main_args = arguments(stage, {**values, output: partial})
+    fold_args = arguments(f"{stage}_reduce", {**values, "partial": partial})
 
     def launch() -> None:
-        kernel((main.grid,), (main.block,), (*inputs, partial), shared_mem=main.shared_bytes)
-        reduce((fold.grid,), (fold.block,), (partial, out), shared_mem=fold.shared_bytes)
+        kernel((main.grid,), (main.block,), main_args, shared_mem=main.shared_bytes)
+        reduce((fold.grid,), (fold.block,), fold_args, shared_mem=fold.shared_bytes)
 
     return launch
 
@@ -115,17 +125,20 @@ def median_us(launch: Callable[[], None], rounds: int, cupy: Any) -> float:
     return statistics.median(samples)
 
 
-def stage_arrays(case: Case, cupy: Any) -> dict[str, tuple[tuple[Any, ...], tuple[int, ...]]]:
-    """Each GEMM stage's kernel inputs (in the tape's argument order) and output shape."""
+def stage_values(case: Case, cupy: Any) -> dict[str, Any]:
+    """Random inputs of every GEMM stage of `case` and an output buffer per stage, by contract role."""
     rng = cupy.random.RandomState(1)
-    x = rng.standard_normal(case.input_shape, dtype=cupy.float32)
-    w = rng.standard_normal(case.weight_shape, dtype=cupy.float32)
-    b = rng.standard_normal((case.out_c,), dtype=cupy.float32)
-    g = rng.standard_normal(case.output_shape, dtype=cupy.float32)
+    geom = case.geometry
+    weight_shape, bias_shape, input_shape = geom.parent_shapes
     return {
-        "forward": ((x, w, b), case.output_shape),
-        "backward_input": ((g, w), case.input_shape),
-        "backward_weight": ((g, x), case.weight_shape),
+        "x": rng.standard_normal(input_shape, dtype=cupy.float32),
+        "weight": rng.standard_normal(weight_shape, dtype=cupy.float32),
+        "bias": rng.standard_normal(bias_shape, dtype=cupy.float32),
+        "grad": rng.standard_normal(geom.output_shape, dtype=cupy.float32),
+        "images": numpy.uint32(geom.images),
+        "y": cupy.empty(geom.output_shape, cupy.float32),
+        "grad_x": cupy.empty(input_shape, cupy.float32),
+        "grad_weight": cupy.empty(weight_shape, cupy.float32),
     }
 
 
@@ -134,16 +147,16 @@ def sweep_case(case: Case, top: int, rounds: int, cupy: Any) -> list[dict[str, A
     geom = case.geometry
     entry = KERNELS[(geom.family, geom.rank)]
     source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
-    arrays = stage_arrays(case, cupy)
+    values = stage_values(case, cupy)
     rows = []
     for stage, shape in gemm_shapes(geom).items():
-        inputs, out_shape = arrays[stage]
+        (output,) = (p.role for p in STAGES[geom.family][stage] if not p.const)
+        out = values[output]
         reference = None
         for index, tile in enumerate(candidates(shape, top)):
             candidate_plan = plan_with_tile(geom, shape, tile)
             module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
-            out = cupy.empty(out_shape, cupy.float32)
-            launch = stage_launcher(module, entry.symbols, candidate_plan, stage, inputs, out, cupy)
+            launch = stage_launcher(module, geom.family, entry.symbols, candidate_plan, stage, values, cupy)
             launch()
             cupy.cuda.Device().synchronize()
             if reference is None:
@@ -183,13 +196,14 @@ def list_candidates(case: Case, top: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=3, help="cheapest other block shapes to time per stage")
-    parser.add_argument("--cases", default="", help="comma-separated conv case names (default: all conv cases)")
+    parser.add_argument("--cases", default="", help="conv case names, comma-separated (default: the one-image ones)")
     parser.add_argument("--json", default="", help="where to write the rows (e.g. benchmarks/results/tiles.json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
     wanted = set(filter(None, args.cases.split(",")))
-    cases = [case for case in CASES if case.is_conv and (not wanted or case.name in wanted)]
+    # One-image cases only: stage_launcher passes the seed kernels' arguments, which carry no batch.
+    cases = [case for case in UNBATCHED_CASES if case.is_conv and (not wanted or case.name in wanted)]
     if args.list:
         for case in cases:
             list_candidates(case, args.top)

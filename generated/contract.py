@@ -58,8 +58,9 @@ SHARED_BUFFERS = 2  # As and Bs are double-buffered
 
 
 def gemm_shared_bytes(bm: int, bn: int, bk: int) -> int:
-    """Static shared memory of one GEMM block: As[2][BK][BM + pad] and Bs[2][BK][BN + pad] floats."""
-    return SHARED_BUFFERS * bk * (bm + bn + 2 * SHARED_ROW_PAD) * 4
+    """Static shared memory of one GEMM block: As[2][BK][BM + pad] and Bs[2][BK][BN + pad] floats and
+    the row-validity words of the B columns, valid_rows[BN] (unsigned)."""
+    return SHARED_BUFFERS * bk * (bm + bn + 2 * SHARED_ROW_PAD) * 4 + bn * 4
 
 
 # Family -> stage -> the kernel's parameters in signature order, stages in launch order.
@@ -67,10 +68,12 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
     Family.AVG_POOL: {
         "forward": (
             Param("x", "x", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("y", "y", "float", False, True),
         ),
         "backward_input": (
             Param("grad", "grad", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("grad_x", "grad_x", "float", False, True),
         ),
     },
@@ -79,24 +82,29 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("source", "x", "float", True, True),
             Param("weight", "weight", "float", True, True),
             Param("bias", "bias", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "float", False, True),
         ),
         "forward_reduce": (
             Param("partial", "partial", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "float", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "float", True, True),
             Param("weight", "weight", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "float", False, True),
         ),
         "backward_input_reduce": (
             Param("partial", "partial", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "float", False, True),
         ),
         "backward_weight": (
             Param("d_values", "grad", "float", True, True),
             Param("u_values", "x", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_weight", "float", False, True),
         ),
         "backward_weight_reduce": (
@@ -105,6 +113,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
         "backward_bias": (
             Param("grad", "grad", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("bias_grad", "grad_bias", "float", False, True),
         ),
     },
@@ -113,24 +122,29 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("source", "x", "float", True, True),
             Param("weight", "weight", "float", True, True),
             Param("bias", "bias", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "float", False, True),
         ),
         "forward_reduce": (
             Param("partial", "partial", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "float", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "float", True, True),
             Param("weight", "weight", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "float", False, True),
         ),
         "backward_input_reduce": (
             Param("partial", "partial", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "float", False, True),
         ),
         "backward_weight": (
             Param("d_values", "x", "float", True, True),
             Param("u_values", "grad", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_weight", "float", False, True),
         ),
         "backward_weight_reduce": (
@@ -139,18 +153,21 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
         "backward_bias": (
             Param("grad", "grad", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("bias_grad", "grad_bias", "float", False, True),
         ),
     },
     Family.MAX_POOL: {
         "forward": (
             Param("x", "x", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("y", "y", "float", False, True),
             Param("argmax", "argmax", "argmax_t", False, True),
         ),
         "backward_input": (
             Param("grad", "grad", "float", True, True),
             Param("argmax", "argmax", "argmax_t", True, True),
+            Param("images", "images", "unsigned", True, False),
             Param("grad_x", "grad_x", "float", False, True),
         ),
     },
@@ -158,6 +175,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         "forward": (
             Param("x", "x", "float", True, True),
             Param("beta", "beta", "float", True, False),
+            Param("images", "images", "unsigned", True, False),
             Param("y", "y", "float", False, True),
             Param("pivots", "pivots", "float", False, True),
             Param("sums", "sums", "float", False, True),
@@ -168,6 +186,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("pivots", "pivots", "float", True, True),
             Param("sums", "sums", "float", True, True),
             Param("beta", "beta", "float", True, False),
+            Param("images", "images", "unsigned", True, False),
             Param("grad_x", "grad_x", "float", False, True),
         ),
     },

@@ -17,6 +17,7 @@ AVG_POOL = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("c", "in_spatial", "kernel", "stride", "padding",),
+    option_params=("batch", "dilation",),
     reads_first=False,
 )
 
@@ -27,6 +28,7 @@ AVG_POOL2D = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -37,6 +39,7 @@ AVG_POOL2D_PAD = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride", "padding",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -47,6 +50,7 @@ CONV = _OpInfo(
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
     geometry_params=("in_c", "out_c", "kernel", "stride", "padding", "in_spatial",),
+    option_params=("batch", "dilation", "groups", "padding_mode",),
     reads_first=False,
 )
 
@@ -57,6 +61,7 @@ CONV2D = _OpInfo(
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
     geometry_params=("in_c", "out_c", "k_h", "k_w", "stride", "padding", "in_h", "in_w",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -67,6 +72,7 @@ CONV_TRANSPOSE = _OpInfo(
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
     geometry_params=("in_c", "out_c", "kernel", "stride", "padding", "in_spatial",),
+    option_params=("batch", "dilation", "groups", "output_padding",),
     reads_first=False,
 )
 
@@ -77,6 +83,7 @@ CONV_TRANSPOSE2D = _OpInfo(
     id_params=("kernel_id", "bias_id", "input_id",),
     beta_param=None,
     geometry_params=("in_c", "out_c", "k_h", "k_w", "stride", "padding", "in_h", "in_w",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -87,6 +94,7 @@ MAX_POOL = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("c", "in_spatial", "kernel", "stride", "padding",),
+    option_params=("batch", "dilation",),
     reads_first=False,
 )
 
@@ -97,6 +105,7 @@ MAX_POOL2D = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -107,6 +116,7 @@ MAX_POOL2D_PAD = _OpInfo(
     id_params=("x_id",),
     beta_param=None,
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride", "padding",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -117,6 +127,7 @@ SMOOTH_MAX_POOL = _OpInfo(
     id_params=("x_id",),
     beta_param='beta',
     geometry_params=("c", "in_spatial", "kernel", "stride", "padding",),
+    option_params=("batch", "dilation",),
     reads_first=False,
 )
 
@@ -127,6 +138,7 @@ SMOOTH_MAX_POOL2D = _OpInfo(
     id_params=("x_id",),
     beta_param='beta',
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -137,6 +149,7 @@ SMOOTH_MAX_POOL2D_PAD = _OpInfo(
     id_params=("x_id",),
     beta_param='beta',
     geometry_params=("k_h", "k_w", "in_h", "in_w", "in_c", "stride", "padding",),
+    option_params=(),
     reads_first=True,
 )
 
@@ -144,31 +157,37 @@ OPS = {op.name: op for op in (AVG_POOL, AVG_POOL2D, AVG_POOL2D_PAD, CONV, CONV2D
 
 
 class GeneratedOps:
-    """The spec's entry points as tape methods: ids (and β) positional, geometry keyword-only."""
+    """The spec's entry points as tape methods: ids (and β) positional, geometry keyword-only, then the
+    optional arguments of SEMANTICS §8 with their defaults."""
 
     __slots__ = ()
 
-    def avg_pool(self, x_id, *, c, in_spatial, kernel, stride, padding):
-        """N-D average pooling of one channels-first image.
+    def avg_pool(self, x_id, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None):
+        """N-D average pooling of one channels-first image or of a batch of them.
 
         Each output is the mean of its window; padded cells count as zeros, and in the divisor. d =
         len(in_spatial) is the number of spatial axes, 1 to 8.
 
-        Ids are positional, geometry keyword-only:
-            x_id: id of the input node, shape [c, *in_spatial].
+        Ids are positional, geometry keyword-only, then optional arguments:
+            x_id: id of the input node, shape [c, *in_spatial], or [batch, c, *in_spatial] with a batch.
             c: channels, of the input and of the output, an int >= 0.
             in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
             kernel: kernel extent per spatial axis, a sequence of d ints > 0.
             stride: stride per spatial axis, a sequence of d ints > 0.
             padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+            batch: None for one image, or the number of images, an int >= 0: the input and the output then
+                have a leading axis of that length, and every image is computed alike.
+            dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+                ints > 0.
 
         Returns:
-            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
-            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
-            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
-            On a bad argument the Result holds the error message, and this tape is unchanged.
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], or [batch, c,
+            *out_spatial] with a batch, where out_spatial[i] = (in_spatial[i] + 2 * padding[i] - k) //
+            stride[i] + 1, or 0 if in_spatial[i] + 2 * padding[i] < k or in_spatial[i] == 0 or padding[i] >
+            k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
+            message, and this tape is unchanged.
         """
-        _checked = _validators.avg_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
+        _checked = _validators.avg_pool(self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation)
         return self._apply(AVG_POOL, (x_id,), _checked)
 
     def avg_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
@@ -217,30 +236,40 @@ class GeneratedOps:
         _checked = _validators.avg_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
         return self._apply(AVG_POOL2D_PAD, (x_id,), _checked)
 
-    def conv(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial):
-        """N-D convolution of one channels-first image.
+    def conv(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, batch=None, dilation=None, groups=1, padding_mode='zeros'):
+        """N-D convolution of one channels-first image or of a batch of them.
 
         A cross-correlation, as PyTorch's convolutions compute; padding reads zeros. d = len(in_spatial) is
         the number of spatial axes, 1 to 8.
 
-        Ids are positional, geometry keyword-only:
-            kernel_id: id of the kernel node, shape [out_c, in_c, *kernel].
+        Ids are positional, geometry keyword-only, then optional arguments:
+            kernel_id: id of the kernel node, shape [out_c, in_c // groups, *kernel].
             bias_id: id of the bias node, shape [out_c].
-            input_id: id of the input node, shape [in_c, *in_spatial].
+            input_id: id of the input node, shape [in_c, *in_spatial], or [batch, in_c, *in_spatial] with a
+                batch.
             in_c: input channels, an int > 0.
             out_c: output channels, an int >= 0.
             kernel: kernel extent per spatial axis, a sequence of d ints > 0.
             stride: stride per spatial axis, a sequence of d ints > 0.
             padding: padding on each side per spatial axis, a sequence of d ints >= 0.
             in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+            batch: None for one image, or the number of images, an int >= 0: the input and the output then
+                have a leading axis of that length, and every image is computed alike.
+            dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+                ints > 0.
+            groups: channel groups, an int > 0 dividing in_c and out_c: the output channels of group j are
+                computed from the input channels of group j only.
+            padding_mode: 'zeros', or 'circular': a cell outside the input reads it periodically, x[pos % n]
+                along an axis of n cells (each padding[i] <= in_spatial[i]).
 
         Returns:
-            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], where
-            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
-            in_spatial[i] + 2 * padding[i] < kernel[i]. On a bad argument the Result holds the error
-            message, and this tape is unchanged.
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], or
+            [batch, out_c, *out_spatial] with a batch, where out_spatial[i] = (in_spatial[i] + 2 *
+            padding[i] - k) // stride[i] + 1, or 0 if in_spatial[i] + 2 * padding[i] < k, with k =
+            dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error message, and
+            this tape is unchanged.
         """
-        _checked = _validators.conv(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
+        _checked = _validators.conv(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, padding_mode)
         return self._apply(CONV, (kernel_id, bias_id, input_id,), _checked)
 
     def conv2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
@@ -270,30 +299,40 @@ class GeneratedOps:
         _checked = _validators.conv2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
         return self._apply(CONV2D, (kernel_id, bias_id, input_id,), _checked)
 
-    def conv_transpose(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial):
-        """N-D transposed convolution of one channels-first image.
+    def conv_transpose(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, batch=None, dilation=None, groups=1, output_padding=None):
+        """N-D transposed convolution of one channels-first image or of a batch of them.
 
         The adjoint of the convolution of the same geometry; padding crops the output. d = len(in_spatial)
         is the number of spatial axes, 1 to 8.
 
-        Ids are positional, geometry keyword-only:
-            kernel_id: id of the kernel node, shape [in_c, out_c, *kernel].
+        Ids are positional, geometry keyword-only, then optional arguments:
+            kernel_id: id of the kernel node, shape [in_c, out_c // groups, *kernel].
             bias_id: id of the bias node, shape [out_c].
-            input_id: id of the input node, shape [in_c, *in_spatial].
+            input_id: id of the input node, shape [in_c, *in_spatial], or [batch, in_c, *in_spatial] with a
+                batch.
             in_c: input channels, an int > 0.
             out_c: output channels, an int >= 0.
             kernel: kernel extent per spatial axis, a sequence of d ints > 0.
             stride: stride per spatial axis, a sequence of d ints > 0.
             padding: padding on each side per spatial axis, a sequence of d ints >= 0.
             in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+            batch: None for one image, or the number of images, an int >= 0: the input and the output then
+                have a leading axis of that length, and every image is computed alike.
+            dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+                ints > 0.
+            groups: channel groups, an int > 0 dividing in_c and out_c: the output channels of group j are
+                computed from the input channels of group j only.
+            output_padding: None for all 0, or what is added to each nonzero output extent, a sequence of d
+                ints, each output_padding[i] < max(stride[i], dilation[i]).
 
         Returns:
-            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], where
-            out_spatial[i] = max((in_spatial[i] - 1) * stride[i] + kernel[i] - 2 * padding[i], 0), or 0 if
-            in_spatial[i] == 0. On a bad argument the Result holds the error message, and this tape is
-            unchanged.
+            Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], or
+            [batch, out_c, *out_spatial] with a batch, where out_spatial[i] = max((in_spatial[i] - 1) *
+            stride[i] + k - 2 * padding[i], 0), or 0 if in_spatial[i] == 0, plus output_padding[i] when that
+            is nonzero, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the
+            error message, and this tape is unchanged.
         """
-        _checked = _validators.conv_transpose(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial)
+        _checked = _validators.conv_transpose(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, output_padding)
         return self._apply(CONV_TRANSPOSE, (kernel_id, bias_id, input_id,), _checked)
 
     def conv_transpose2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
@@ -323,27 +362,32 @@ class GeneratedOps:
         _checked = _validators.conv_transpose2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
         return self._apply(CONV_TRANSPOSE2D, (kernel_id, bias_id, input_id,), _checked)
 
-    def max_pool(self, x_id, *, c, in_spatial, kernel, stride, padding):
-        """N-D max pooling of one channels-first image.
+    def max_pool(self, x_id, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None):
+        """N-D max pooling of one channels-first image or of a batch of them.
 
         Each output is the first strictly largest cell of its window; padded cells never win. d =
         len(in_spatial) is the number of spatial axes, 1 to 8.
 
-        Ids are positional, geometry keyword-only:
-            x_id: id of the input node, shape [c, *in_spatial].
+        Ids are positional, geometry keyword-only, then optional arguments:
+            x_id: id of the input node, shape [c, *in_spatial], or [batch, c, *in_spatial] with a batch.
             c: channels, of the input and of the output, an int >= 0.
             in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
             kernel: kernel extent per spatial axis, a sequence of d ints > 0.
             stride: stride per spatial axis, a sequence of d ints > 0.
             padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+            batch: None for one image, or the number of images, an int >= 0: the input and the output then
+                have a leading axis of that length, and every image is computed alike.
+            dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+                ints > 0.
 
         Returns:
-            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
-            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
-            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
-            On a bad argument the Result holds the error message, and this tape is unchanged.
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], or [batch, c,
+            *out_spatial] with a batch, where out_spatial[i] = (in_spatial[i] + 2 * padding[i] - k) //
+            stride[i] + 1, or 0 if in_spatial[i] + 2 * padding[i] < k or in_spatial[i] == 0 or padding[i] >
+            k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
+            message, and this tape is unchanged.
         """
-        _checked = _validators.max_pool(self._backend.name, c, in_spatial, kernel, stride, padding)
+        _checked = _validators.max_pool(self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation)
         return self._apply(MAX_POOL, (x_id,), _checked)
 
     def max_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
@@ -392,14 +436,14 @@ class GeneratedOps:
         _checked = _validators.max_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
         return self._apply(MAX_POOL2D_PAD, (x_id,), _checked)
 
-    def smooth_max_pool(self, x_id, beta, *, c, in_spatial, kernel, stride, padding):
-        """N-D smooth max pooling of one channels-first image.
+    def smooth_max_pool(self, x_id, beta, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None):
+        """N-D smooth max pooling of one channels-first image or of a batch of them.
 
         Each output is (1/beta) * log(sum(exp(beta * v))) over the window's cells v; padded cells take part
         as zeros. d = len(in_spatial) is the number of spatial axes, 1 to 8.
 
-        Ids and beta are positional, geometry keyword-only:
-            x_id: id of the input node, shape [c, *in_spatial].
+        Ids and beta are positional, geometry keyword-only, then optional arguments:
+            x_id: id of the input node, shape [c, *in_spatial], or [batch, c, *in_spatial] with a batch.
             beta: the sharpness, a real number; rounded to float32 it must be finite and nonzero (a negative
                 beta gives a smooth min).
             c: channels, of the input and of the output, an int >= 0.
@@ -407,14 +451,19 @@ class GeneratedOps:
             kernel: kernel extent per spatial axis, a sequence of d ints > 0.
             stride: stride per spatial axis, a sequence of d ints > 0.
             padding: padding on each side per spatial axis, a sequence of d ints >= 0.
+            batch: None for one image, or the number of images, an int >= 0: the input and the output then
+                have a leading axis of that length, and every image is computed alike.
+            dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+                ints > 0.
 
         Returns:
-            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], where
-            out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
-            in_spatial[i] + 2 * padding[i] < kernel[i] or in_spatial[i] == 0 or padding[i] > kernel[i] // 2.
-            On a bad argument the Result holds the error message, and this tape is unchanged.
+            Result of (Tape, id): a new tape with the output node, of shape [c, *out_spatial], or [batch, c,
+            *out_spatial] with a batch, where out_spatial[i] = (in_spatial[i] + 2 * padding[i] - k) //
+            stride[i] + 1, or 0 if in_spatial[i] + 2 * padding[i] < k or in_spatial[i] == 0 or padding[i] >
+            k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
+            message, and this tape is unchanged.
         """
-        _checked = _validators.smooth_max_pool(self._backend.name, beta, c, in_spatial, kernel, stride, padding)
+        _checked = _validators.smooth_max_pool(self._backend.name, beta, c, in_spatial, kernel, stride, padding, batch, dilation)
         return self._apply(SMOOTH_MAX_POOL, (x_id,), _checked)
 
     def smooth_max_pool2d(self, x_id, beta, *, k_h, k_w, in_h, in_w, in_c, stride):

@@ -1,7 +1,8 @@
 """Checks: parsed `SpecFile`s -> nothing, or a `SpecError` at the first declaration lowering cannot take.
 
 Verifies every assumption of lower.py: names that are safe in C and Python, a known family and rank,
-known binder types, the arguments and geometry each kind of op takes, hypotheses over its geometry.
+known binder types, the arguments and geometry each kind of op takes, the optional arguments of
+SEMANTICS §8 each family takes (lower.OPTIONAL_ARGUMENTS), hypotheses over its geometry.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NoReturn
 from convgen.generator.contract import Family
 from convgen.generator.lower import (
     FAMILY_PREFIXES,
+    OPTIONAL_ARGUMENTS,
     RANK_BINDER,
     RESULT_TYPE,
     BinderKind,
@@ -22,6 +24,7 @@ from convgen.generator.lower import (
     binder_kind,
     family_of,
     hypothesis_check,
+    is_optional,
     is_rank_binder,
     rank_from_name,
     snake_case,
@@ -46,13 +49,14 @@ _CPP_KEYWORDS = frozenset("""
 _PYTHON_BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 # - the public attributes of the tape (convgen.tape.Tape and its backends), which would hide an op
 #   method of the same name (tests/test_spec_errors.py keeps this list complete);
-TAPE_ATTRIBUTES = frozenset({"backend_class", "backward", "leaf", "name", "parents", "shape", "value"})
+TAPE_ATTRIBUTES = frozenset({"backend_class", "backward", "dtype", "leaf", "name", "parents", "shape", "value"})
 # - the module-level names of generated/ops.py that an op's constant (its name in capitals) could take.
 OPS_MODULE_NAMES = frozenset({"OPS"})
 
 _FAMILY_VALUES = tuple(f.value for f in Family)
 _EXPLICIT_ONLY = {BinderKind.TAPE, BinderKind.FLOAT}  # what the caller passes by position
-_IMPLICIT_ONLY = {BinderKind.VECTOR}  # geometry, passed by keyword
+_IMPLICIT_ONLY = {BinderKind.VECTOR}  # geometry, passed by keyword (unless optional)
+_OPTIONAL_ONLY = {BinderKind.OPTION_NAT, BinderKind.PADDING_MODE}  # types only the optional arguments have
 
 
 def check_specs(specs: Sequence[SpecFile]) -> None:
@@ -142,6 +146,7 @@ class _DeclChecker:
             self.fail(self.decl.result.loc,
                       f"the result type must be 'Result (Tape × ℕ)', got '{format_expr(self.decl.result)}'")
         rank = self.rank()
+        self.check_optional_arguments(family, rank)
         self.check_arguments(family)
         self.check_geometry(family, rank)
         self.check_hypotheses()
@@ -199,11 +204,14 @@ class _DeclChecker:
             spelled = f"{' '.join(binder.names)} : {format_expr(binder.type)}"
             if kind is None:
                 self.fail(binder.type.loc, f"unknown type '{format_expr(binder.type)}': a binder is ℕ, Float, "
-                                           "Tape, Vector ℕ d or a hypothesis")
+                                           "Tape, Vector ℕ d, Option ℕ, PaddingMode or a hypothesis")
             if kind in _EXPLICIT_ONLY and not binder.explicit:
                 self.fail(binder.loc, f"a {kind.value} argument is explicit: write '({spelled})'")
-            if kind in _IMPLICIT_ONLY and binder.explicit:
+            if kind in _IMPLICIT_ONLY and binder.explicit and not is_optional(binder):
                 self.fail(binder.loc, f"a {kind.value} argument is implicit: write '{{{spelled}}}'")
+            if kind in _OPTIONAL_ONLY and not is_optional(binder):
+                self.fail(binder.loc, f"'{kind.value}' is the type of an optional argument: write "
+                                      f"'({spelled} := default)'")
 
     def rank(self) -> int | None:
         """2 for a `*2d*` name; None for an N-D op, whose vectors follow an implicit `{d : ℕ}`."""
@@ -227,7 +235,7 @@ class _DeclChecker:
     def check_arguments(self, family: Family) -> None:
         """The explicit arguments other than hypotheses: the tape, the node ids, β for smooth max."""
         arguments = [(name, binder, kind) for name, binder, kind in self.bound
-                     if binder.explicit and kind is not BinderKind.HYPOTHESIS]
+                     if binder.explicit and kind is not BinderKind.HYPOTHESIS and not is_optional(binder)]
         expected, described = _expected_arguments(family)
         if [kind for _, _, kind in arguments] == expected:
             return
@@ -255,6 +263,28 @@ class _DeclChecker:
             if name not in given and not (name == "padding" and rank == 2):
                 self.fail(self.decl.loc, f"'{self.decl.short_name}' lacks the geometry binder "
                                          f"'{{{name} : {kind.value}}}'")
+
+    def check_optional_arguments(self, family: Family, rank: int | None) -> None:
+        """Each optional argument is one of OPTIONAL_ARGUMENTS that `family` takes, on an N-D op, with its
+        type and the default that leaves the op the seed's."""
+        taken = [name for name, argument in OPTIONAL_ARGUMENTS.items() if family in argument.families]
+        for name, binder, _ in self.bound:
+            if not is_optional(binder):
+                continue
+            loc = binder.name_loc(name)
+            if name not in OPTIONAL_ARGUMENTS:
+                self.fail(loc, f"unknown optional argument '{name}': expected one of {', '.join(OPTIONAL_ARGUMENTS)}")
+            if rank is not None:
+                self.fail(loc, f"a *2d* op takes no optional argument ('{name}'): only the N-D ops take them")
+            if name not in taken:
+                self.fail(loc, f"'{name}' is no argument of a {family.value} op: it takes {', '.join(taken)}")
+            argument = OPTIONAL_ARGUMENTS[name]
+            if binder.type != argument.type:
+                self.fail(binder.type.loc, f"'{name}' must be a '{format_expr(argument.type)}', "
+                                           f"got '{format_expr(binder.type)}'")
+            if binder.default != argument.default:
+                self.fail(binder.default.loc, f"the default of '{name}' must be '{format_expr(argument.default)}', "
+                                              f"which leaves the op the seed's; got '{format_expr(binder.default)}'")
 
     def check_hypotheses(self) -> None:
         """Each hypothesis constrains geometry declared before it: `x ≠ 0` a scalar, `∀` a vector."""

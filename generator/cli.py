@@ -165,7 +165,7 @@ def _report_check(update: write.Plan, fix: str) -> None:
 
 def python_signature(op: lower.OpSpec) -> str:
     positional = list(op.id_params) + ([op.beta_param] if op.beta_param else [])
-    keywords = [p.python_name for p in op.geometry]
+    keywords = [p.python_name for p in op.geometry] + [f"{p.python_name}={p.default!r}" for p in op.options]
     return f"{op.name}({', '.join(positional)}, *, {', '.join(keywords)}) -> Result"
 
 

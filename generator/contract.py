@@ -77,6 +77,8 @@ def _out(name: str, role: str, dtype: str = "float") -> Param:
 
 
 BETA = Param("beta", "beta", pointer=False)
+# The batch (SEMANTICS §8) is a kernel argument, not a define: a new batch size compiles nothing.
+IMAGES = Param("images", "images", "unsigned", pointer=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,44 +124,46 @@ class Stage:
         return base if base in GEMM_STAGES else None
 
 
-def _reduce(stage: str, output: str) -> Stage:
-    return Stage(f"{stage}_reduce", (_in("partial", "partial"), _out("dest", output)),
+def _reduce(stage: str, output: str, per_image: bool) -> Stage:
+    """The second pass of a split stage; `per_image`: its output has the batch axis."""
+    images = (IMAGES,) if per_image else ()
+    return Stage(f"{stage}_reduce", (_in("partial", "partial"), *images, _out("dest", output)),
                  "Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.")
 
 
-_BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), _out("bias_grad", "grad_bias")),
-                   "dB[oc] = sum of g[oc, :] over the output cells, one block per channel.")
+_BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
+                   "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.")
 
 _CONV_STAGES = (
-    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), _out("dest", "y")),
+    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
           "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
           ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)),
-    _reduce("forward", "y"),
-    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), _out("dest", "grad_x")),
+    _reduce("forward", "y", True),
+    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
           "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
           ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)),
-    _reduce("backward_input", "grad_x"),
-    Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), _out("dest", "grad_weight")),
-          "dW[oc, ic, k] = sum_o g[oc, o] * x[ic, o*S + k - P].",
+    _reduce("backward_input", "grad_x", True),
+    Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
+          "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
           WeightRow("OUT", "OUT_C", "IN", "IN_C")),
-    _reduce("backward_weight", "grad_weight"),
+    _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
 )
 
 _CONV_TRANSPOSE_STAGES = (
-    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), _out("dest", "y")),
+    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
           "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
           "each output cell gathers from the input cells whose scatter reaches it.",
           ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)),
-    _reduce("forward", "y"),
-    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), _out("dest", "grad_x")),
+    _reduce("forward", "y", True),
+    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
           "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
           ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)),
-    _reduce("backward_input", "grad_x"),
-    Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), _out("dest", "grad_weight")),
-          "dW[ic, oc, k] = sum_i x[ic, i] * g[oc, i*S + k - P].",
+    _reduce("backward_input", "grad_x", True),
+    Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
+          "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",
           WeightRow("IN", "IN_C", "OUT", "OUT_C")),
-    _reduce("backward_weight", "grad_weight"),
+    _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
 )
 
@@ -176,23 +180,23 @@ FAMILY_STAGES: dict[Family, tuple[Stage, ...]] = {
     Family.CONV: _CONV_STAGES,
     Family.CONV_TRANSPOSE: _CONV_TRANSPOSE_STAGES,
     Family.MAX_POOL: _pool_stages(
-        (_in("x", "x"), _out("y", "y"), _out("argmax", "argmax", "argmax_t")),
+        (_in("x", "x"), IMAGES, _out("y", "y"), _out("argmax", "argmax", "argmax_t")),
         "y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN "
         "first cell stays; padded cells are skipped); argmax = its flat window offset, for the backward pass.",
-        (_in("grad", "grad"), _in("argmax", "argmax", "argmax_t"), _out("grad_x", "grad_x")),
+        (_in("grad", "grad"), _in("argmax", "argmax", "argmax_t"), IMAGES, _out("grad_x", "grad_x")),
         "dx[c, i] = sum of g[c, o] over the windows o that cover i and chose i in the forward pass."),
     Family.AVG_POOL: _pool_stages(
-        (_in("x", "x"), _out("y", "y")),
+        (_in("x", "x"), IMAGES, _out("y", "y")),
         "y = (sum of the in-bounds cells) / K: padded cells count as zeros (count-include-pad).",
-        (_in("grad", "grad"), _out("grad_x", "grad_x")),
+        (_in("grad", "grad"), IMAGES, _out("grad_x", "grad_x")),
         "dx[c, i] = (sum of g[c, o] over the windows o that cover i) / K."),
     Family.SMOOTH_MAX_POOL: _pool_stages(
-        (_in("x", "x"), BETA, _out("y", "y"), _out("pivots", "pivots"), _out("sums", "sums")),
+        (_in("x", "x"), BETA, IMAGES, _out("y", "y"), _out("pivots", "pivots"), _out("sums", "sums")),
         "y = pivot + log(Z) / beta with Z = sum over all K cells (padded ones are 0) of exp(beta * (v - pivot)); "
         "pivot = window max (beta > 0) or min (beta < 0), taken in input space so that beta * v is never "
         "formed. Saves pivot and Z for the backward pass.",
         (_in("x", "x"), _in("grad", "grad"), _in("pivots", "pivots"), _in("sums", "sums"), BETA,
-         _out("grad_x", "grad_x")),
+         IMAGES, _out("grad_x", "grad_x")),
         "dx[c, i] = sum over the windows o that cover i of g[c, o] * exp(beta * (x[c, i] - pivot)) / Z."),
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 from convgen.generator import emit_cuda
 from convgen.generator.docstrings import docstring
-from convgen.generator.lower import OpSpec, Role
+from convgen.generator.lower import OPTIONAL_ARGUMENTS, PADDING_MODES, CheckKind, OpSpec, Role
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -71,6 +71,7 @@ def _geometry_args(op: OpSpec) -> list[str]:
     args += [axes(Role.IN_SPATIAL), axes(Role.KERNEL), axes(Role.STRIDE), axes(Role.PADDING)]
     if op.beta_param:
         args.append(f"beta=_n_{op.beta_param}")
+    args += [f"{OPTIONAL_ARGUMENTS[p.lean_name].build_keyword}=_n_{p.python_name}" for p in op.options]
     return args
 
 
@@ -78,11 +79,13 @@ def _op_view(op: OpSpec) -> dict[str, object]:
     """What the Python templates print for one op. Spec names are identifiers that cannot start with
     `_` (checks.py), and every name the generated code introduces does, so none can collide."""
     geometry_names = [p.python_name for p in op.geometry]
+    option_names = [p.python_name for p in op.options]
     beta = [op.beta_param] if op.beta_param else []
     return {
         "name": op.name,
         "constant": op.name.upper(),
-        "summary": f"Steps 1-5 of SEMANTICS §5 for {op.name}: a Geometry, or the error message.",
+        "summary": f"Steps 1-5 of SEMANTICS §5{' with the checks of §8' if op.options else ''} for {op.name}: "
+                   "a Geometry, or the error message.",
         "doc": _docstring(docstring(op)),
         "family": op.family,
         "rank": op.rank,
@@ -90,7 +93,10 @@ def _op_view(op: OpSpec) -> dict[str, object]:
         "beta_literal": repr(op.beta_param),
         "positional": list(op.id_params) + beta,
         "geometry_names": geometry_names,
-        "params": beta + geometry_names,
+        "option_names": option_names,
+        "keywords": geometry_names + [f"{p.python_name}={p.default!r}" for p in op.options],
+        "params": beta + geometry_names + option_names,
+        "nullable": [p.python_name for p in op.options if p.default is None],  # skipped by the checks when None
         "checks": op.checks,
         "build_args": _geometry_args(op),
         "reads_first": op.reads_first,
@@ -101,9 +107,13 @@ def python_sources(env: jinja2.Environment, ops: tuple[OpSpec, ...], spec_label:
     """The package files of generated/: validators and the op table."""
     header = header_line(spec_label)
     views = [_op_view(op) for op in sorted(ops, key=lambda op: op.name)]
+    takes_padding_mode = any(check.kind is CheckKind.PADDING_MODE for op in ops for check in op.checks)
+    padding_modes = {"padding_modes": repr(PADDING_MODES) if takes_padding_mode else None,
+                     "padding_mode_words": " or ".join(map(repr, PADDING_MODES))}
     return {
         "__init__.py": env.get_template("python/init.py.j2").render(header=header),
-        "validators.py": env.get_template("python/validators.py.j2").render(header=header, ops=views),
+        "validators.py": env.get_template("python/validators.py.j2").render(header=header, ops=views,
+                                                                             **padding_modes),
         "ops.py": env.get_template("python/ops.py.j2").render(header=header, ops=views),
     }
 

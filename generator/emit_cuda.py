@@ -110,6 +110,7 @@ def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
         "layout": stage.layout,
         "prefix": GEMM_STAGES[gemm] if gemm else "",
         "count": _reduce_count(family, gemm) if gemm and stage.name != gemm else "",
+        "per_image": any(p.role == "images" for p in stage.params),
     }
 
 

@@ -1,7 +1,9 @@
 """Lower: checked IR declarations -> `OpSpec`, everything the templates need for one op.
 
 The family follows from the name, the rank from `2d` or `Vector ℕ d`, β from a `Float` argument;
-the hypotheses and binder types become the ordered check list of SEMANTICS §5.
+the hypotheses and binder types become the ordered check list of SEMANTICS §5. An explicit binder
+with a default is an optional argument of SEMANTICS §8 (`(groups : ℕ := 1)`): OPTIONAL_ARGUMENTS says
+which ones exist, for which families, and what they default to in Python.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ class Role(enum.Enum):
     KERNEL = "kernel"
     STRIDE = "stride"
     PADDING = "padding"
+    # The optional arguments of SEMANTICS §8.
+    BATCH = "batch"
+    DILATION = "dilation"
+    GROUPS = "groups"
+    PADDING_MODE = "padding_mode"
+    OUTPUT_PADDING = "output_padding"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,8 @@ class GeometryParam:
     role: Role
     axis: int | None  # 0 for kH/inH, 1 for kW/inW; None for channels, vectors and 2d stride/padding
     is_vector: bool  # `Vector ℕ d`
+    optional: bool = False  # an optional argument of SEMANTICS §8, which has `default`
+    default: int | str | None = None  # its Python default, which gives the seed's op
 
 
 class CheckKind(enum.Enum):
@@ -64,6 +74,14 @@ class CheckKind(enum.Enum):
     U32_SCALARS = "u32_scalars"  # §5.5: scalars < 2**32, tape-wide "tensor too large" text
     U32_ENTRIES = "u32_entries"  # §5.5: every entry < 2**32, "dimension does not fit in UInt32"
     U32_SHAPES = "u32_shapes"  # §5.5: each vector, read as a shape, fits u32 ("tensor too large")
+    # The checks of the optional arguments (SEMANTICS §8). Where a param may be None (its Python
+    # default), the check skips it when it is: NATURAL, NATURAL_EACH, SAME_LENGTH, NONZERO_EACH and
+    # U32_SCALARS/U32_ENTRIES read `batch`, `dilation` and `output_padding` that way.
+    DIVISIBLE = "divisible"  # in_c and out_c divisible by groups (params: (in_c, out_c, groups))
+    PADDING_MODE = "padding_mode"  # one of PADDING_MODES (params: (padding_mode,))
+    CIRCULAR_PADDING = "circular_padding"  # circular: padding <= in_spatial (params: (mode, padding, in_spatial))
+    OUTPUT_PADDING = "output_padding"  # < max(stride, dilation) (params: (output_padding, stride[, dilation]))
+    U32_INPUT_SHAPE = "u32_input_shape"  # with a batch, [batch, in_c, *in_spatial] fits u32 (params: those three)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +103,7 @@ class OpSpec:
     beta_param: str | None  # positional after the ids, smooth max only
     geometry: tuple[GeometryParam, ...]  # keyword-only, in signature order
     checks: tuple[Check, ...]
+    options: tuple[GeometryParam, ...] = ()  # keyword-only with defaults (SEMANTICS §8), after the geometry
     loc: Loc = field(default=NO_LOC, compare=False)
 
     @property
@@ -136,14 +155,65 @@ class BinderKind(enum.Enum):
     TAPE = "Tape"
     VECTOR = "Vector ℕ d"
     HYPOTHESIS = "hypothesis"
+    OPTION_NAT = "Option ℕ"  # only as an optional argument: `none` or a natural number
+    PADDING_MODE = "PaddingMode"  # only as an optional argument: one of PADDING_MODES
 
 
+VECTOR = App(Ident("Vector"), (NAT, Ident(RANK_BINDER)))
+OPTION_NAT = App(Ident("Option"), (NAT,))
+PADDING_MODE = Ident("PaddingMode")
 _KIND_OF_TYPE = {
     NAT: BinderKind.NAT,
     Ident("Float"): BinderKind.FLOAT,
     Ident("Tape"): BinderKind.TAPE,
-    App(Ident("Vector"), (NAT, Ident(RANK_BINDER))): BinderKind.VECTOR,
+    VECTOR: BinderKind.VECTOR,
+    OPTION_NAT: BinderKind.OPTION_NAT,
+    PADDING_MODE: BinderKind.PADDING_MODE,
 }
+PADDING_MODES = {"zeros": False, "circular": True}  # a PaddingMode's values -> whether padding is circular
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalArgument:
+    """An optional argument of SEMANTICS §8 as the spec declares it and the Python API takes it."""
+
+    role: Role
+    type: Expr
+    default: Expr  # the spec's default: the value that leaves the op the seed's
+    python_default: int | str | None
+    families: frozenset[Family]  # the families that take it
+    type_check: CheckKind | None  # SEMANTICS §8 step 2
+    build_keyword: str  # its keyword of `Geometry.build`
+
+
+_ALL_FAMILIES = frozenset(Family)
+_CONV_FAMILIES = frozenset({Family.CONV, Family.CONV_TRANSPOSE})
+
+# Lean name -> the argument, in the order SEMANTICS §8 step 2 checks their types. Only the N-D ops
+# take them (the *2d* ops stay the seed's).
+OPTIONAL_ARGUMENTS: dict[str, OptionalArgument] = {
+    "batch": OptionalArgument(Role.BATCH, OPTION_NAT, Ident("none"), None, _ALL_FAMILIES, CheckKind.NATURAL,
+                              "batch"),
+    "dilation": OptionalArgument(Role.DILATION, VECTOR, NatLit(1), None, _ALL_FAMILIES, CheckKind.NATURAL_EACH,
+                                 "dilation"),
+    "outputPadding": OptionalArgument(Role.OUTPUT_PADDING, VECTOR, NatLit(0), None,
+                                      frozenset({Family.CONV_TRANSPOSE}), CheckKind.NATURAL_EACH, "output_padding"),
+    "groups": OptionalArgument(Role.GROUPS, NAT, NatLit(1), 1, _CONV_FAMILIES, CheckKind.NATURAL, "groups"),
+    "paddingMode": OptionalArgument(Role.PADDING_MODE, PADDING_MODE, Ident("zeros"), "zeros",
+                                    frozenset({Family.CONV}), None, "circular"),
+}
+_OPTION_ORDER = {argument.role: index for index, argument in enumerate(OPTIONAL_ARGUMENTS.values())}
+
+# SEMANTICS §8 step 4, in order: a check, the role that brings it, and the roles it reads (a role the
+# op does not declare is left out of the params: the check then takes its default).
+_OPTION_CHECKS = (
+    (CheckKind.NONZERO_EACH, Role.DILATION, (Role.DILATION,)),
+    (CheckKind.NONZERO, Role.GROUPS, (Role.GROUPS,)),
+    (CheckKind.DIVISIBLE, Role.GROUPS, (Role.IN_C, Role.OUT_C, Role.GROUPS)),
+    (CheckKind.PADDING_MODE, Role.PADDING_MODE, (Role.PADDING_MODE,)),
+    (CheckKind.CIRCULAR_PADDING, Role.PADDING_MODE, (Role.PADDING_MODE, Role.PADDING, Role.IN_SPATIAL)),
+    (CheckKind.OUTPUT_PADDING, Role.OUTPUT_PADDING, (Role.OUTPUT_PADDING, Role.STRIDE, Role.DILATION)),
+)
 
 
 def binder_kind(type_: Expr) -> BinderKind | None:
@@ -156,6 +226,11 @@ def binder_kind(type_: Expr) -> BinderKind | None:
 def is_rank_binder(name: str, binder: Binder) -> bool:
     """`{d : ℕ}`: the rank that the N-D ops' vectors share, not a geometry parameter."""
     return name == RANK_BINDER and not binder.explicit and binder_kind(binder.type) is BinderKind.NAT
+
+
+def is_optional(binder: Binder) -> bool:
+    """`(groups : ℕ := 1)`: an optional argument (SEMANTICS §8), whatever its type."""
+    return binder.default is not None
 
 
 def _is_upper(char: str) -> bool:
@@ -207,7 +282,7 @@ def hypothesis_check(prop: Expr) -> tuple[CheckKind, str] | None:
         case Ne(Ident(name), NatLit(0)):
             return CheckKind.NONZERO, name
         case Forall(
-            (Binder((index,), App(Ident("Fin"), (Ident(rank),))),),
+            (Binder((index,), App(Ident("Fin"), (Ident(rank),)), default=None),),
             Ne(App(Ident(getter), (Ident(indexed),)), NatLit(0)),
         ) if rank == RANK_BINDER and indexed == index and getter.endswith(".get"):
             return CheckKind.NONZERO_EACH, getter.removesuffix(".get")
@@ -226,11 +301,16 @@ def lower_decl(decl: Decl) -> OpSpec:
     id_params: list[str] = []
     beta_param = None
     geometry: list[GeometryParam] = []
+    options: list[GeometryParam] = []
     hypotheses: list[Check] = []
     for binder in decl.binders:
         kind = binder_kind(binder.type)
         for name in binder.names:
-            if kind is BinderKind.HYPOTHESIS:
+            if is_optional(binder):
+                argument = OPTIONAL_ARGUMENTS[name]
+                options.append(GeometryParam(snake_case(name), name, argument.role, None, kind is BinderKind.VECTOR,
+                                             optional=True, default=argument.python_default))
+            elif kind is BinderKind.HYPOTHESIS:
                 check_kind, target = hypothesis_check(binder.type)
                 hypotheses.append(Check(check_kind, (snake_case(target),)))
             elif kind is BinderKind.FLOAT:
@@ -249,7 +329,8 @@ def lower_decl(decl: Decl) -> OpSpec:
         id_params=tuple(id_params),
         beta_param=beta_param,
         geometry=tuple(geometry),
-        checks=_ordered_checks(rank, beta_param, tuple(geometry), tuple(hypotheses)),
+        checks=_ordered_checks(rank, beta_param, tuple(geometry), tuple(options), tuple(hypotheses)),
+        options=tuple(options),
         loc=decl.loc,
     )
 
@@ -259,25 +340,37 @@ _ND_VECTOR_ROLES = (Role.IN_SPATIAL, Role.KERNEL, Role.STRIDE, Role.PADDING)
 
 
 def _ordered_checks(rank: int | None, beta_param: str | None, geometry: tuple[GeometryParam, ...],
-                    hypotheses: tuple[Check, ...]) -> tuple[Check, ...]:
-    """The checks of SEMANTICS §5 steps 1-5, in the order the op runs them."""
+                    options: tuple[GeometryParam, ...], hypotheses: tuple[Check, ...]) -> tuple[Check, ...]:
+    """The checks of SEMANTICS §5 steps 1-5 with those of §8, in the order the op runs them."""
     scalars = tuple(p.python_name for p in geometry if not p.is_vector)
     vectors = tuple(p.python_name for p in geometry if p.is_vector)
     vector_of = {p.role: p.python_name for p in geometry if p.is_vector}
     nd_vectors = tuple(vector_of[role] for role in _ND_VECTOR_ROLES) if rank is None else ()
     stride = next(p.python_name for p in geometry if p.role is Role.STRIDE)
+    options = tuple(sorted(options, key=lambda p: _OPTION_ORDER[p.role]))
+    option_vectors = tuple(p.python_name for p in options if p.is_vector)
+    option_scalars = tuple(p.python_name for p in options if OPTIONAL_ARGUMENTS[p.lean_name].type_check
+                           is CheckKind.NATURAL)
+    name_of = {p.role: p.python_name for p in (*geometry, *options) if p.axis is None}
     checks = [Check(CheckKind.BETA, (beta_param,))] if beta_param else []
     checks.append(Check(CheckKind.NATURAL, scalars))
     if vectors:
         checks.append(Check(CheckKind.NATURAL_EACH, vectors))
+    checks += [Check(kind, (p.python_name,)) for p in options
+               if (kind := OPTIONAL_ARGUMENTS[p.lean_name].type_check) is not None]
     if nd_vectors:
-        checks.append(Check(CheckKind.SAME_LENGTH, nd_vectors))
+        checks.append(Check(CheckKind.SAME_LENGTH, nd_vectors + option_vectors))
+    checks += [Check(kind, tuple(name_of[role] for role in reads if role in name_of))
+               for kind, brought_by, reads in _OPTION_CHECKS if brought_by in name_of]
     checks += hypotheses
     if nd_vectors:
         checks.append(Check(CheckKind.RANK, (vector_of[Role.IN_SPATIAL],)))
     checks.append(Check(CheckKind.STRIDE, (stride,)))
-    checks.append(Check(CheckKind.U32_SCALARS, scalars))
+    checks.append(Check(CheckKind.U32_SCALARS, scalars + option_scalars))
     if nd_vectors:
-        checks.append(Check(CheckKind.U32_ENTRIES, nd_vectors))
+        checks.append(Check(CheckKind.U32_ENTRIES, nd_vectors + option_vectors))
         checks.append(Check(CheckKind.U32_SHAPES, (vector_of[Role.IN_SPATIAL], vector_of[Role.KERNEL])))
+    if Role.BATCH in name_of:
+        in_c = name_of.get(Role.IN_C) or name_of[Role.CHANNELS]
+        checks.append(Check(CheckKind.U32_INPUT_SHAPE, (name_of[Role.BATCH], in_c, vector_of[Role.IN_SPATIAL])))
     return tuple(checks)

@@ -87,11 +87,13 @@ Expr = Ident | NatLit | App | Prod | Ne | Forall
 
 @dataclass(frozen=True, slots=True)
 class Binder:
-    """`{inC outC : ℕ}` (implicit) or `(t : Tape)` (explicit): names sharing one type."""
+    """`{inC outC : ℕ}` (implicit) or `(t : Tape)` (explicit): names sharing one type. An explicit
+    binder may have a default, Lean's optional argument: `(groups : ℕ := 1)`."""
 
     names: tuple[str, ...]
     type: Expr
     explicit: bool
+    default: Expr | None = None
     loc: Loc = _loc()
     name_locs: tuple[Loc, ...] = field(default=(), compare=False, repr=False)  # one per name, if parsed
 
@@ -103,6 +105,8 @@ class Binder:
 
     def to_spec(self) -> str:
         inner = f"{' '.join(self.names)} : {format_expr(self.type)}"
+        if self.default is not None:
+            inner += f" := {format_expr(self.default)}"
         return f"({inner})" if self.explicit else f"{{{inner}}}"
 
 

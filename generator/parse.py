@@ -178,9 +178,9 @@ class _ToModel(Transformer):
         return self._binder(meta, children, explicit=True)
 
     def _binder(self, meta: Meta, children: list[Token | Expr], explicit: bool) -> Binder:
-        *names, type_ = children
+        *names, type_, default = children if explicit else (*children, None)
         name_locs = tuple(self._loc(name) for name in names)
-        return Binder(tuple(map(str, names)), type_, explicit, self._loc(meta), name_locs)
+        return Binder(tuple(map(str, names)), type_, explicit, default, self._loc(meta), name_locs)
 
     @v_args(meta=True)
     def forall(self, meta: Meta, children: list[Binder | Expr]) -> Forall:

@@ -31,15 +31,23 @@ class OutOfMemory(BackendError):
         return cls(needed if type(needed) is int else fallback_bytes)
 
 
+DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)
+
+
 class Backend(Protocol):
+    """A tape makes one backend per tape class and dtype: `backend_class(dtype)`, with `dtype` one of
+    DTYPES (the tape has checked it). Every array the backend stores, makes or returns has that dtype."""
+
     name: str  # "cpu" | "cuda": messages start `autograd: {name}: {op}: `
     buffer_label: str  # "CPU" | "CUDA": `autograd: {buffer_label} buffer size mismatch (...)`
+    dtype: str  # "float32" | "float64", as given to the constructor
 
     def store(self, value: Any) -> Any:
-        """A leaf's value as this backend's float32 array (copied or taken as is, per SEMANTICS §6)."""
+        """A leaf's (or a seed's) value as this backend's array of `dtype` (copied or taken as is,
+        per SEMANTICS §6)."""
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
-        """A float32 array of zeros."""
+        """An array of zeros of `dtype`."""
 
     def device_of(self, array: Any) -> str:
         """Where `array` lives, as messages print it: `cpu`, `cuda:0`."""
@@ -49,9 +57,11 @@ class Backend(Protocol):
         """Where this backend's arrays live."""
 
     def forward(self, geom: Geometry, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
-        """Run the op. `inputs` are (kernel, bias, input) or (x,), float32, shaped per
-        `geom.parent_shapes`; the output has no elements only if a dimension is zero, which the
-        tape handles itself. Returns (output shaped `geom.output_shape`, saved state for backward)."""
+        """Run the op. `inputs` are (kernel, bias, input) or (x,), of `dtype`, shaped per
+        `geom.parent_shapes` (a leading batch axis on the input when `geom.batch` is not None); the
+        output has no elements only if a dimension is zero, which the tape handles itself. Returns
+        (output of `dtype` shaped `geom.output_shape`, saved state for backward)."""
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
-        """Gradients of the op, one per input and shaped like it, given `grad` shaped like the output."""
+        """Gradients of the op, one per input, of `dtype` and shaped like it, given `grad` of `dtype`
+        shaped like the output."""

@@ -24,8 +24,9 @@ CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 
 SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
 
 # Poison for outputs in the test mode: NaN, and for the argmax offsets a value no window has.
-_POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.uint8): np.uint8(0xFF),
-           np.dtype(np.uint16): np.uint16(0xFFFF), np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
+_POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.float64): np.float64("nan"),
+           np.dtype(np.uint8): np.uint8(0xFF), np.dtype(np.uint16): np.uint16(0xFFFF),
+           np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
 
 
 def device_hardware(attributes: dict[str, int]) -> Hardware:
@@ -45,14 +46,23 @@ def device_hardware(attributes: dict[str, int]) -> Hardware:
     )
 
 
-def _geometry_key(geom: Geometry) -> tuple:
-    """What a compiled module depends on: everything but β (a kernel argument)."""
-    return (geom.family, geom.in_c, geom.out_c, geom.in_spatial, geom.kernel, geom.stride, geom.padding)
+def unsupported(geom: Geometry, dtype: str) -> str | None:
+    """What of SEMANTICS §8 the CUDA kernels do not compute yet, as the refusal's text; None when
+    they compute all of `geom` in `dtype`. Refused, never computed wrong."""
+    missing = [name for name, used in (
+        ("float64", dtype != "float32"),
+        ("dilation", any(d != 1 for d in geom.dilation)),
+        ("groups", geom.groups != 1),
+        ("circular padding", geom.circular),
+        ("output_padding", any(geom.output_padding)),
+    ) if used]
+    return f"{missing[0]} is not supported on the CUDA tape yet" if missing else None
 
 
 class _Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block), stages with
-    nothing to write left out, and the plan they came from."""
+    nothing to write left out, and the plan they came from. The functions are shared by every
+    geometry with the same defines (the batch is a kernel argument)."""
 
     def __init__(self, family: Family, plan: Plan, functions: dict[str, Any]) -> None:
         self.family = family
@@ -73,7 +83,8 @@ class CupyBackend:
     # How plans pick each GEMM stage's tile; tests/test_cuda.py forces tiles through it.
     tile_chooser: TileChooser = staticmethod(choose_tile)
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str = "float32") -> None:
+        self.dtype = dtype
         try:
             import cupy
             import cupy.cuda.compiler
@@ -89,13 +100,14 @@ class CupyBackend:
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
-        self._compiled: dict[tuple, _Compiled] = {}
+        self._compiled: dict[tuple[Geometry, int], _Compiled] = {}
+        self._modules: dict[tuple, dict[str, Any]] = {}  # (source, NVRTC options, device) -> functions
         self._hardware: dict[int, Hardware] = {}
 
     # Arrays.
 
     def store(self, value: Any) -> Any:
-        """Device float32 C-contiguous arrays are taken as they are; everything else is copied."""
+        """Device C-contiguous arrays of the tape's dtype are taken as they are; everything else is copied."""
         cupy = self._xp
         if not isinstance(value, (cupy.ndarray, np.ndarray)) and hasattr(value, "__dlpack__"):
             try:
@@ -103,13 +115,13 @@ class CupyBackend:
             except (BufferError, RuntimeError, TypeError, ValueError):
                 value = np.asarray(value)  # host memory: copied below
         if isinstance(value, cupy.ndarray):
-            if value.dtype == cupy.float32 and value.flags.c_contiguous:
+            if value.dtype == self.dtype and value.flags.c_contiguous:
                 return value
-            return cupy.ascontiguousarray(value, dtype=cupy.float32)
-        return cupy.asarray(np.ascontiguousarray(value, dtype=np.float32))
+            return cupy.ascontiguousarray(value, dtype=self.dtype)
+        return cupy.asarray(np.ascontiguousarray(value, dtype=self.dtype))
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
-        return self._xp.zeros(shape, self._xp.float32)
+        return self._xp.zeros(shape, self.dtype)
 
     def device_of(self, array: Any) -> str:
         if isinstance(array, self._xp.ndarray):
@@ -123,7 +135,8 @@ class CupyBackend:
     def device(self) -> str:
         return f"cuda:{self._xp.cuda.runtime.getDevice()}"
 
-    def _output(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+    def _output(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        dtype = self.dtype if dtype is None else dtype
         try:
             array = self._xp.empty(shape, dtype)
         except self._xp.cuda.memory.OutOfMemoryError:
@@ -138,21 +151,28 @@ class CupyBackend:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
         device = self._xp.cuda.runtime.getDevice()
-        key = (*_geometry_key(geom), device)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            hardware = self._hardware.get(device)
-            if hardware is None:
-                hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
-            entry = KERNELS[(geom.family, geom.rank)]
-            geometry_plan = plan(geom, hardware, self.tile_chooser)
+        compiled = self._compiled.get((geom, device))
+        if compiled is not None:
+            return compiled
+        refusal = unsupported(geom, self.dtype)
+        if refusal is not None:
+            raise BackendError(refusal)
+        hardware = self._hardware.get(device)
+        if hardware is None:
+            hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
+        geometry_plan = plan(geom, hardware, self.tile_chooser)
+        entry = KERNELS[(geom.family, geom.rank)]
+        options = nvrtc_options(geometry_plan)
+        functions = self._modules.get((entry.source, options, device))
+        if functions is None:
             source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
             try:
-                module = self._xp.RawModule(code=source, options=nvrtc_options(geometry_plan))
+                module = self._xp.RawModule(code=source, options=options)
                 functions = {stage: module.get_function(symbol) for stage, symbol in entry.symbols.items()}
             except self._errors as error:
                 raise BackendError(f"compiling {entry.source} failed: {error}") from error
-            compiled = self._compiled[key] = _Compiled(geom.family, geometry_plan, functions)
+            self._modules[(entry.source, options, device)] = functions
+        compiled = self._compiled[(geom, device)] = _Compiled(geom.family, geometry_plan, functions)
         return compiled
 
     def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
@@ -192,13 +212,14 @@ class CupyBackend:
     def forward(self, geom: Geometry, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
         compiled = self._compile(geom)
         y = self._output(geom.output_shape)
+        images = np.uint32(geom.images)
         family = geom.family
         if family.is_conv:
             weight, bias, x = inputs
-            self._gemm(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "y": y})
+            self._gemm(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "y": y, "images": images})
             return y, None
         (x,) = inputs
-        values = {"x": x, "y": y}
+        values = {"x": x, "y": y, "images": images}
         if family is Family.MAX_POOL:
             saved = values["argmax"] = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
         elif family is Family.SMOOTH_MAX_POOL:
@@ -211,17 +232,18 @@ class CupyBackend:
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
         compiled = self._compile(geom)
+        images = np.uint32(geom.images)
         family = geom.family
         if family.is_conv:
             weight, bias, x = inputs
-            values = {"x": x, "weight": weight, "grad": grad, "grad_x": self._output(x.shape),
+            values = {"x": x, "weight": weight, "grad": grad, "images": images, "grad_x": self._output(x.shape),
                       "grad_weight": self._output(weight.shape), "grad_bias": self._output(bias.shape)}
             self._gemm(compiled, "backward_input", values)
             self._gemm(compiled, "backward_weight", values)
             self._launch(compiled, "backward_bias", values)
             return values["grad_weight"], values["grad_bias"], values["grad_x"]
         (x,) = inputs
-        values = {"x": x, "grad": grad, "grad_x": self._output(x.shape)}
+        values = {"x": x, "grad": grad, "images": images, "grad_x": self._output(x.shape)}
         if family is Family.MAX_POOL:
             values["argmax"] = saved
         elif family is Family.SMOOTH_MAX_POOL:

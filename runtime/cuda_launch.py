@@ -8,6 +8,7 @@ from convgen.tile_model, whose names are re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -29,8 +30,8 @@ from convgen.tile_model import (
 )
 
 __all__ = ["BLOCK", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile",
-           "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "ceil_div", "choose_tile", "gemm_cost",
-           "gemm_shapes", "nvrtc_options", "plan", "pool_cells_per_thread", "representative_geometry",
+           "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile",
+           "gemm_cost", "gemm_shapes", "nvrtc_options", "plan", "pool_cells_per_thread", "representative_geometry",
            "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
@@ -78,6 +79,12 @@ def _geometry_defines(geom: Geometry) -> dict[str, int]:
     return values
 
 
+def batch_bucket(images: int) -> int:
+    """The batch a plan's tiles are chosen for: the next power of two, so that batch sizes share
+    few sets of defines (the batch itself is a kernel argument: a new one compiles nothing)."""
+    return 1 << max(images - 1, 0).bit_length()
+
+
 @functools.lru_cache(maxsize=1024)
 def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser) -> Plan:
     values = _geometry_defines(geom)
@@ -85,14 +92,17 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser) -> Plan:
         return _pool_plan(geom, values)
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
+    bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
+    tile_shapes = gemm_shapes(bucketed)
     for stage, shape in gemm_shapes(geom).items():
-        tile = chooser(shape, hardware)
+        tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
-        count = shape.m * shape.n
+        count = shape.m * shape.n  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
         vector = 4 if count % 4 == 0 else 1
-        launches[f"{stage}_reduce"] = Launch(_blocks(count // vector) if count and tile.split > 1 else 0)
+        reduce_blocks = _blocks(shape.outputs * count // vector)
+        launches[f"{stage}_reduce"] = Launch(reduce_blocks if count and tile.split > 1 else 0)
         splits[stage] = tile.split
     launches["backward_bias"] = Launch(geom.out_c)
     return _checked(geom, Plan(values, launches, splits))
@@ -127,8 +137,8 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
     if geom.family is Family.MAX_POOL:
         values["ARGMAX_BYTES"] = {"uint8": 1, "uint16": 2, "uint32": 4}[dtype]
 
-    def threads(c: int, spatial: tuple[int, ...]) -> int:
-        return c * math.prod(spatial[:-1]) * ceil_div(spatial[-1], v)
+    def threads(c: int, spatial: tuple[int, ...]) -> int:  # the channels of every image
+        return geom.images * c * math.prod(spatial[:-1]) * ceil_div(spatial[-1], v)
 
     launches = {"forward": Launch(_blocks(threads(geom.out_c, geom.out_spatial))),
                 "backward_input": Launch(_blocks(threads(geom.in_c, geom.in_spatial)))}
@@ -137,10 +147,10 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
 
 def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile) -> Plan:
     """The launch plan of `geom` on `hardware`, each GEMM stage's tile picked by `choose_tile`;
-    cached per (geometry but β, hardware, chooser)."""
+    cached per (geometry but β, hardware, chooser). The defines depend on the batch only through
+    batch_bucket; the grids on the batch itself."""
     if geom.beta is not None:
-        geom = Geometry.build(geom.family, geom.in_c, geom.out_c, geom.in_spatial, geom.kernel, geom.stride,
-                              geom.padding)
+        geom = dataclasses.replace(geom, beta=None)
     return _plan(geom, hardware, choose_tile)
 
 

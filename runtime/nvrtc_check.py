@@ -14,7 +14,7 @@ from typing import Any
 
 from convgen.cuda_launch import nvrtc_options, plan, representative_geometry
 from convgen.generated.contract import KERNELS
-from convgen.geometry import Family
+from convgen.geometry import Family, Geometry
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
@@ -101,12 +101,17 @@ def _nvrtc_log(bindings: Any, program: Any) -> str:
 
 
 def compile_source(family: Family, rank: int, arch: str) -> SourceReport:
-    """Compile one generated source to a cubin for `arch` (e.g. `sm_90`)."""
+    """Compile one generated source to a cubin for `arch` (e.g. `sm_90`) at its representative geometry."""
+    return compile_plan(representative_geometry(family, rank), arch)
+
+
+def compile_plan(geom: Geometry, arch: str) -> SourceReport:
+    """Compile the source of `geom` with the defines of its plan to a cubin for `arch`."""
+    family, rank = geom.family, geom.rank
     nvrtc_module = nvrtc()
     kernels = KERNELS[(family, rank)]
     code = (GENERATED_CUDA / kernels.source).read_bytes()
-    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v",
-               *nvrtc_options(plan(representative_geometry(family, rank)))]
+    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *nvrtc_options(plan(geom))]
     start = time.perf_counter()
     _, program = nvrtc_module.nvrtcCreateProgram(code, kernels.source.encode(), 0, [], [])
     try:

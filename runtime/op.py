@@ -16,4 +16,5 @@ class OpInfo:
     beta_param: str | None
     geometry_params: tuple[str, ...]  # keyword-only, signature order
     reads_first: bool  # SEMANTICS §5 steps 6-7: *2d* ops read inputs before sizing the output
+    option_params: tuple[str, ...] = ()  # keyword-only with defaults (SEMANTICS §8), after the geometry
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from convgen.backend import Backend, BackendError, OutOfMemory
+from convgen.backend import DTYPES, Backend, BackendError, OutOfMemory
 from convgen.checking import TOO_LARGE, describe, natural
 from convgen.generated.ops import GeneratedOps
 from convgen.geometry import Geometry
@@ -68,13 +68,17 @@ class Tape(GeneratedOps):
 
     __slots__ = ("_nodes", "_count", "_backend")
     backend_class: ClassVar[type]
-    _backends: ClassVar[dict[type, Backend]] = {}
+    _backends: ClassVar[dict[tuple[type, str], Backend]] = {}  # one backend per tape class and dtype
 
-    def __init__(self) -> None:
-        cls = type(self)
-        if cls not in Tape._backends:
-            Tape._backends[cls] = cls.backend_class()
-        self._backend: Backend = Tape._backends[cls]
+    def __init__(self, *, dtype: str = "float32") -> None:
+        """An empty tape recording `dtype` values: "float32" (the contract) or "float64" (SEMANTICS §8)."""
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ValueError(f"autograd: {type(self).backend_class.name}: Tape: dtype must be 'float32' or 'float64', "
+                             f"got {describe(dtype)}")
+        key = (type(self), dtype)
+        if key not in Tape._backends:
+            Tape._backends[key] = type(self).backend_class(dtype)
+        self._backend: Backend = Tape._backends[key]
         self._nodes: list[Node] = []
         self._count = 0
 
@@ -91,9 +95,17 @@ class Tape(GeneratedOps):
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def dtype(self) -> str:
+        """What the tape records and computes in: "float32" or "float64"."""
+        return self._backend.dtype
+
+    def _bytes(self, elements: int) -> int:
+        return elements * np.dtype(self._backend.dtype).itemsize
+
     def leaf(self, value: Any, *, shape: Any = None, name: str | None = None,
              requires_grad: bool = True) -> tuple[Tape, int]:
-        """Record `value` as float32 with no parents; with `shape`, `value` is a flat buffer and the
+        """Record `value` as the tape's dtype with no parents; with `shape`, `value` is a flat buffer and the
         shape is recorded unchecked (the ops check what they read)."""
         stored = self._backend.store(value)
         if shape is None:
@@ -179,15 +191,15 @@ class Tape(GeneratedOps):
             try:
                 out, saved = backend.forward(geom, inputs)
             except MemoryError as error:  # NumPy's: the machine cannot hold a buffer
-                return Result.err(f"autograd: {backend.name}: {info.name}: {OutOfMemory.of(error, 4 * numel)}")
+                return Result.err(f"autograd: {backend.name}: {info.name}: {OutOfMemory.of(error, self._bytes(numel))}")
             except BackendError as error:
                 return Result.err(f"autograd: {backend.name}: {info.name}: {error}")
         if out.size != numel:
             return Result.err(self._size_mismatch(numel, out.size))
         where = backend.device_of(out)
-        if out.dtype != "float32" or where != backend.device:
+        if out.dtype != backend.dtype or where != backend.device:
             return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on {where}, "
-                              f"expected float32 on {backend.device}")
+                              f"expected {backend.dtype} on {backend.device}")
         node = Node(_shaped(out, out_shape), out_shape, out_shape, info.name, True, tuple(ids),
                     OpRecord(info, geom, saved))
         return Result.ok(self._append(node))
@@ -196,7 +208,9 @@ class Tape(GeneratedOps):
 
     def backward(self, out_id: int, seed: Any) -> Result:
         """Gradients of `out_id` seeded with `seed`: a list with one array per node, shaped like it,
-        none of them an array the tape records or the seed itself. A node that gets no gradient gets
+        none of them an array the tape records. The entry of `out_id` is the seed as stored: a copy on
+        the CPU tape; on the CUDA tape a device array of the tape's dtype is taken as it is, as `leaf`
+        takes one, so that entry is the caller's own array. A node that gets no gradient gets
         zeros, or None when its recorded shape and buffer do not make a valid shape (a leaf recorded
         with a `shape` that no op can read)."""
         if not _is_node_id(out_id, self._count):
@@ -210,19 +224,17 @@ class Tape(GeneratedOps):
             return self._backward(out_id, seed_array)
 
     def _seed_array(self, seed: Any) -> Any:
-        """`seed` as the backend's float32 array, never the caller's own, or the error."""
+        """`seed` as the backend's array of the tape's dtype, or the error."""
         backend = self._backend
         if seed is None or isinstance(seed, (str, bytes)):  # NumPy would read these as NaN or parse them
             return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
         try:
             seed_array = backend.store(seed)
         except MemoryError as error:
-            return f"autograd: {backend.name}: backward: {OutOfMemory.of(error, 4 * np.size(seed))}"
+            return f"autograd: {backend.name}: backward: {OutOfMemory.of(error, self._bytes(np.size(seed)))}"
         except Exception:  # whatever the array constructor rejects: ragged lists, objects, text
             return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
-        if seed_array is seed or getattr(seed_array, "base", None) is not None:
-            seed_array = seed_array.copy()  # a backend may take an array as is; the gradient must not alias it
-        return seed_array
+        return seed_array  # the CUDA tape takes a device array of its dtype as is (no copy), like `leaf`
 
     def _backward(self, out_id: int, seed_array: Any) -> Result:
         backend, nodes = self._backend, self._nodes
@@ -251,7 +263,7 @@ class Tape(GeneratedOps):
                     if nodes[parent].requires_grad:
                         grads[parent] = grads[parent] + contribution if parent in grads else contribution
             except MemoryError as error:
-                out_of_memory = OutOfMemory.of(error, 4 * record.geom.output_numel)
+                out_of_memory = OutOfMemory.of(error, self._bytes(record.geom.output_numel))
                 return Result.err(f"autograd: {backend.name}: {record.info.name}: {out_of_memory}")
             except BackendError as error:
                 return Result.err(f"autograd: {backend.name}: {record.info.name}: {error}")
@@ -259,6 +271,6 @@ class Tape(GeneratedOps):
         try:
             grads.update((i, backend.zeros(nodes[i].dims)) for i in zeroed)
         except MemoryError as error:
-            needed = 4 * sum(nodes[i].value.size for i in zeroed)
+            needed = self._bytes(sum(nodes[i].value.size for i in zeroed))
             return Result.err(f"autograd: {backend.name}: backward: {OutOfMemory.of(error, needed)}")
         return Result.ok([grads.get(i) for i in range(self._count)])

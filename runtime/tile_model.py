@@ -106,6 +106,9 @@ class GemmShape:
     # per axis). phase_n = 0: one phase over all n cells.
     phases: int = 1
     phase_n: int = 0
+    # Images of a batch (SEMANTICS §8): conv stages run one GEMM per image (more blocks, one output
+    # each); the weight stage reduces over the cells of every image (more slices).
+    images: int = 1
 
     @property
     def bk(self) -> int:
@@ -118,26 +121,33 @@ class GemmShape:
         """GEMM columns of one phase."""
         return self.phase_n if self.phases > 1 else self.n
 
+    @property
+    def outputs(self) -> int:
+        """Outputs of M x N the stage writes: one per image for conv stages, one for the weight stage."""
+        return self.images if self.conv else 1
+
     def grid(self, bm: int, bn: int, split: int) -> int:
-        """Blocks of a launch with this tile: (phase, split, row tile, column tile)."""
-        return ceil_div(self.m, bm) * ceil_div(self.columns, bn) * split * self.phases
+        """Blocks of a launch with this tile: (image, phase, split, row tile, column tile)."""
+        return ceil_div(self.m, bm) * ceil_div(self.columns, bn) * split * self.phases * self.outputs
 
     @property
     def chunks(self) -> int:
         if self.conv:
             return ceil_div(self.source_c, self.bk) * self.k_size
-        return ceil_div(self.reduction, WEIGHT_BK)
+        return ceil_div(self.reduction, WEIGHT_BK) * self.images
 
 
 def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
     """The three implicit GEMMs of a conv-family geometry, per stage."""
     in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
-    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    k_size, rank, images = math.prod(geom.kernel), len(geom.kernel), geom.images
     in_c, out_c = geom.in_c, geom.out_c
     # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
     d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
-    direct_forward = GemmShape(m=out_c, n=out_size, rank=rank, conv=True, source_c=in_c, k_size=k_size)
-    direct_backward = GemmShape(m=in_c, n=in_size, rank=rank, conv=True, source_c=out_c, k_size=k_size)
+    direct_forward = GemmShape(m=out_c, n=out_size, rank=rank, conv=True, source_c=in_c, k_size=k_size,
+                               images=images)
+    direct_backward = GemmShape(m=in_c, n=in_size, rank=rank, conv=True, source_c=out_c, k_size=k_size,
+                                images=images)
     if geom.family is Family.CONV:
         forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom)
     else:
@@ -145,7 +155,8 @@ def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
     return {
         "forward": forward,
         "backward_input": backward_input,
-        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, rank=rank, conv=False, reduction=d_size),
+        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, rank=rank, conv=False, reduction=d_size,
+                                     images=images),
     }
 
 
@@ -154,7 +165,8 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
     k_size, rank = math.prod(geom.kernel), len(geom.kernel)
     phases = math.prod(geom.stride)
-    common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c}
+    common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c,
+              "images": geom.images}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
@@ -186,7 +198,7 @@ def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]
     if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
         for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
             splits.add(ceil_div(shape.chunks, ceil_div(shape.chunks, split)))
-    return sorted(s for s in splits if s == 1 or s * shape.m * shape.n * 4 <= SPLIT_WORKSPACE_BYTES)
+    return sorted(s for s in splits if s == 1 or s * shape.outputs * shape.m * shape.n * 4 <= SPLIT_WORKSPACE_BYTES)
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
@@ -235,7 +247,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
     cost = max(issue, latency) + KERNEL_CYCLES
     if split > 1:
-        moved = 4 * shape.m * shape.n * (split + 1)  # the partial buffer written, then read with the output
+        moved = 4 * shape.outputs * shape.m * shape.n * (split + 1)  # the partial buffer written, then read
         seconds = moved / (hardware.memory_bandwidth * SPLIT_BANDWIDTH_SHARE)
         cost += SPLIT_KERNEL_CYCLES + seconds * hardware.clock_hz
     return cost

@@ -1,6 +1,7 @@
-"""A float64 brute-force reference of SEMANTICS §2-§4, written from the formulas alone: plain loops
-over output (or input) cells and kernel offsets turn a `Geometry` and its inputs into the output
-and every gradient. Also the test helpers shared by the CPU and CUDA tests: random geometry (and
+"""A float64 brute-force reference of SEMANTICS §2-§4 and §8 (batch, dilation, groups, circular
+padding, output padding), written from the formulas alone, sharing no code with convgen.cpu: plain
+loops over images, output (or input) cells, kernel offsets and groups turn a `Geometry` and its
+inputs into the output and every gradient. Also the test helpers shared by the CPU and CUDA tests: random geometry (and
 the geometry PyTorch accepts), input drawing, the closeness check of DESIGN.md, recording leaves
 and calling the N-D op on a tape, running the NumPy backend, and the special-value cases whose
 results SEMANTICS §3 fixes exactly.
@@ -18,6 +19,7 @@ from convgen.cpu import NumpyBackend
 from convgen.geometry import Family, Geometry
 
 RTOL = 1e-5  # DESIGN.md "How close is close"
+RTOL_FLOAT64 = 1e-12  # a float64 tape against a float64 oracle: sums of a few hundred terms, rounded once
 
 
 def cells(shape: tuple[int, ...]):
@@ -29,23 +31,29 @@ def _window(n: int, k: int, s: int, p: int) -> int:
     return 0 if k == 0 or s == 0 or n + 2 * p < k else (n + 2 * p - k) // s + 1
 
 
-def out_extent(family: Family, n: int, k: int, s: int, p: int) -> int:
-    """SEMANTICS §2, one axis."""
+def out_extent(family: Family, n: int, k: int, s: int, p: int, d: int = 1, extra: int = 0) -> int:
+    """SEMANTICS §2, one axis, with §8's dilation d (the kernel spans d·(k − 1) + 1 cells) and, for
+    a transposed convolution, output padding `extra`."""
+    span = d * (k - 1) + 1 if k else 0
     if family is Family.CONV:
-        return _window(n, k, s, p)
+        return _window(n, span, s, p)
     if family is Family.CONV_TRANSPOSE:
-        return 0 if n == 0 or k == 0 or s == 0 else max((n - 1) * s + k - 2 * p, 0)
-    return 0 if n == 0 or k == 0 or p > k // 2 else _window(n, k, s, p)
+        extent = 0 if n == 0 or k == 0 or s == 0 else max((n - 1) * s + span - 2 * p, 0)
+        return extent + extra if extent else 0
+    return 0 if n == 0 or k == 0 or p > span // 2 else _window(n, span, s, p)
 
 
 def out_spatial(geom: Geometry) -> tuple[int, ...]:
-    axes = zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding)
+    axes = zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding, geom.dilation, geom.output_padding)
     return tuple(out_extent(geom.family, *axis) for axis in axes)
 
 
 def _position(cell, offset, geom: Geometry, bounds: tuple[int, ...]) -> tuple[int, ...] | None:
-    """`cell·s + κ − p` per axis, or None where it falls outside `bounds`."""
-    pos = tuple(c * s + k - p for c, k, s, p in zip(cell, offset, geom.stride, geom.padding))
+    """`cell·s + κ·δ − p` per axis, taken modulo the extent with circular padding; None where it
+    falls outside `bounds`."""
+    pos = tuple(c * s + k * d - p for c, k, s, p, d in zip(cell, offset, geom.stride, geom.padding, geom.dilation))
+    if geom.circular:
+        pos = tuple(q % n for q, n in zip(pos, bounds))
     return pos if all(0 <= q < n for q, n in zip(pos, bounds)) else None
 
 
@@ -54,8 +62,15 @@ def _matvec(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return (matrix * vector).sum(axis=1)
 
 
-# Forward and backward of each family. Every function takes float64 arrays shaped per
-# `geom.parent_shapes` and returns float64 arrays.
+def _group_slices(geom: Geometry):
+    """Per group, the slices of its input channels and of its output channels."""
+    per_in, per_out = geom.in_c // geom.groups, geom.out_c // geom.groups
+    for group in range(geom.groups):
+        yield slice(group * per_in, (group + 1) * per_in), slice(group * per_out, (group + 1) * per_out)
+
+
+# Forward and backward of each family for one image. Every function takes float64 arrays shaped
+# per `geom.parent_shapes` without the batch axis and returns float64 arrays.
 
 def _conv(geom, weight, bias, x, grad):
     out_shape = out_spatial(geom)
@@ -67,11 +82,12 @@ def _conv(geom, weight, bias, x, grad):
             pos = _position(o, offset, geom, geom.in_spatial)
             if pos is None:
                 continue
-            w = weight[(slice(None), slice(None), *offset)]  # [outC, inC]
-            y[(slice(None), *o)] += _matvec(w, x[(slice(None), *pos)])
-            g = grad[(slice(None), *o)]
-            d_weight[(slice(None), slice(None), *offset)] += np.outer(g, x[(slice(None), *pos)])
-            d_x[(slice(None), *pos)] += _matvec(w.T, g)
+            for ins, outs in _group_slices(geom):
+                w = weight[(outs, slice(None), *offset)]  # [outC/g, inC/g]
+                xs, g = x[(ins, *pos)], grad[(outs, *o)]
+                y[(outs, *o)] += _matvec(w, xs)
+                d_weight[(outs, slice(None), *offset)] += np.outer(g, xs)
+                d_x[(ins, *pos)] += _matvec(w.T, g)
     return y, (d_weight, grad.sum(axis=tuple(range(1, grad.ndim))), d_x)
 
 
@@ -84,11 +100,12 @@ def _conv_transpose(geom, weight, bias, x, grad):
             q = _position(i, offset, geom, out_shape)
             if q is None:
                 continue
-            w = weight[(slice(None), slice(None), *offset)]  # [inC, outC]
-            y[(slice(None), *q)] += _matvec(w.T, x[(slice(None), *i)])
-            g = grad[(slice(None), *q)]
-            d_weight[(slice(None), slice(None), *offset)] += np.outer(x[(slice(None), *i)], g)
-            d_x[(slice(None), *i)] += _matvec(w, g)
+            for ins, outs in _group_slices(geom):
+                w = weight[(ins, slice(None), *offset)]  # [inC/g, outC/g]
+                xs, g = x[(ins, *i)], grad[(outs, *q)]
+                y[(outs, *q)] += _matvec(w.T, xs)
+                d_weight[(ins, slice(None), *offset)] += np.outer(xs, g)
+                d_x[(ins, *i)] += _matvec(w, g)
     return y, (d_weight, grad.sum(axis=tuple(range(1, grad.ndim))), d_x)
 
 
@@ -107,6 +124,9 @@ def _max_pool(geom, x, grad):
             for pos in window:
                 if pos is not None and (chosen is None or x[(c, *pos)] > x[(c, *chosen)]):
                     chosen = pos
+            if chosen is None:  # a dilated window of padding only
+                y[(c, *o)] = -math.inf
+                continue
             y[(c, *o)] = x[(c, *chosen)]
             d_x[(c, *chosen)] += grad[(c, *o)]
     return y, (d_x,)
@@ -150,15 +170,27 @@ _FAMILIES = {
 
 
 def output_shape(geom: Geometry) -> tuple[int, ...]:
-    return (geom.out_c, *out_spatial(geom))
+    images = () if geom.batch is None else (geom.batch,)
+    return (*images, geom.out_c, *out_spatial(geom))
 
 
 def run(geom: Geometry, inputs, grad=None) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The output and the gradients of every input given the upstream `grad` (zeros if None)."""
+    """The output and the gradients of every input given the upstream `grad` (zeros if None). A
+    batch is its images one by one; the kernel and bias gradients add up over them."""
     inputs = [np.asarray(a, np.float64) for a in inputs]
     grad = np.zeros(output_shape(geom)) if grad is None else np.asarray(grad, np.float64)
+    one_image = _FAMILIES[geom.family]
     with np.errstate(all="ignore"):  # special values give their IEEE results silently
-        return _FAMILIES[geom.family](geom, *inputs, grad)
+        if geom.batch is None:
+            return one_image(geom, *inputs, grad)
+        *shared, x = inputs
+        output, grads = np.zeros(output_shape(geom)), [np.zeros_like(a) for a in inputs]
+        for image in range(geom.batch):
+            output[image], image_grads = one_image(geom, *shared, x[image], grad[image])
+            for total, image_grad in zip(grads[:-1], image_grads[:-1]):
+                total += image_grad
+            grads[-1][image] = image_grads[-1]
+        return output, tuple(grads)
 
 
 def forward(geom: Geometry, inputs) -> np.ndarray:
@@ -173,22 +205,28 @@ def case_rng(*key: object) -> np.random.Generator:
 
 
 def random_geometry(rng: np.random.Generator, family: Family, rank: int, *, allow_empty: bool = False,
-                    budget: int = 400) -> Geometry:
+                    budget: int = 400, extended: bool = False) -> Geometry:
     """A valid geometry (nonzero kernel, conv in_c ≥ 1) with strides 1-3, conv paddings up to k+1,
     kernels larger than the input and, for conv, input axes of 0 read only through padding. With
     `allow_empty`, half the geometries have an empty output: one axis of extent 0 (pool padding
-    k//2+1, an empty input, ...) or no output channels. The reference's loop count, output (input
-    for conv transpose) cells times kernel offsets, stays within `budget` at every rank."""
+    k//2+1, an empty input, ...), no output channels or (extended) a batch of 0. With `extended`,
+    the §8 arguments are mixed in: a batch of None or 1-3 images, dilations 1-3, groups 1-3 and, for
+    conv, circular padding (p ≤ n) and, for conv transpose, output padding. The reference's loop
+    count, output (input for conv transpose) cells times kernel offsets times images, stays within
+    `budget` at every rank."""
     n_max = {1: 12, 2: 7, 3: 5}.get(rank, 3)
     k_max = {1: 5, 2: 4}.get(rank, 3)
     c_max = 3 if rank <= 4 else 2
-    empty_axis, no_channels = None, False
+    empty_axis, no_channels, batch = None, False, None
     if allow_empty and rng.random() < 0.5:
-        if rng.random() < 0.5:
-            no_channels = True
-        else:
+        empty = int(rng.integers(3)) if extended else int(rng.random() >= 0.5)  # channels, axis, batch
+        no_channels, batch = empty == 0, 0 if empty == 2 else None
+        if empty == 1:
             empty_axis = int(rng.integers(rank))
-    remaining = budget
+    if extended and batch is None:
+        batch = [None, 1, 2, 3][int(rng.integers(4))]
+    circular = extended and family is Family.CONV and rng.random() < 0.4
+    remaining = budget // max(1, batch or 1)
     axes = []
     for axis in range(rank):
         cap = max(1, int(remaining ** (1 / (rank - axis))))
@@ -196,62 +234,72 @@ def random_geometry(rng: np.random.Generator, family: Family, rank: int, *, allo
             k = int(rng.integers(1, k_max + 1))
             n = int(rng.integers(0, n_max + 1))
             s = int(rng.integers(1, 4))
-            p_max = k + 1 if family.is_conv else k // 2 + int(axis == empty_axis)
+            d = int(rng.integers(1, 4)) if extended else 1
+            span = d * (k - 1) + 1
+            p_max = (n if circular else span + 1) if family.is_conv else span // 2 + int(axis == empty_axis)
             p = int(rng.integers(0, p_max + 1))
-            extent = out_extent(family, n, k, s, p)
+            extra = int(rng.integers(max(s, d))) if extended and family is Family.CONV_TRANSPOSE else 0
+            extent = out_extent(family, n, k, s, p, d, extra)
             loops = (n if family is Family.CONV_TRANSPOSE else extent) * k
             if (extent == 0) == (axis == empty_axis) and loops <= cap:
                 break
-        axes.append((n, k, s, p))
+        axes.append((n, k, s, p, d, extra))
         remaining = max(1, remaining // max(loops, 1))
-    in_spatial, kernel, stride, padding = (tuple(v) for v in zip(*axes))
-    channels = 0 if no_channels else int(rng.integers(1, c_max + 1))
-    in_c = int(rng.integers(1, c_max + 1)) if family.is_conv else channels
+    in_spatial, kernel, stride, padding, dilation, output_padding = (tuple(v) for v in zip(*axes))
+    groups = int(rng.choice([1, 1, 2, 3])) if extended and family.is_conv else 1
+    per_group = c_max if groups == 1 else 2
+    channels = 0 if no_channels else groups * int(rng.integers(1, per_group + 1))
+    in_c = groups * int(rng.integers(1, per_group + 1)) if family.is_conv else channels
     beta = None
     if family is Family.SMOOTH_MAX_POOL:
         beta = float(np.float32(rng.choice([-1, 1]) * rng.uniform(0.25, 4.0)))
-    return Geometry.build(family, in_c, channels, in_spatial, kernel, stride, padding, beta)
+    return Geometry.build(family, in_c, channels, in_spatial, kernel, stride, padding, beta, batch=batch,
+                          dilation=dilation, groups=groups, circular=circular, output_padding=output_padding)
 
 
-def torch_geometries(rng: np.random.Generator, family: Family, rank: int, count: int, *, budget: int = 400):
+def torch_geometries(rng: np.random.Generator, family: Family, rank: int, count: int, *, budget: int = 400,
+                     extended: bool = False):
     """`count` random geometries (see `random_geometry`) that torch.nn.functional accepts."""
     import torch_oracle  # a sibling test module; imported here so that reference needs no torch
 
     while count:
-        geom = random_geometry(rng, family, rank, budget=budget)
+        geom = random_geometry(rng, family, rank, budget=budget, extended=extended)
         if torch_oracle.accepts(geom):
             count -= 1
             yield geom
 
 
-def draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Drawn in float64 and rounded to float32: the reference then sees exactly these values."""
-    return rng.standard_normal(shape).astype(np.float32)
+def draw(rng: np.random.Generator, shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
+    """Drawn in float64 and rounded to `dtype`: the reference then sees exactly these values."""
+    return rng.standard_normal(shape).astype(dtype)
 
 
-def draw_inputs(rng: np.random.Generator, geom: Geometry) -> tuple[np.ndarray, ...]:
-    return tuple(draw(rng, shape) for shape in geom.parent_shapes)
+def draw_inputs(rng: np.random.Generator, geom: Geometry, dtype: str = "float32") -> tuple[np.ndarray, ...]:
+    return tuple(draw(rng, shape, dtype) for shape in geom.parent_shapes)
 
 
-def draw_grad(rng: np.random.Generator, geom: Geometry) -> np.ndarray:
-    return draw(rng, output_shape(geom))
+def draw_grad(rng: np.random.Generator, geom: Geometry, dtype: str = "float32") -> np.ndarray:
+    return draw(rng, output_shape(geom), dtype)
 
 
 # Closeness.
 
-def close_error(out, ref, ref_abs) -> str | None:
-    """None when ‖out − ref‖ ≤ RTOL·‖ref_abs‖ (ref_abs: the reference on absolute values, so a
+def close_error(out, ref, ref_abs, rtol: float = RTOL) -> str | None:
+    """None when ‖out − ref‖ ≤ rtol·‖ref_abs‖ (ref_abs: the reference on absolute values, so a
     cancelling sum cannot loosen the bound), else what went wrong."""
     out = np.asarray(out.get() if hasattr(out, "get") else out, np.float64)  # CuPy: to the host
     if out.shape != ref.shape:
         return f"shape {out.shape}, expected {ref.shape}"
-    error, scale = np.linalg.norm(out - ref), np.linalg.norm(ref_abs)
-    if error <= RTOL * scale:
+    exact = ~np.isfinite(ref)  # -inf of a max pool window of padding only: equal, not close
+    if not np.array_equal(out[exact], ref[exact], equal_nan=True):
+        return f"non-finite {out[exact]}, expected {ref[exact]}"
+    error, scale = np.linalg.norm(out[~exact] - ref[~exact]), np.linalg.norm(ref_abs[~exact])
+    if error <= rtol * scale:
         return None
-    return f"‖out − ref‖ = {error:.3g} > {RTOL:g} · {scale:.3g}"
+    return f"‖out − ref‖ = {error:.3g} > {rtol:g} · {scale:.3g}"
 
 
-def check_against_reference(geom: Geometry, inputs, grad, output, grads, oracle=None) -> None:
+def check_against_reference(geom: Geometry, inputs, grad, output, grads, oracle=None, rtol: float = RTOL) -> None:
     """Asserts the output and every gradient are close to `oracle(geom, inputs, grad)` (by
     default `run`, this reference) on the same inputs, scaled by the oracle on absolute values."""
     oracle = oracle or run
@@ -262,15 +310,33 @@ def check_against_reference(geom: Geometry, inputs, grad, output, grads, oracle=
     results = [("output", output, ref_out, abs_out)] + [
         (f"d{label}", got, ref, ref_abs) for label, got, ref, ref_abs in zip(labels, grads, ref_grads, abs_grads)]
     failures = [f"{what}: {err}" for what, got, ref, ref_abs in results
-                if (err := close_error(got, ref, ref_abs)) is not None]
+                if (err := close_error(got, ref, ref_abs, rtol)) is not None]
     assert not failures, f"{geom}: " + "; ".join(failures)
 
 
 # The public API.
 
+def extended_keywords(geom: Geometry) -> dict[str, Any]:
+    """The §8 keywords of the N-D op that give `geom`, those left at their defaults left out (so a
+    seed geometry gives none)."""
+    keywords: dict[str, Any] = {}
+    if geom.batch is not None:
+        keywords["batch"] = geom.batch
+    if any(d != 1 for d in geom.dilation):
+        keywords["dilation"] = geom.dilation
+    if geom.groups != 1:
+        keywords["groups"] = geom.groups
+    if geom.circular:
+        keywords["padding_mode"] = "circular"
+    if any(geom.output_padding):
+        keywords["output_padding"] = geom.output_padding
+    return keywords
+
+
 def apply_op(tape, geom: Geometry, ids: tuple[int, ...]):
     """Calls the N-D op of `geom.family` on `tape` with the ids of its inputs; returns the Result."""
-    spatial = dict(in_spatial=geom.in_spatial, kernel=geom.kernel, stride=geom.stride, padding=geom.padding)
+    spatial = dict(in_spatial=geom.in_spatial, kernel=geom.kernel, stride=geom.stride, padding=geom.padding,
+                   **extended_keywords(geom))
     if geom.family.is_conv:
         return getattr(tape, geom.family.value)(*ids, in_c=geom.in_c, out_c=geom.out_c, **spatial)
     betas = () if geom.beta is None else (geom.beta,)
@@ -295,15 +361,15 @@ def run_on_tape(tape, geom: Geometry, inputs, grad) -> tuple[Any, list[Any]]:
     return tape.value(out), [grads[i] for i in ids]
 
 
-def run_numpy_backend(geom: Geometry, inputs, grad) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """The NumPy backend's output and gradients, each checked to be float32 and shaped as the
+def run_numpy_backend(geom: Geometry, inputs, grad, dtype: str = "float32") -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The NumPy backend's output and gradients, each checked to be of `dtype` and shaped as the
     geometry says."""
-    backend = NumpyBackend()
+    backend = NumpyBackend(dtype)
     out, saved = backend.forward(geom, inputs)
-    assert out.dtype == np.float32 and out.shape == geom.output_shape
+    assert out.dtype == dtype and out.shape == geom.output_shape
     grads = backend.backward(geom, inputs, saved, grad)
     for got, shape in zip(grads, geom.parent_shapes, strict=True):
-        assert got.dtype == np.float32 and got.shape == shape
+        assert got.dtype == dtype and got.shape == shape
     return out, grads
 
 

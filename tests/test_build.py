@@ -84,10 +84,14 @@ def test_seed_declarations_alone_build(tmp_path):
     assert result.returncode == 0, result.stderr
     built = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert built == sorted(committed_files())
-    # Only the header's spec name differs (docstrings come from the signatures, not the doc comments).
-    for name in ("cuda/conv_r3.cu", "ops.py", "validators.py"):
-        text = (tmp_path / name).read_text(encoding="utf-8")
-        assert text.replace("tests/data/seed_decls.lean", "spec/ops.lean") == (GENERATED / name).read_text(), name
+    # The kernels take nothing from the spec but its families: only the header's spec name differs.
+    text = (tmp_path / "cuda/conv_r3.cu").read_text(encoding="utf-8")
+    assert text.replace("tests/data/seed_decls.lean", "spec/ops.lean") == (GENERATED / "cuda/conv_r3.cu").read_text()
+    # The seed declares no optional argument (SEMANTICS §8), so its methods take none
+    # (tests/test_validation_extended.py holds its validators to the full spec's at their defaults).
+    ops = (tmp_path / "ops.py").read_text(encoding="utf-8")
+    assert "batch" not in ops and "dilation" not in ops and "_PADDING_MODES" not in (tmp_path / "validators.py").read_text()
+    assert "    def conv(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial):" in ops
 
 
 def test_check_reports_edited_deleted_and_extra_files(tmp_path):
@@ -128,8 +132,12 @@ def test_list_prints_every_python_signature():
     assert len(lines) == 13
     assert ("conv2d(kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)"
             " -> Result    # conv, rank 2") in lines
-    assert ("smooth_max_pool(x_id, beta, *, c, in_spatial, kernel, stride, padding) -> Result"
-            "    # smooth_max_pool, rank 1..8") in lines
+    assert ("smooth_max_pool(x_id, beta, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None)"
+            " -> Result    # smooth_max_pool, rank 1..8") in lines
+    assert ("conv(kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, batch=None, "
+            "dilation=None, groups=1, padding_mode='zeros') -> Result    # conv, rank 1..8") in lines
+    assert ("conv_transpose(kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, "
+            "batch=None, dilation=None, groups=1, output_padding=None) -> Result    # conv_transpose, rank 1..8") in lines
 
 
 def test_the_conv_docstring_says_what_each_argument_is():
@@ -138,27 +146,49 @@ def test_the_conv_docstring_says_what_each_argument_is():
     import convgen.cpu
 
     assert inspect.getdoc(convgen.cpu.Tape.conv) == """\
-N-D convolution of one channels-first image.
+N-D convolution of one channels-first image or of a batch of them.
 
 A cross-correlation, as PyTorch's convolutions compute; padding reads zeros. d = len(in_spatial) is
 the number of spatial axes, 1 to 8.
 
-Ids are positional, geometry keyword-only:
-    kernel_id: id of the kernel node, shape [out_c, in_c, *kernel].
+Ids are positional, geometry keyword-only, then optional arguments:
+    kernel_id: id of the kernel node, shape [out_c, in_c // groups, *kernel].
     bias_id: id of the bias node, shape [out_c].
-    input_id: id of the input node, shape [in_c, *in_spatial].
+    input_id: id of the input node, shape [in_c, *in_spatial], or [batch, in_c, *in_spatial] with a
+        batch.
     in_c: input channels, an int > 0.
     out_c: output channels, an int >= 0.
     kernel: kernel extent per spatial axis, a sequence of d ints > 0.
     stride: stride per spatial axis, a sequence of d ints > 0.
     padding: padding on each side per spatial axis, a sequence of d ints >= 0.
     in_spatial: input extent per spatial axis, a sequence of 1 to 8 ints >= 0.
+    batch: None for one image, or the number of images, an int >= 0: the input and the output then
+        have a leading axis of that length, and every image is computed alike.
+    dilation: None for all 1, or the spacing of the kernel cells per spatial axis, a sequence of d
+        ints > 0.
+    groups: channel groups, an int > 0 dividing in_c and out_c: the output channels of group j are
+        computed from the input channels of group j only.
+    padding_mode: 'zeros', or 'circular': a cell outside the input reads it periodically, x[pos % n]
+        along an axis of n cells (each padding[i] <= in_spatial[i]).
 
 Returns:
-    Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], where
-    out_spatial[i] = (in_spatial[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1, or 0 if
-    in_spatial[i] + 2 * padding[i] < kernel[i]. On a bad argument the Result holds the error
-    message, and this tape is unchanged."""
+    Result of (Tape, id): a new tape with the output node, of shape [out_c, *out_spatial], or
+    [batch, out_c, *out_spatial] with a batch, where out_spatial[i] = (in_spatial[i] + 2 *
+    padding[i] - k) // stride[i] + 1, or 0 if in_spatial[i] + 2 * padding[i] < k, with k =
+    dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error message, and
+    this tape is unchanged."""
+
+
+def test_the_conv_transpose_docstring_gives_the_output_padding_and_the_grouped_kernel():
+    import inspect
+
+    import convgen.cpu
+
+    doc = inspect.getdoc(convgen.cpu.Tape.conv_transpose)
+    assert "    kernel_id: id of the kernel node, shape [in_c, out_c // groups, *kernel].\n" in doc
+    assert ("    output_padding: None for all 0, or what is added to each nonzero output extent, a sequence of d\n"
+            "        ints, each output_padding[i] < max(stride[i], dilation[i]).\n") in doc
+    assert "plus output_padding[i] when that\n    is nonzero, with k = dilation[i] * (kernel[i] - 1) + 1." in doc
 
 
 def test_no_generated_docstring_has_latex_or_names_a_device():

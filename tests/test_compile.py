@@ -13,7 +13,7 @@ from convgen import nvrtc_check
 from convgen.cuda_launch import representative_geometry
 from convgen.generated.contract import KERNELS, STAGES
 from convgen.generator import cli
-from convgen.geometry import Family
+from convgen.geometry import Family, Geometry
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
@@ -88,6 +88,24 @@ def test_source_compiles_for_sm90_without_forward_spills(family, rank):
     assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
     forward = [k for k in report.kernels if k.symbol == KERNELS[(family, rank)].symbols["forward"]]
     assert forward and not forward[0].spills, forward
+
+
+# SEMANTICS §8 geometries the CUDA tape computes: a batch (a kernel argument; its bucket may pick
+# other tiles, here split stages and the batched weight gradient's longer reduction).
+EXTENDED = [
+    Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
+    Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (30, 30, 4), (3, 2, 2), (2, 1, 2), (1, 0, 1), batch=64),
+    Geometry.build(Family.MAX_POOL, 3, 3, (9, 7), (3, 3), (2, 1), (1, 1), batch=5),
+    Geometry.build(Family.AVG_POOL, 3, 3, (9,), (3,), (2,), (1,), batch=2),
+    Geometry.build(Family.SMOOTH_MAX_POOL, 3, 3, (5, 6, 4), (3, 2, 2), (1, 1, 2), (1, 1, 0), 0.5, batch=7),
+]
+
+
+@pytest.mark.parametrize("geom", EXTENDED, ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}")
+def test_extended_geometry_compiles_without_spills(geom):
+    report = nvrtc_check.compile_plan(geom, "sm_90")
+    assert report.error is None, report.error
+    assert not [k for k in report.kernels if k.spills]
 
 
 def test_a_bad_arch_is_one_usage_error():

@@ -227,6 +227,77 @@ def test_pool_offset_widths_and_long_rows() -> None:
         check_against_cpu(geom, rng)
 
 
+# SEMANTICS §8 on the GPU: the batch runs; the rest is refused until the kernels compute it.
+
+def batched_geometry(rng: np.random.Generator, family: Family, rank: int, *, allow_empty: bool = False) -> Geometry:
+    """A random §8 geometry (reference.random_geometry, extended) with what the CUDA tape computes
+    kept: its batch (2 when it drew none), no dilation, groups, circular or output padding."""
+    drawn = reference.random_geometry(rng, family, rank, allow_empty=allow_empty, budget=300, extended=True)
+    batch = 2 if drawn.batch is None else drawn.batch
+    return G(family, drawn.in_c, drawn.out_c, drawn.in_spatial, drawn.kernel, drawn.stride, drawn.padding,
+             drawn.beta, batch=batch)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", Family, ids=lambda f: f.value)
+def test_batched_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
+    """Every family and rank with a batch axis: forward and gradients against the CPU tape, the
+    gradients twice and bit-identical (the weight and bias gradients sum the images in a fixed order)."""
+    rng = reference.case_rng("cuda batch", family.value, rank)
+    for case in range(CASES_PER_RANK):
+        check_against_cpu(batched_geometry(rng, family, rank, allow_empty=case == CASES_PER_RANK - 1), rng)
+
+
+def test_batched_splits_and_forced_tiles() -> None:
+    """Batches through split stages (the partial buffer [split][images][...] and the weight
+    gradient's reduction over (image, cell) slices) and through every forced tile shape."""
+    rng = reference.case_rng("batch splits")
+    for geom in (G(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
+                 G(Family.CONV, 3, 16, (40, 40), (7, 7), (2, 2), (3, 3), batch=2),
+                 G(Family.CONV_TRANSPOSE, 16, 8, (30, 30), (3, 2), (2, 1), (1, 0), batch=5)):
+        assert max(plan(geom).splits.values()) > 1, geom
+        check_against_cpu(geom, rng)
+    for tile in FORCED_TILES:
+        for geom in FORCED_GEOMETRY:
+            check_against_cpu(G(geom.family, geom.in_c, geom.out_c, geom.in_spatial, geom.kernel, geom.stride,
+                                geom.padding, batch=3), rng, forced_tape(tile))
+
+
+def test_batch_sizes_of_one_bucket_share_a_module() -> None:
+    """A new batch size compiles nothing when its bucket's tiles are compiled already."""
+    backend = PoisonTape()._backend
+    base = dict(family=Family.CONV, in_c=5, out_c=6, in_spatial=(9, 8), kernel=(3, 3), stride=(2, 1), padding=(1, 1))
+    rng = reference.case_rng("batch bucket")
+    check_against_cpu(G(*base.values(), batch=4), rng)
+    modules = len(backend._modules)
+    check_against_cpu(G(*base.values(), batch=3), rng)
+    assert len(backend._modules) == modules
+
+
+REFUSED = [  # (what the message names, a geometry using it)
+    ("dilation", G(Family.CONV, 2, 3, (7, 6), (3, 2), (1, 1), (1, 0), dilation=(2, 1))),
+    ("groups", G(Family.CONV_TRANSPOSE, 4, 6, (5,), (3,), (2,), (1,), groups=2)),
+    ("circular padding", G(Family.CONV, 2, 2, (6, 5), (3, 3), (1, 1), (1, 1), circular=True)),
+    ("output_padding", G(Family.CONV_TRANSPOSE, 2, 3, (4, 4), (3, 3), (2, 2), (1, 1), output_padding=(1, 0))),
+    ("dilation", G(Family.MAX_POOL, 2, 2, (9,), (2,), (1,), (1,), dilation=(3,), batch=2)),
+]
+
+
+@pytest.mark.parametrize(("name", "geom"), REFUSED, ids=[f"{n} {g.family.value}" for n, g in REFUSED])
+def test_unimplemented_arguments_are_refused_not_computed(name: str, geom: Geometry) -> None:
+    rng = reference.case_rng("refused", geom)
+    result = recorded(convgen.cuda.Tape(), geom, reference.draw_inputs(rng, geom))[2]
+    assert result.error == f"autograd: cuda: {geom.family.value}: {name} is not supported on the CUDA tape yet"
+
+
+def test_float64_tape_is_refused_not_computed() -> None:
+    geom = G(Family.AVG_POOL, 2, 2, (5,), (2,), (1,), (0,))
+    rng = reference.case_rng("float64")
+    tape = convgen.cuda.Tape(dtype="float64")
+    result = recorded(tape, geom, reference.draw_inputs(rng, geom, "float64"))[2]
+    assert result.error == "autograd: cuda: avg_pool: float64 is not supported on the CUDA tape yet"
+
+
 # PyTorch on the GPU, ranks 1..3 (it has no smooth max pool).
 
 @pytest.mark.parametrize("rank", (1, 2, 3))
@@ -239,6 +310,25 @@ def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
     cases = 0
     while cases < 2:
         geom = reference.random_geometry(rng, family, rank, budget=300)
+        if not torch_oracle.accepts(geom):
+            continue
+        cases += 1
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        got = run(PoisonTape(), geom, inputs, grad)
+        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+
+
+@pytest.mark.parametrize("rank", (1, 2, 3))
+@pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
+def test_batched_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = reference.case_rng("torch batch", family.value, rank)
+    cases = 0
+    while cases < 2:
+        geom = batched_geometry(rng, family, rank)
         if not torch_oracle.accepts(geom):
             continue
         cases += 1
@@ -331,6 +421,26 @@ def test_special_values_follow_semantics(name: str) -> None:
     np.testing.assert_array_equal(out, case.output)
     for got, expected in zip(grads, case.grads, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
+def test_nonfinite_weights_and_gradients_skip_padding(family: Family) -> None:
+    """An inf or NaN in a slice's A operand (weights; the upstream gradient, or the input of a
+    transpose, in the weight gradient) that is not the block's first slice, in a split stage and a
+    batch: products with padding are skipped, so exactly the cells the CPU tape makes nonfinite are."""
+    rng = reference.case_rng("nonfinite", family.value)
+    geom = G(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    grad = reference.draw_grad(rng, geom)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan  # slices 0 and 7 of the forward
+    (x if family is Family.CONV_TRANSPOSE else grad)[1, 2, 0, 0] = -np.inf
+    got = run(PoisonTape(), geom, [weight, bias, x], grad, repeat=2)
+    ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], grad)
+    for g, r in zip([got[0], *got[1]], [ref[0], *ref[1]], strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(r))
+        np.testing.assert_array_equal(np.isinf(g) * np.sign(g), np.isinf(r) * np.sign(r))
+        finite = np.isfinite(r)
+        np.testing.assert_allclose(g[finite], r[finite], rtol=1e-4, atol=1e-4)
 
 
 def test_smooth_max_never_forms_beta_times_x() -> None:

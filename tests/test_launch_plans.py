@@ -13,6 +13,7 @@ from convgen.cuda_launch import (
     GEMM_STAGES,
     H200,
     SPLIT_WORKSPACE_BYTES,
+    batch_bucket,
     choose_tile,
     gemm_cost,
     gemm_shapes,
@@ -41,7 +42,7 @@ def test_split_scratch_is_bounded(args):
     geometry_plan = plan(geom)
     for stage, shape in gemm_shapes(geom).items():
         split = geometry_plan.splits[stage]
-        scratch = split * shape.m * shape.n * 4 if split > 1 else 0
+        scratch = split * shape.outputs * shape.m * shape.n * 4 if split > 1 else 0
         assert scratch <= SPLIT_WORKSPACE_BYTES, (stage, split, scratch)
 
 
@@ -94,3 +95,24 @@ def test_plans_set_the_defines_the_contract_lists():
 def test_an_unknown_family_stage_is_named():
     with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward, forward_reduce, "):
         contract.stage(contract.Family.CONV, "forwrd")
+
+
+def test_batch_sizes_share_the_defines_of_their_bucket():
+    """The batch is a kernel argument: sizes of one bucket (the next power of two) plan the same
+    defines, so a new batch size compiles nothing; the grids follow the batch itself."""
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+    args = (Family.CONV, 5, 6, (9, 8), (3, 3), (2, 1), (1, 1))
+    three, four = plan(Geometry.build(*args, batch=3)), plan(Geometry.build(*args, batch=4))
+    assert three.defines == four.defines
+    assert three.launches["forward"].grid * 4 == four.launches["forward"].grid * 3
+    assert three.launches["backward_weight"].grid == four.launches["backward_weight"].grid
+
+
+def test_a_batch_multiplies_conv_blocks_and_weight_slices():
+    geom, batched = Geometry.build(*SIZES[2]), Geometry.build(*SIZES[2], batch=3)
+    for stage, shape in gemm_shapes(batched).items():
+        single = gemm_shapes(geom)[stage]
+        if shape.conv:
+            assert (shape.grid(32, 32, 1), shape.chunks) == (3 * single.grid(32, 32, 1), single.chunks)
+        else:
+            assert (shape.grid(32, 32, 1), shape.chunks) == (single.grid(32, 32, 1), 3 * single.chunks)

@@ -1,5 +1,6 @@
 """Malformed specs: every parse and check error is `path:line:col: error: ...`, the offending line
-and a caret, never a traceback. The full text of each message is pinned."""
+and a caret, never a traceback. The full text of each message is pinned, misdeclared optional
+arguments (SEMANTICS §8) included."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ SMOOTH = """\
 def T.smoothMaxPool2d {kH kW inH inW inC stride : ℕ}
     (t : Tape) (xId : ℕ) (beta : Float) : Result (Tape × ℕ)
 """
+CONV_TRANSPOSE = """\
+def T.convTranspose {d inC outC : ℕ} {kernel stride padding inSpatial : Vector ℕ d}
+    (t : Tape) (kernelId biasId inputId : ℕ)
+    (batch : Option ℕ := none) (groups : ℕ := 1) (outputPadding : Vector ℕ d := 0) : Result (Tape × ℕ)
+"""
 
 
 def error_text(*sources: str) -> str:
@@ -36,7 +42,7 @@ def error_text(*sources: str) -> str:
     return str(raised.value)
 
 
-@pytest.mark.parametrize("source", [CONV2D, MAX_POOL, SMOOTH])
+@pytest.mark.parametrize("source", [CONV2D, MAX_POOL, SMOOTH, CONV_TRANSPOSE])
 def test_the_bases_of_the_malformed_cases_are_well_formed(source):
     check_specs([parse_spec(source, "spec/good.lean")])
 
@@ -141,7 +147,7 @@ spec/bad.lean:2:18: error: expected '(' or '{', got identifier 'i'
     pytest.param(
         CONV2D.replace("inW : ℕ", "inW : Int"),
         """\
-spec/bad.lean:1:55: error: unknown type 'Int': a binder is ℕ, Float, Tape, Vector ℕ d or a hypothesis
+spec/bad.lean:1:55: error: unknown type 'Int': a binder is ℕ, Float, Tape, Vector ℕ d, Option ℕ, PaddingMode or a hypothesis
 def T.conv2d {inC outC kH kW stride padding inH inW : Int}
                                                       ^""",
         id='unknown_type',
@@ -366,6 +372,95 @@ spec/bad.lean:2:5: error: 'max' cannot appear in generated C or Python: a Python
 def T.max {d C : ℕ} {inSpatial kernel stride padding : Vector ℕ d}
     ^""",
         id='builtin_op',
+    ),
+    # The optional arguments of SEMANTICS §8 (lower.OPTIONAL_ARGUMENTS).
+    pytest.param(
+        MAX_POOL.replace("{d C : ℕ}", "{d C : ℕ} {batch : Option ℕ}"),
+        """\
+spec/bad.lean:1:25: error: 'Option ℕ' is the type of an optional argument: write '(batch : Option ℕ := default)'
+def T.maxPool {d C : ℕ} {batch : Option ℕ} {inSpatial kernel stride padding : Vector ℕ d}
+                        ^""",
+        id='optional_type_without_default',
+    ),
+    pytest.param(
+        MAX_POOL.replace("(xId : ℕ)", "(xId : ℕ) (ceilMode : ℕ := 0)"),
+        """\
+spec/bad.lean:3:27: error: unknown optional argument 'ceilMode': expected one of batch, dilation, outputPadding, groups, paddingMode
+    (t : Tape) (xId : ℕ) (ceilMode : ℕ := 0) : Result (Tape × ℕ)
+                          ^""",
+        id='unknown_optional',
+    ),
+    pytest.param(
+        MAX_POOL.replace("(xId : ℕ)", "(xId : ℕ := 0)"),
+        """\
+spec/bad.lean:3:17: error: unknown optional argument 'xId': expected one of batch, dilation, outputPadding, groups, paddingMode
+    (t : Tape) (xId : ℕ := 0) : Result (Tape × ℕ)
+                ^""",
+        id='id_with_default',
+    ),
+    pytest.param(
+        MAX_POOL.replace("(xId : ℕ)", "(xId : ℕ) (groups : ℕ := 1)"),
+        """\
+spec/bad.lean:3:27: error: 'groups' is no argument of a max_pool op: it takes batch, dilation
+    (t : Tape) (xId : ℕ) (groups : ℕ := 1) : Result (Tape × ℕ)
+                          ^""",
+        id='groups_on_a_pool',
+    ),
+    pytest.param(
+        CONV_TRANSPOSE.replace("(groups : ℕ := 1)", "(paddingMode : PaddingMode := zeros)"),
+        """\
+spec/bad.lean:3:33: error: 'paddingMode' is no argument of a conv_transpose op: it takes batch, dilation, outputPadding, groups
+    (batch : Option ℕ := none) (paddingMode : PaddingMode := zeros) (outputPadding : Vector ℕ d := 0) : Result (Tape × ℕ)
+                                ^""",
+        id='padding_mode_on_a_transpose',
+    ),
+    pytest.param(
+        CONV2D.replace("inputId : ℕ)", "inputId : ℕ) (groups : ℕ := 1)"),
+        """\
+spec/bad.lean:3:47: error: a *2d* op takes no optional argument ('groups'): only the N-D ops take them
+    (t : Tape) (kernelId biasId inputId : ℕ) (groups : ℕ := 1) : Result (Tape × ℕ)
+                                              ^""",
+        id='optional_argument_on_a_2d_op',
+    ),
+    pytest.param(
+        CONV_TRANSPOSE.replace("(groups : ℕ := 1)", "(groups : Vector ℕ d := 1)"),
+        """\
+spec/bad.lean:3:42: error: 'groups' must be a 'ℕ', got 'Vector ℕ d'
+    (batch : Option ℕ := none) (groups : Vector ℕ d := 1) (outputPadding : Vector ℕ d := 0) : Result (Tape × ℕ)
+                                         ^""",
+        id='optional_argument_of_the_wrong_type',
+    ),
+    pytest.param(
+        MAX_POOL.replace("(xId : ℕ)", "(xId : ℕ) (dilation : Vector ℕ d := 2)"),
+        """\
+spec/bad.lean:3:52: error: the default of 'dilation' must be '1', which leaves the op the seed's; got '2'
+    (t : Tape) (xId : ℕ) (dilation : Vector ℕ d := 2) : Result (Tape × ℕ)
+                                                   ^""",
+        id='dilation_default_not_1',
+    ),
+    pytest.param(
+        CONV_TRANSPOSE.replace(":= none", ":= 1"),
+        """\
+spec/bad.lean:3:26: error: the default of 'batch' must be 'none', which leaves the op the seed's; got '1'
+    (batch : Option ℕ := 1) (groups : ℕ := 1) (outputPadding : Vector ℕ d := 0) : Result (Tape × ℕ)
+                         ^""",
+        id='batch_default_not_none',
+    ),
+    pytest.param(
+        CONV_TRANSPOSE.replace("d := 0", "d := 1"),
+        """\
+spec/bad.lean:3:81: error: the default of 'outputPadding' must be '0', which leaves the op the seed's; got '1'
+    (batch : Option ℕ := none) (groups : ℕ := 1) (outputPadding : Vector ℕ d := 1) : Result (Tape × ℕ)
+                                                                                ^""",
+        id='output_padding_default_not_0',
+    ),
+    pytest.param(
+        MAX_POOL.replace("∀ (i : Fin d)", "∀ (i : Fin d := 0)"),
+        """\
+spec/bad.lean:2:16: error: unsupported hypothesis '∀ (i : Fin d := 0), kernel.get i ≠ 0': expected 'x ≠ 0' or '∀ (i : Fin d), v.get i ≠ 0'
+    {hKernel : ∀ (i : Fin d := 0), kernel.get i ≠ 0}
+               ^""",
+        id='default_in_a_forall',
     ),
 ]
 

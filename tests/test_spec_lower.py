@@ -1,5 +1,5 @@
 """Lowering: snake_case names, the family from the name (or `@[family]`), and the full `OpSpec` of
-the seed's ops, with the checks of SEMANTICS §5 in order."""
+the seed's ops, with the checks of SEMANTICS §5 in order, and those of §8 for the optional arguments."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def scalar(lean: str, role: Role, axis: int | None = None) -> GeometryParam:
 
 def vector(lean: str, role: Role) -> GeometryParam:
     return GeometryParam(snake_case(lean), lean, role, None, is_vector=True)
+
+
+def option(lean: str, role: Role, default: int | str | None, is_vector: bool = False) -> GeometryParam:
+    return GeometryParam(snake_case(lean), lean, role, None, is_vector, optional=True, default=default)
+
+
+BATCH_DILATION = (option("batch", Role.BATCH, None), option("dilation", Role.DILATION, None, is_vector=True))
 
 
 @pytest.mark.parametrize(("lean", "python"), [
@@ -104,7 +111,9 @@ def test_all_thirteen_lower_from_both_files_sorted_by_name():
     assert [op.name for op in from_seed] == [op.name for op in from_ops] == SEED_OPS
     assert all(op.doc == "" for op in from_seed) and all(op.doc for op in from_ops)
     for seed_op, ops_op in zip(from_seed, from_ops, strict=True):
-        assert seed_op.checks == ops_op.checks and seed_op.geometry == ops_op.geometry
+        assert seed_op.geometry == ops_op.geometry and seed_op.options == ()
+        # Only the N-D ops take optional arguments; the *2d* ops are the seed's.
+        assert (seed_op.checks == ops_op.checks) == (ops_op.options == ()) == (ops_op.rank == 2), ops_op.name
 
 
 def test_lowering_does_not_depend_on_file_order():
@@ -162,16 +171,59 @@ def test_conv():
         checks=(
             Check(K.NATURAL, ("in_c", "out_c")),
             Check(K.NATURAL_EACH, ("kernel", "stride", "padding", "in_spatial")),
-            Check(K.SAME_LENGTH, ND_VECTORS),
+            Check(K.NATURAL, ("batch",)),
+            Check(K.NATURAL_EACH, ("dilation",)),
+            Check(K.NATURAL, ("groups",)),
+            Check(K.SAME_LENGTH, (*ND_VECTORS, "dilation")),
+            Check(K.NONZERO_EACH, ("dilation",)),
+            Check(K.NONZERO, ("groups",)),
+            Check(K.DIVISIBLE, ("in_c", "out_c", "groups")),
+            Check(K.PADDING_MODE, ("padding_mode",)),
+            Check(K.CIRCULAR_PADDING, ("padding_mode", "padding", "in_spatial")),
             Check(K.NONZERO, ("in_c",)),
             Check(K.NONZERO_EACH, ("kernel",)),
             Check(K.RANK, ("in_spatial",)),
             Check(K.STRIDE, ("stride",)),
-            Check(K.U32_SCALARS, ("in_c", "out_c")),
-            Check(K.U32_ENTRIES, ND_VECTORS),
+            Check(K.U32_SCALARS, ("in_c", "out_c", "batch", "groups")),
+            Check(K.U32_ENTRIES, (*ND_VECTORS, "dilation")),
             Check(K.U32_SHAPES, ("in_spatial", "kernel")),
+            Check(K.U32_INPUT_SHAPE, ("batch", "in_c", "in_spatial")),
         ),
+        options=(*BATCH_DILATION, option("groups", Role.GROUPS, 1), option("paddingMode", Role.PADDING_MODE, "zeros")),
     )
+
+
+def test_conv_transpose_checks_output_padding_types_before_groups_and_its_bound_last():
+    """SEMANTICS §8's order, whatever the signature's: the types of batch, dilation, output_padding,
+    then groups; the output padding bound after the groups checks."""
+    op = by_name()["conv_transpose"]
+    assert op.options == (*BATCH_DILATION, option("groups", Role.GROUPS, 1),
+                          option("outputPadding", Role.OUTPUT_PADDING, None, is_vector=True))
+    assert op.checks[2:10] == (
+        Check(K.NATURAL, ("batch",)),
+        Check(K.NATURAL_EACH, ("dilation",)),
+        Check(K.NATURAL_EACH, ("output_padding",)),
+        Check(K.NATURAL, ("groups",)),
+        Check(K.SAME_LENGTH, (*ND_VECTORS, "dilation", "output_padding")),
+        Check(K.NONZERO_EACH, ("dilation",)),
+        Check(K.NONZERO, ("groups",)),
+        Check(K.DIVISIBLE, ("in_c", "out_c", "groups")),
+    )
+    assert op.checks[10] == Check(K.OUTPUT_PADDING, ("output_padding", "stride", "dilation"))
+    assert Check(K.U32_ENTRIES, (*ND_VECTORS, "dilation", "output_padding")) in op.checks
+
+
+def test_optional_arguments_lower_in_signature_order_and_checks_in_semantics_order():
+    text = ("def T.convTranspose {d inC outC : ℕ} {kernel stride padding inSpatial : Vector ℕ d} (t : Tape) "
+            "(kernelId biasId inputId : ℕ) (outputPadding : Vector ℕ d := 0) (groups : ℕ := 1) "
+            ": Result (Tape × ℕ)")
+    op = lower_text(text)
+    assert [p.python_name for p in op.options] == ["output_padding", "groups"]
+    assert [c for c in op.checks if c.kind in (K.NATURAL, K.NATURAL_EACH)][2:] == [
+        Check(K.NATURAL_EACH, ("output_padding",)), Check(K.NATURAL, ("groups",))]
+    # Without a dilation the bound reads the stride only.
+    assert Check(K.OUTPUT_PADDING, ("output_padding", "stride")) in op.checks
+    assert not any(c.kind is K.U32_INPUT_SHAPE for c in op.checks)
 
 
 def test_max_pool2d():
@@ -235,14 +287,19 @@ def test_avg_pool():
         checks=(
             Check(K.NATURAL, ("c",)),
             Check(K.NATURAL_EACH, ND_VECTORS),
-            Check(K.SAME_LENGTH, ND_VECTORS),
+            Check(K.NATURAL, ("batch",)),
+            Check(K.NATURAL_EACH, ("dilation",)),
+            Check(K.SAME_LENGTH, (*ND_VECTORS, "dilation")),
+            Check(K.NONZERO_EACH, ("dilation",)),
             Check(K.NONZERO_EACH, ("kernel",)),
             Check(K.RANK, ("in_spatial",)),
             Check(K.STRIDE, ("stride",)),
-            Check(K.U32_SCALARS, ("c",)),
-            Check(K.U32_ENTRIES, ND_VECTORS),
+            Check(K.U32_SCALARS, ("c", "batch")),
+            Check(K.U32_ENTRIES, (*ND_VECTORS, "dilation")),
             Check(K.U32_SHAPES, ("in_spatial", "kernel")),
+            Check(K.U32_INPUT_SHAPE, ("batch", "c", "in_spatial")),
         ),
+        options=BATCH_DILATION,
     )
 
 

@@ -1,5 +1,6 @@
 """The spec parser: the seed's thirteen `def` lines parse verbatim, ASCII spellings mean the same,
-comments are skipped, locations are right, and printing a declaration parses back to it."""
+comments are skipped, locations are right, optional arguments keep their defaults, and printing a
+declaration parses back to it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from convgen.generator.model import (
     NatLit,
     Ne,
     Prod,
+    SpecError,
     format_expr,
 )
 from convgen.generator.parse import parse_spec
@@ -66,12 +68,41 @@ def test_conv_nd_parses_to_the_expected_ir():
     )
 
 
-def test_ops_spec_holds_the_seed_declarations_with_docs():
+def test_ops_spec_holds_the_seed_declarations_with_docs_and_optional_arguments():
     seed = parse_spec("\n".join(SEED_LINES), "seed").decls
     ops = parse_spec(OPS_SPEC.read_text(encoding="utf-8"), "spec/ops.lean").decls
     assert [d.name for d in ops] == [d.name for d in seed]
     assert all(d.doc for d in ops)
-    assert [Decl(None, d.attributes, d.name, d.binders, d.result) for d in ops] == list(seed)
+    without_options = [Decl(None, d.attributes, d.name, tuple(b for b in d.binders if b.default is None), d.result)
+                       for d in ops]
+    assert without_options == list(seed)
+    optional = {d.short_name: [(b.names, format_expr(b.type), format_expr(b.default)) for b in d.binders
+                               if b.default is not None] for d in ops}
+    batch_dilation = [(("batch",), "Option ℕ", "none"), (("dilation",), "Vector ℕ d", "1")]
+    assert optional == {
+        "conv": [*batch_dilation, (("groups",), "ℕ", "1"), (("paddingMode",), "PaddingMode", "zeros")],
+        "convTranspose": [*batch_dilation, (("groups",), "ℕ", "1"), (("outputPadding",), "Vector ℕ d", "0")],
+        "maxPool": batch_dilation, "avgPool": batch_dilation, "smoothMaxPool": batch_dilation,
+        **{d.short_name: [] for d in seed if "2d" in d.short_name},
+    }
+
+
+def test_an_explicit_binder_may_have_a_default():
+    text = "def A.f (t : Tape) (batch : Option Nat := none) (a b : ℕ := 1) : Result (Tape × ℕ)"
+    decl = parse_one(text)
+    assert decl.binders == (
+        Binder(("t",), Ident("Tape"), explicit=True),
+        Binder(("batch",), App(Ident("Option"), (NAT,)), explicit=True, default=Ident("none")),
+        Binder(("a", "b"), NAT, explicit=True, default=NatLit(1)),
+    )
+    assert decl.binders[2].default.loc == Loc("t.lean", 1, text.index(":= 1") + len(":= ") + 1)
+    assert decl.to_spec() == ("def A.f (t : Tape) (batch : Option ℕ := none) (a b : ℕ := 1) : "
+                              "Result (Tape × ℕ)")
+
+
+def test_an_implicit_binder_has_no_default():
+    with pytest.raises(SpecError, match="expected '}', got ':='"):
+        parse_one("def A.f {a : ℕ := 1} : T")
 
 
 def test_ascii_spellings_parse_to_the_unicode_ir():

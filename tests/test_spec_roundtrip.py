@@ -23,7 +23,10 @@ names = st.lists(dotted, min_size=1, max_size=3).map(tuple)
 
 
 def binders(types: st.SearchStrategy) -> st.SearchStrategy:
-    return st.builds(Binder, names, types, st.booleans())
+    """Implicit binders, and explicit ones with or without a default (an implicit one has none)."""
+    implicit = st.builds(Binder, names, types, st.just(False))
+    explicit = st.builds(Binder, names, types, st.just(True), st.none() | types)
+    return implicit | explicit
 
 
 leaves = st.one_of(dotted.map(Ident), st.just(Ident("ℕ")), st.integers(0, 10**12).map(NatLit))
@@ -54,7 +57,9 @@ OPS_TEXT = (Path(__file__).resolve().parent.parent / "spec" / "ops.lean").read_t
 # Pieces of spec syntax and of the generated languages, besides arbitrary characters.
 TOKENS = ["def ", "(", ")", "{", "}", ":", " × ", " x ", "≠", "∀", ",", "ℕ", "Nat", "@[family conv]", "]", "/--",
           "-/", "/-", "--", "\n", "0", "Tape", "Float", "Vector ℕ d", "_", '"', '"""', "\\", "\x00", "2d", "ops",
-          "value", "leaf", "natural", "class", "__", "$\\le 8$", "é", "\u2028", "{d : ℕ}", "(beta : Float)"]
+          "value", "leaf", "natural", "class", "__", "$\\le 8$", "é", "\u2028", "{d : ℕ}", "(beta : Float)", " := ",
+          "(batch : Option ℕ := none)", "(groups : ℕ := 1)", "(dilation : Vector ℕ d := 1)", "PaddingMode", "zeros",
+          "outputPadding", "none", "1"]
 edits = st.tuples(
     st.sampled_from(["insert", "delete", "duplicate"]),
     st.floats(0, 1),  # where, as a fraction of the text

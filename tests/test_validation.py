@@ -248,9 +248,11 @@ def test_missing_or_unknown_keywords_raise_type_error(conv_tape):
 
 
 class WrongDtypeBackend(NumpyBackend):
+    """Returns the other float type than the tape's."""
+
     def forward(self, geom, inputs):
         out, saved = super().forward(geom, inputs)
-        return out.astype(np.float64), saved
+        return out.astype(np.float64 if self.dtype == "float32" else np.float32), saved
 
 
 class ShortOutputBackend(NumpyBackend):
@@ -281,13 +283,15 @@ def test_backend_failures_become_results_naming_the_op():
         "autograd: cpu: max_pool: backward_input kernel failed: cudaErrorLaunchFailure")
 
 
-@pytest.mark.parametrize(("backend", "message"), [
-    (WrongDtypeBackend, "autograd: cpu: conv2d: native output is float64 on cpu, expected float32 on cpu"),
-    (ShortOutputBackend, "autograd: CPU buffer size mismatch (shape elements=8, native elements=7)"),
+@pytest.mark.parametrize(("backend", "dtype", "message"), [
+    (WrongDtypeBackend, "float32", "autograd: cpu: conv2d: native output is float64 on cpu, expected float32 on cpu"),
+    (WrongDtypeBackend, "float64", "autograd: cpu: conv2d: native output is float32 on cpu, expected float64 on cpu"),
+    (ShortOutputBackend, "float32", "autograd: CPU buffer size mismatch (shape elements=8, native elements=7)"),
+    (ShortOutputBackend, "float64", "autograd: CPU buffer size mismatch (shape elements=8, native elements=7)"),
 ])
-def test_native_output_is_checked_before_recording(backend, message):
+def test_native_output_is_checked_before_recording(backend, dtype, message):
     tape_class = type("CheckedTape", (convgen.cpu.Tape,), {"backend_class": backend})
-    t = leaves(tape_class())
+    t = leaves(tape_class(dtype=dtype))
     assert error_of(t.conv2d(0, 1, 2, **CONV2D)) == message
     assert len(t) == 5
 

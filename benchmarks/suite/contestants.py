@@ -1,15 +1,17 @@
-"""The contestants: convgen's CUDA tape, PyTorch/cuDNN (strict fp32, TF32, and the float64 reference)
-with the conv3d-made 4-D convolution, each a forward and a forward+backward call on one case's inputs."""
+"""The contestants: convgen's CUDA tape, PyTorch/cuDNN (strict fp32, TF32, bf16 channels-last for the
+batched cases, and the float64 reference) with the conv3d-made 4-D convolution, each a forward and a
+forward+backward call on one case's inputs."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from suite.cases import Case
-from suite.timing import CupyDevice, TorchDevice
+from suite.timing import L2_FLUSH_BYTES, CupyDevice, TorchDevice, one_line
 
 INPUT_SEED = 20260601
 
@@ -71,7 +73,12 @@ def torch_op(case: Case) -> Callable[..., Any]:
 
 
 def convgen_op(case: Case, tape: Any, ids: dict[str, int]) -> Callable[[], Any]:
-    """The convgen call a user writes for the case; returns a Result."""
+    """The convgen call a user writes for the case; returns a Result. A batch goes through the N-D
+    `conv` (the 2-D calls have no batch axis)."""
+    if case.is_batched:
+        return lambda: tape.conv(ids["weight"], ids["bias"], ids["x"], in_c=case.in_c, out_c=case.out_c,
+                                 kernel=case.kernel, stride=case.strides, padding=case.paddings,
+                                 in_spatial=case.spatial, batch=case.batch)
     if case.is_conv and case.rank == 2:
         (in_h, in_w) = case.spatial
         return lambda: tape.conv2d(ids["weight"], ids["bias"], ids["x"], in_c=case.in_c, out_c=case.out_c,
@@ -98,6 +105,34 @@ class Libraries:
     torch: Any
     convgen: Any
     flush_l2: Callable[[], None]
+
+
+def load_libraries(program: str) -> Libraries:
+    """CuPy, PyTorch (CUDA) and convgen, or exit with a message, from `program`, saying what is missing."""
+    try:
+        import cupy
+    except ImportError as error:
+        sys.exit(f"{program}: CuPy is not importable ({error}). This benchmark needs an NVIDIA GPU "
+                 "with CuPy (cupy-cuda12x or cupy-cuda13x), PyTorch with CUDA, and convgen installed.")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as error:
+        sys.exit(f"{program}: no usable CUDA GPU ({one_line(error)}). Run it on a machine with an NVIDIA GPU.")
+    try:
+        import torch
+    except ImportError as error:
+        sys.exit(f"{program}: PyTorch is not importable ({error}); it is the reference and the baseline.")
+    if not torch.cuda.is_available():
+        sys.exit(f"{program}: this PyTorch has no CUDA (torch.cuda.is_available() is False).")
+    try:
+        import convgen
+        import convgen.cuda
+    except ImportError as error:
+        sys.exit(f"{program}: convgen is not importable ({error}); install it: "
+                 "python3 -m pip install --no-deps --no-build-isolation -e .")
+    flush_buffer = cupy.empty(L2_FLUSH_BYTES // 4, cupy.float32)
+    return Libraries(cupy=cupy, torch=torch, convgen=convgen, flush_l2=lambda: flush_buffer.fill(0))
 
 
 MODES = ("fwd", "fwd_bwd")
@@ -153,22 +188,42 @@ class ConvgenContestant(Contestant):
         return {f"grad_{name}": result[node] for name, node in self.ids.items()}
 
 
-class TorchContestant(Contestant):
-    """PyTorch on the same data, with a batch axis of 1; strict fp32, TF32 or (reference) float64."""
+@dataclass(frozen=True)
+class TorchVariant:
+    """How PyTorch runs a case: its label in the report, dtype, TF32 switch and memory format."""
 
-    def __init__(self, case: Case, inputs: dict[str, Any], torch: Any, *, tf32: bool = False,
-                 dtype: Any = None):
-        self.torch, self.tf32 = torch, tf32
-        self.label = "torch_tf32" if tf32 else "torch_strict"
-        dtype = dtype or torch.float32
+    label: str
+    dtype: str  # a torch dtype's name
+    tf32: bool = False
+    channels_last: bool = False  # NHWC / NDHWC where PyTorch has the format (2-D and 3-D convolutions)
+
+
+TORCH_STRICT = TorchVariant("torch_strict", "float32")
+TORCH_TF32 = TorchVariant("torch_tf32", "float32", tf32=True)
+TORCH_BF16_CHANNELS_LAST = TorchVariant("torch_bf16_cl", "bfloat16", channels_last=True)  # autocast off
+TORCH_REFERENCE = TorchVariant("torch_float64", "float64")
+CHANNELS_LAST_FORMAT = {2: "channels_last", 3: "channels_last_3d"}  # by spatial rank; others stay contiguous
+
+
+class TorchContestant(Contestant):
+    """PyTorch on the same data, as `variant` says; an unbatched case gets a batch axis of 1."""
+
+    def __init__(self, case: Case, inputs: dict[str, Any], torch: Any, variant: TorchVariant = TORCH_STRICT):
+        self.torch, self.tf32, self.label = torch, variant.tf32, variant.label
+        self.unbatched = not case.is_batched
+        dtype = getattr(torch, variant.dtype)
+        format_name = CHANNELS_LAST_FORMAT.get(case.rank) if variant.channels_last else None
+        memory_format = getattr(torch, format_name or "contiguous_format")
         names = ("x", "weight", "bias") if case.is_conv else ("x",)
 
         def tensor(name: str) -> Any:
             value = torch.from_dlpack(inputs[name])
-            value = value.unsqueeze(0) if name in ("x", "seed") else value
-            return value.to(dtype).clone()
+            value = value.unsqueeze(0) if self.unbatched and name in ("x", "seed") else value
+            value = value.to(dtype).clone()
+            return value.contiguous(memory_format=memory_format) if value.dim() == case.rank + 2 else value
 
         self.names = names
+        self.memory_format = str(memory_format).removeprefix("torch.")
         self.inputs = [tensor(name).requires_grad_(True) for name in names]
         self.seed = tensor("seed")
         self.op = torch_op(case)
@@ -176,7 +231,8 @@ class TorchContestant(Contestant):
 
     @contextlib.contextmanager
     def active(self) -> Any:
-        """TF32 on or off for cuDNN convolutions and cuBLAS matmuls (legacy flags, as asked)."""
+        """TF32 on or off for cuDNN convolutions and cuBLAS matmuls (legacy flags, as asked); the
+        flags, dtype and memory format go to the report."""
         import warnings
 
         backends = self.torch.backends
@@ -186,7 +242,10 @@ class TorchContestant(Contestant):
             backends.cudnn.allow_tf32 = backends.cuda.matmul.allow_tf32 = self.tf32
             flags = {"cudnn.allow_tf32": backends.cudnn.allow_tf32,
                      "cuda.matmul.allow_tf32": backends.cuda.matmul.allow_tf32,
-                     "cudnn.benchmark": backends.cudnn.benchmark}
+                     "cudnn.benchmark": backends.cudnn.benchmark,
+                     "dtype": str(self.inputs[0].dtype).removeprefix("torch."),
+                     "memory_format": self.memory_format,
+                     "autocast": self.torch.is_autocast_enabled()}  # CUDA autocast, in every torch version
             conv_precision = getattr(getattr(backends.cudnn, "conv", None), "fp32_precision", None)
             if conv_precision is not None:
                 flags["cudnn.conv.fp32_precision"] = conv_precision
@@ -204,6 +263,11 @@ class TorchContestant(Contestant):
         return self.torch.autograd.grad(self.op(*self.inputs), self.inputs, self.seed)
 
     def arrays_of(self, result: Any, mode: str) -> dict[str, Any]:
+        """The outputs without the batch axis of 1 that an unbatched case was given."""
+
+        def unbatch(name: str, value: Any) -> Any:
+            return value[0] if self.unbatched and name in ("y", "x") else value
+
         if mode == "fwd":
-            return {"y": result[0]}
-        return {f"grad_{name}": grad[0] if name == "x" else grad for name, grad in zip(self.names, result, strict=True)}
+            return {"y": unbatch("y", result)}
+        return {f"grad_{name}": unbatch(name, grad) for name, grad in zip(self.names, result, strict=True)}

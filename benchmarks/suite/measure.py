@@ -10,7 +10,19 @@ from typing import Any
 
 from suite.cases import Case
 from suite.children import run_jax_children
-from suite.contestants import MODES, Contestant, ConvgenContestant, Libraries, TorchContestant, make_device_inputs
+from suite.contestants import (
+    MODES,
+    TORCH_BF16_CHANNELS_LAST,
+    TORCH_REFERENCE,
+    TORCH_STRICT,
+    TORCH_TF32,
+    Contestant,
+    ConvgenContestant,
+    Libraries,
+    TorchContestant,
+    TorchVariant,
+    make_device_inputs,
+)
 from suite.report import MISMATCH_REL_ERR, CaseReport, fmt_pair
 from suite.timing import Settings, relative_error, time_kernels, time_user_calls
 
@@ -20,7 +32,7 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
     started = time.perf_counter()
     try:
         inputs = make_device_inputs(case, libs.cupy)
-        reference_contestant = TorchContestant(case, inputs, libs.torch, dtype=libs.torch.float64)
+        reference_contestant = TorchContestant(case, inputs, libs.torch, TORCH_REFERENCE)
     except Exception as error:
         report.error("inputs/reference", error)
         return report
@@ -28,10 +40,9 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
         by_mode = eager_outputs(reference_contestant, "float64 reference", report)
     reference = {name: array for outputs in by_mode.values() for name, array in outputs.items()}
     del reference_contestant, by_mode
-    builders = [("convgen", partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy)),
-                ("torch_strict", partial(TorchContestant, case, inputs, libs.torch, tf32=False))]
-    if case.is_conv:  # TF32 changes nothing for the pools (no cuDNN convolution, no matmul)
-        builders.append(("torch_tf32", partial(TorchContestant, case, inputs, libs.torch, tf32=True)))
+    builders = [("convgen", partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy))]
+    builders += [(variant.label, partial(TorchContestant, case, inputs, libs.torch, variant))
+                 for variant in torch_variants(case)]
     for label, build in builders:
         try:
             contestant = build()
@@ -41,10 +52,21 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
         measure_contestant(contestant, case, reference, settings, libs, report)
         del contestant
         release_memory(libs)
-    if case.rank == 4:
+    if case.rank == 4 and not case.is_batched:  # JAX's children take minutes; the unbatched case compares them
         report.jax = run_jax_children(case, inputs, reference, settings, libs.cupy.asnumpy)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def torch_variants(case: Case) -> list[TorchVariant]:
+    """Strict fp32 always; TF32 for convolutions (it changes nothing for the pools: no cuDNN
+    convolution, no matmul); bf16 channels-last for the batched cases, the tensor-core baseline."""
+    variants = [TORCH_STRICT]
+    if case.is_conv:
+        variants.append(TORCH_TF32)
+    if case.is_batched:
+        variants.append(TORCH_BF16_CHANNELS_LAST)
+    return variants
 
 
 def eager_outputs(contestant: Contestant, label: str, report: CaseReport) -> dict[str, dict[str, Any]]:

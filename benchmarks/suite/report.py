@@ -3,6 +3,7 @@ last and the JSON file (rewritten after every case)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from suite.cases import Case
+from suite.cases import REFERENCE_DATE, Case
 from suite.contestants import MODES, Libraries
+from suite.host import format_host
+from suite.targets import check_targets, format_targets
 from suite.timing import L2_FLUSH_BYTES, Settings, one_line
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -47,7 +50,9 @@ class CaseReport:
     def to_json(self) -> dict[str, Any]:
         case = self.case
         return {
-            "name": case.name, "title": case.title, "op": case.op, "input_shape": case.input_shape,
+            "name": case.name, "title": case.title, "op": case.op, "batch": case.batch,
+            "cudnn_reference_ms": dataclasses.asdict(case.reference) if case.reference else None,
+            "input_shape": case.input_shape,
             "output_shape": case.output_shape, "kernel": case.kernel, "stride": case.strides,
             "padding": case.paddings, "beta": case.beta if case.op == "smooth_max_pool" else None,
             "floor_us": case.floor_us, "io_bytes": case.io_bytes,
@@ -116,53 +121,98 @@ def fmt_ratio(numerator: float | None, denominator: float | None) -> str:
     return f"{numerator / denominator:.2f}" if numerator and denominator else "—"
 
 
-def table_row(report: CaseReport) -> list[str]:
-    case = report.case
+def timing_cell(report: CaseReport, label: str, mode: str) -> str:
+    """`call / kernels` ms, † where the kernels could not be timed by graph replay."""
+    kernels = report.timings.get(label, {}).get(mode, {}).get("kernels", {})
+    mark = "†" if kernels.get("method", "").startswith("back-to-back") else ""
+    return fmt_pair(report.median(label, mode, "call"), report.median(label, mode, "kernels"), mark)
 
-    def cell(label: str, mode: str) -> str:
-        kernels = report.timings.get(label, {}).get(mode, {}).get("kernels", {})
-        mark = "†" if kernels.get("method", "").startswith("back-to-back") else ""
-        return fmt_pair(report.median(label, mode, "call"), report.median(label, mode, "kernels"), mark)
 
-    def ratio(mode: str) -> str:
-        return " / ".join(fmt_ratio(report.median("torch_strict", mode, kind), report.median("convgen", mode, kind))
-                          for kind in ("call", "kernels"))
+def ratio_cell(report: CaseReport, mode: str) -> str:
+    """PyTorch strict over convgen, call / kernels: above 1 means convgen is faster."""
+    return " / ".join(fmt_ratio(report.median("torch_strict", mode, kind), report.median("convgen", mode, kind))
+                      for kind in ("call", "kernels"))
 
+
+def check_cell(report: CaseReport) -> str:
     worst = report.worst_error("convgen")
-    check = "—" if worst is None else f"{worst:.0e}" + (" ok" if worst <= MISMATCH_REL_ERR else " **MISMATCH**")
-    bandwidth = report.bandwidth()
-    gb_s = "—" if not bandwidth else " / ".join(
-        f"{bandwidth[key]:.0f}" if key in bandwidth else "—" for key in ("convgen_kernels", "torch_strict_kernels"))
-    peak = " / ".join(f"{report.memory[label]['fwd_bwd']['peak_bytes'] / 2**20:.0f}"
+    return "—" if worst is None else f"{worst:.0e}" + (" ok" if worst <= MISMATCH_REL_ERR else " **MISMATCH**")
+
+
+def peak_cell(report: CaseReport) -> str:
+    return " / ".join(f"{report.memory[label]['fwd_bwd']['peak_bytes'] / 2**20:.0f}"
                       if "fwd_bwd" in report.memory.get(label, {}) else "—" for label in ("convgen", "torch_strict"))
-    compile_cells = []
+
+
+def compile_cell(report: CaseReport) -> str:
+    cells = []
     for run in ("cold", "warm"):
         entry = report.compile.get(run, {})
         steps = [entry.get(k) for k in ("first_forward_s", "first_backward_s")]
-        compile_cells.append(f"{sum(steps):.2f}" if all(s is not None for s in steps) else "—")
-    tf32 = (cell("torch_tf32", "fwd"), cell("torch_tf32", "fwd_bwd")) if case.is_conv else ("= strict", "= strict")
-    return [case.title + (" ⚠" if report.errors else ""), check, f"{case.floor_us:.3g}",
-            cell("convgen", "fwd"), cell("convgen", "fwd_bwd"), cell("torch_strict", "fwd"),
-            cell("torch_strict", "fwd_bwd"), *tf32, ratio("fwd"), ratio("fwd_bwd"), gb_s, peak,
-            " / ".join(compile_cells)]
+        cells.append(f"{sum(steps):.2f}" if all(s is not None for s in steps) else "—")
+    return " / ".join(cells)
+
+
+def table_row(report: CaseReport) -> list[str]:
+    """A row of the unbatched table (TABLE_HEADER)."""
+    case = report.case
+    bandwidth = report.bandwidth()
+    gb_s = "—" if not bandwidth else " / ".join(
+        f"{bandwidth[key]:.0f}" if key in bandwidth else "—" for key in ("convgen_kernels", "torch_strict_kernels"))
+    tf32 = (timing_cell(report, "torch_tf32", "fwd"), timing_cell(report, "torch_tf32", "fwd_bwd")) \
+        if case.is_conv else ("= strict", "= strict")
+    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), f"{case.floor_us:.3g}",
+            timing_cell(report, "convgen", "fwd"), timing_cell(report, "convgen", "fwd_bwd"),
+            timing_cell(report, "torch_strict", "fwd"), timing_cell(report, "torch_strict", "fwd_bwd"), *tf32,
+            ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"), gb_s, peak_cell(report), compile_cell(report)]
+
+
+def batched_row(report: CaseReport) -> list[str]:
+    """A row of the batched table (BATCHED_TABLE_HEADER): the unbatched columns without GB/s, plus
+    bf16 channels-last and cuDNN's reference times."""
+    case, reference = report.case, report.case.reference
+    timings = [timing_cell(report, label, mode) for label in BATCHED_LABELS for mode in MODES]
+    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), f"{case.floor_us:.3g}", *timings,
+            ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"),
+            f"{reference.fwd_ms:g} / {reference.fwd_bwd_ms:g}" if reference else "—", peak_cell(report),
+            compile_cell(report)]
 
 
 TABLE_HEADER = ["case", "convgen rel err", "floor fwd µs", "convgen fwd", "convgen fwd+bwd", "torch fwd",
                 "torch fwd+bwd", "torch tf32 fwd", "torch tf32 fwd+bwd", "torch/convgen fwd",
                 "torch/convgen fwd+bwd", "fwd GB/s convgen / torch", "peak MiB fwd+bwd convgen / torch",
                 "1st call s cold / warm"]
+BATCHED_LABELS = ("convgen", "torch_strict", "torch_tf32", "torch_bf16_cl")
+BATCHED_TABLE_HEADER = ["case", "convgen rel err", "floor fwd µs", "convgen fwd", "convgen fwd+bwd", "torch fwd",
+                        "torch fwd+bwd", "torch tf32 fwd", "torch tf32 fwd+bwd", "torch bf16 CL fwd",
+                        "torch bf16 CL fwd+bwd", "torch/convgen fwd", "torch/convgen fwd+bwd",
+                        f"cuDNN ref {REFERENCE_DATE} fwd / fwd+bwd", "peak MiB fwd+bwd convgen / torch",
+                        "1st call s cold / warm"]
 
 
-def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs: dict[str, Any]) -> None:
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs: dict[str, Any],
+                  host: dict[str, Any] | None = None) -> None:
     print()
     print(f"## convgen vs PyTorch — {meta['gpu']} (sm {meta['compute_capability']}), {meta['date_utc']}")
     print(f"convgen {meta['convgen']} (git {meta['git']}), torch {meta['torch']} (CUDA {meta['torch_cuda']}, "
           f"cuDNN {meta['cudnn']}), cupy {meta['cupy']}, driver {meta['driver']}, python {meta['python']}")
-    print()
-    print("| " + " | ".join(TABLE_HEADER) + " |")
-    print("|" + "---|" * len(TABLE_HEADER))
-    for report in reports:
-        print("| " + " | ".join(table_row(report)) + " |")
+    unbatched = [report for report in reports if not report.case.is_batched]
+    batched = [report for report in reports if report.case.is_batched]
+    if unbatched:
+        print("\n### One image (DESIGN.md 'Figures to beat')\n")
+        print_table(TABLE_HEADER, [table_row(report) for report in unbatched])
+    if batched:
+        print("\n### Batched (issue 9), as PyTorch users train\n")
+        print_table(BATCHED_TABLE_HEADER, [batched_row(report) for report in batched])
+        print()
+        print("\n".join(format_targets(batched_targets(reports))))
     print()
     print("Times in ms, `call / kernels`: call = CUDA events around the Python call (GPU idle, L2 flushed), "
           "median; kernels = CUDA-graph replay per call, median; † = no graph (back-to-back calls / N, "
@@ -170,16 +220,19 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
           "torch/convgen > 1 means convgen is faster. "
           f"rel err vs float64 PyTorch, mismatch above {MISMATCH_REL_ERR:g}. "
           "1st call = first forward + first backward in a fresh process (cold: empty CuPy kernel cache; "
-          "warm: cache on disk).")
+          "warm: cache on disk). Batched: torch bf16 CL = bfloat16 inputs and weights in channels-last "
+          "(channels_last_3d for conv3d; conv1d and conv4d have no such format and stay contiguous), autocast "
+          f"off; cuDNN ref = cuDNN strict fp32 fwd / fwd+bwd measured on the H200 on {REFERENCE_DATE}.")
     for report in reports:
-        for label in ("convgen", "torch_strict"):
+        for label in report.timings:
             for mode in MODES:
                 method = report.timings.get(label, {}).get(mode, {}).get("kernels", {}).get("method", "")
                 if method.startswith("back-to-back"):
                     print(f"- {report.case.name} {label} {mode} kernels: {method}")
         if report.case.rank == 4:
+            jax = "JAX: one-image case only." if report.case.is_batched else jax_summary(report.jax)
             print(f"- {report.case.name}: torch = conv3d loop (one conv3d per offset of the first kernel axis, "
-                  "batched over the first output axis). " + jax_summary(report.jax))
+                  f"batched over the images and the first output axis). {jax}")
         for error in report.errors:
             print(f"- {report.case.name} error: {error}")
     for run, outcome in compile_runs.items():
@@ -187,6 +240,14 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
             print(f"- compile child ({run}): {outcome.get('status')}, import {fmt_s(outcome.get('import_s'))}, "
                   f"context {fmt_s(outcome.get('context_s'))}, {outcome.get('cache_files')} cache files"
                   + (f"; {outcome['stderr_tail']}" if outcome.get("stderr_tail") else ""))
+    if host:
+        print()
+        print("\n".join(format_host(host)))
+
+
+def batched_targets(reports: list[CaseReport]) -> dict[str, Any] | None:
+    """Issue 9's targets over the batched cases of the run (None without any)."""
+    return check_targets({report.case.name: report for report in reports if report.case.is_batched})
 
 
 def jax_summary(jax_report: dict[str, Any]) -> str:
@@ -222,9 +283,11 @@ def default_json_path() -> Path:
     return Path(out) / "bench.json" if out else BENCH_DIR / "results" / "latest.json"
 
 
-def write_json(path: Path, meta: dict[str, Any], reports: list[CaseReport], compile_runs: dict[str, Any]) -> None:
+def write_json(path: Path, meta: dict[str, Any], reports: list[CaseReport], compile_runs: dict[str, Any],
+               host: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "compile_children": compile_runs, "cases": [r.to_json() for r in reports]}
+    document = {"meta": meta, "compile_children": compile_runs, "cases": [r.to_json() for r in reports],
+                "targets": batched_targets(reports), "host": host}
     path.write_text(json.dumps(finite_json(document), indent=1, default=str) + "\n")
 
 

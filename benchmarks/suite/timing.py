@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-REPLAY_CHECK_REL_ERR = 1e-3  # a graph replay must rewrite its poisoned outputs to (about) the eager values
+# A graph replay must rewrite its NaN-poisoned outputs (a cell left poisoned gives an infinite error) to
+# about the eager values: the bound only admits another summation order, which bf16 outputs round coarsely.
+REPLAY_CHECK_REL_ERR = 2e-2
 L2_FLUSH_BYTES = 256 << 20  # written before every user-call sample: several times the H200's L2
 
 
@@ -193,7 +195,8 @@ class TorchDevice:
         return start.elapsed_time(end)
 
     def to_numpy(self, array: Any) -> Any:
-        return array.detach().cpu().numpy()
+        value = array.detach().cpu()
+        return (value.float() if value.dtype == self.torch.bfloat16 else value).numpy()  # NumPy has no bfloat16
 
     def poison(self, array: Any) -> None:
         array.detach().fill_(math.nan)

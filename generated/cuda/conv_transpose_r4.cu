@@ -120,6 +120,48 @@ __device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_
     }
 }
 
+// A staged slice whose A holds an inf or NaN: acc += As^T Bs over only the terms whose B element
+// exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
+// NaN). The rare path: not unrolled over kk, so it adds little code.
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const float (&Bs)[BK][BN + SHARED_ROW_PAD],
+                                                 const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
+                                                 float (&acc)[TM][TN])
+{
+    static_assert(BK <= 32, "one bit per slice row");
+    unsigned bits[TN];
+#pragma unroll
+    for (unsigned j = 0; j < TN; ++j) {
+        bits[j] = valid_rows[frag_index<BN, TN>(tn, j)];
+    }
+#pragma unroll 1
+    for (unsigned kk = 0; kk < BK; ++kk) {
+        float a[TM], b[TN];
+        load_fragment<BM, TM>(As[kk], tm, a);
+        load_fragment<BN, TN>(Bs[kk], tn, b);
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                if (bits[j] >> kk & 1u) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+        }
+    }
+}
+
+// True when one of a thread's staged A values is an inf or NaN.
+template <unsigned N>
+__device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
+{
+    bool found = false;
+#pragma unroll
+    for (unsigned i = 0; i < N; ++i) {
+        found = found || !isfinite(values[i]);
+    }
+    return found;
+}
+
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
 template <unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
 __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
@@ -149,17 +191,20 @@ __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0
     }
 }
 
-// Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order.
+// Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest)
+__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest,
+                                          unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t count = COUNT * images;
     if constexpr (COUNT % 4 == 0) {
-        if (i >= COUNT / 4) return;
+        if (i >= count / 4) return;
         float4 sum = __ldg(reinterpret_cast<const float4*>(partial) + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * COUNT) + i);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * count) + i);
             sum.x += v.x;
             sum.y += v.y;
             sum.z += v.z;
@@ -167,11 +212,11 @@ __device__ __forceinline__ void split_sum(const float* __restrict__ partial, flo
         }
         reinterpret_cast<float4*>(dest)[i] = sum;
     } else {
-        if (i >= COUNT) return;
+        if (i >= count) return;
         float sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            sum += __ldg(partial + s * COUNT + i);
+            sum += __ldg(partial + s * count + i);
         }
         dest[i] = sum;
     }
@@ -185,6 +230,7 @@ extern "C" __global__ void conv_transpose_r4_forward(
     const float* __restrict__ source,
     const float* __restrict__ weight,
     const float* __restrict__ bias,
+    const unsigned images,
     float* __restrict__ dest)
 {
     constexpr unsigned BM = FWD_BM, BN = FWD_BN, BK = FWD_BK;
@@ -195,6 +241,8 @@ extern "C" __global__ void conv_transpose_r4_forward(
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
+    __shared__ unsigned valid_rows[BN];
     constexpr unsigned M = OUT_C, N = OUT_SIZE, SRC_C = IN_C;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
@@ -213,8 +261,10 @@ extern "C" __global__ void conv_transpose_r4_forward(
     constexpr unsigned PHASE_N = (unsigned)(1ull * PU0 * PU1 * PU2 * PU3);
     constexpr unsigned C_BLOCKS = (SRC_C + BK - 1) / BK;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (PHASE_N + BN - 1) / BN;
-    // Block -> (phase, split, row tile, column tile), column tile fastest.
-    unsigned block_rest = blockIdx.x;
+    // Block -> (image, phase, split, row tile, column tile), column tile fastest.
+    constexpr unsigned BLOCKS_PER_IMAGE = PHASES * SPLIT * M_TILES * N_TILES;
+    const unsigned image = blockIdx.x / nonzero(BLOCKS_PER_IMAGE);
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_IMAGE);
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
@@ -245,6 +295,9 @@ extern "C" __global__ void conv_transpose_r4_forward(
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
     const unsigned b_row = tid / BN;
+    // This block's image; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
+    source += (size_t)image * SRC_C * IN_SIZE;
+    float* __restrict__ out = dest + ((size_t)split * images + image) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -293,6 +346,7 @@ extern "C" __global__ void conv_transpose_r4_forward(
     }
 
     float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         unsigned c0;
         pos_t r0;
@@ -373,6 +427,14 @@ extern "C" __global__ void conv_transpose_r4_forward(
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
                                       ? __ldg(source + (size_t)c * IN_SIZE + offset) : 0.0f;
             }
+            b_valid[col] = ok;
+        }
+    };
+    // One window offset per slice, so a column's terms all exist or none does.
+    auto store_valid = [&]() {
+#pragma unroll
+        for (unsigned col = 0; col < COLS; ++col) {
+            if (b_row == 0) valid_rows[tid % BN + col * THREADS] = b_valid[col] ? ~0u : 0u;
         }
     };
     auto store = [&](unsigned buffer) {
@@ -404,22 +466,36 @@ extern "C" __global__ void conv_transpose_r4_forward(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        __syncthreads();
-        for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
+        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        unsigned chunk = chunk_begin;
+        for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
             if (more) store(buffer ^ 1);
+            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+        }
+        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        for (; chunk < chunk_end; ++chunk) {
+            const unsigned buffer = (chunk - chunk_begin) & 1;
+            store_valid();
+            __syncthreads();
+            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            if (chunk + 1 < chunk_end) {
+                load(chunk + 1);
+                store(buffer ^ 1);
+            }
             __syncthreads();
         }
     }
-    // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
     if constexpr (PHASES == 1) {
-        store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+        store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
     } else {
         // The tile's columns are cells of one phase: dst cell rho + S*u per axis, stride S apart.
-        float* __restrict__ out = dest + (size_t)split * M * N;
         unsigned column[TN];
         bool column_in[TN];
 #pragma unroll
@@ -458,9 +534,10 @@ extern "C" __global__ void conv_transpose_r4_forward(
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r4_forward_reduce(
     const float* __restrict__ partial,
+    const unsigned images,
     float* __restrict__ dest)
 {
-    split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest);
+    split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest, images);
 }
 
 // dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.
@@ -469,6 +546,7 @@ extern "C" __global__ void conv_transpose_r4_forward_reduce(
 extern "C" __global__ void conv_transpose_r4_backward_input(
     const float* __restrict__ source,
     const float* __restrict__ weight,
+    const unsigned images,
     float* __restrict__ dest)
 {
     constexpr unsigned BM = BWI_BM, BN = BWI_BN, BK = BWI_BK;
@@ -479,6 +557,8 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
+    __shared__ unsigned valid_rows[BN];
     constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
@@ -486,17 +566,22 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
     constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
-    constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
-    unsigned block_rest = blockIdx.x;
+    constexpr unsigned chunks = CHUNKS, per_split = (chunks + SPLIT - 1) / SPLIT;
+    constexpr unsigned BLOCKS_PER_IMAGE = SPLIT * M_TILES * N_TILES;
+    const unsigned image = blockIdx.x / nonzero(BLOCKS_PER_IMAGE);
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_IMAGE);
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
     const unsigned split = block_rest / nonzero(M_TILES);
-    const unsigned chunk_begin = split * PER_SPLIT;
-    const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
+    const unsigned chunk_begin = split * per_split;
+    const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
     const unsigned b_row = tid / BN;
+    // This block's image; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
+    source += (size_t)image * SRC_C * OUT_SIZE;
+    float* __restrict__ out = dest + ((size_t)split * images + image) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -523,6 +608,7 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
     }
 
     float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         const unsigned c0 = chunk / K_SIZE * BK;
         const unsigned kappa = chunk % K_SIZE;
@@ -563,6 +649,14 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
                                       ? __ldg(source + (size_t)c * OUT_SIZE + offset) : 0.0f;
             }
+            b_valid[col] = ok;
+        }
+    };
+    // One window offset per slice, so a column's terms all exist or none does.
+    auto store_valid = [&]() {
+#pragma unroll
+        for (unsigned col = 0; col < COLS; ++col) {
+            if (b_row == 0) valid_rows[tid % BN + col * THREADS] = b_valid[col] ? ~0u : 0u;
         }
     };
     auto store = [&](unsigned buffer) {
@@ -593,34 +687,51 @@ extern "C" __global__ void conv_transpose_r4_backward_input(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        __syncthreads();
-        for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
+        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        unsigned chunk = chunk_begin;
+        for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
             if (more) store(buffer ^ 1);
+            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+        }
+        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        for (; chunk < chunk_end; ++chunk) {
+            const unsigned buffer = (chunk - chunk_begin) & 1;
+            store_valid();
+            __syncthreads();
+            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            if (chunk + 1 < chunk_end) {
+                load(chunk + 1);
+                store(buffer ^ 1);
+            }
             __syncthreads();
         }
     }
-    // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
-    store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r4_backward_input_reduce(
     const float* __restrict__ partial,
+    const unsigned images,
     float* __restrict__ dest)
 {
-    split_sum<(unsigned long long)IN_C * IN_SIZE, BWI_SPLIT>(partial, dest);
+    split_sum<(unsigned long long)IN_C * IN_SIZE, BWI_SPLIT>(partial, dest, images);
 }
 
-// dW[ic, oc, k] = sum_i x[ic, i] * g[oc, i*S + k - P].
+// dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
 extern "C" __global__ void conv_transpose_r4_backward_weight(
     const float* __restrict__ d_values,
     const float* __restrict__ u_values,
+    const unsigned images,
     float* __restrict__ dest)
 {
     constexpr unsigned BM = BWW_BM, BN = BWW_BN, BK = BWW_BK;
@@ -631,22 +742,26 @@ extern "C" __global__ void conv_transpose_r4_backward_weight(
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
+    __shared__ unsigned valid_rows[BN];
     constexpr unsigned M = IN_C, N = OUT_C * K_SIZE, REDUCTION = IN_SIZE;
-    constexpr unsigned CHUNKS = (REDUCTION + BK - 1) / BK;
+    constexpr unsigned CHUNKS = (REDUCTION + BK - 1) / BK;  // per image
     static_assert(THREADS % BK == 0, "B rows per thread");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
-    constexpr unsigned PER_SPLIT = (CHUNKS + SPLIT - 1) / SPLIT;
+    const unsigned chunks = images * CHUNKS, per_split = (chunks + SPLIT - 1) / SPLIT;
     unsigned block_rest = blockIdx.x;
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
     const unsigned split = block_rest / nonzero(M_TILES);
-    const unsigned chunk_begin = split * PER_SPLIT;
-    const unsigned chunk_end = chunk_begin + PER_SPLIT < CHUNKS ? chunk_begin + PER_SPLIT : CHUNKS;
+    const unsigned chunk_begin = split * per_split;
+    const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
+    // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
+    float* __restrict__ out = dest + (size_t)split * M * N;
     const unsigned b_k = tid % BK, b_n = tid / BK;
 
     // This thread's B columns: channel and window offset (less the padding), worked out once.
@@ -677,13 +792,15 @@ extern "C" __global__ void conv_transpose_r4_backward_weight(
     }
 
     float a_stage[A_LOADS], b_stage[B_LOADS];
+    bool b_valid[B_LOADS];  // the staged element's window position lies in U
     auto load = [&](unsigned chunk) {
-        const unsigned p0 = chunk * BK;
+        const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
+        const float* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, p = p0 + e % BK;
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? __ldg(d_values + (size_t)m * REDUCTION + p) : 0.0f;
+                             ? __ldg(d_values + ((size_t)image * M + m) * REDUCTION + p) : 0.0f;
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -711,7 +828,20 @@ extern "C" __global__ void conv_transpose_r4_backward_weight(
             const pos_t j3 = d3 * S3 + shift3[i];
             ok = ok && j3 >= 0 && j3 < OUT3;
             offset = offset * OUT3 + (unsigned)j3;
-            b_stage[i] = ok ? __ldg(u_values + column_base[i] + offset) : 0.0f;
+            b_stage[i] = ok ? __ldg(u_image + column_base[i] + offset) : 0.0f;
+            b_valid[i] = ok;
+        }
+    };
+    // Validity differs per row (cell) and column: the BK threads staging one column are
+    // consecutive lanes, so one ballot gathers a column's bits.
+    static_assert(32 % BK == 0, "a column's rows within one warp");
+    auto store_valid = [&]() {
+        const unsigned lane = tid % 32;
+#pragma unroll
+        for (unsigned i = 0; i < B_LOADS; ++i) {
+            const unsigned bits = __ballot_sync(0xffffffffu, b_valid[i]) >> (lane / BK * BK);
+            const unsigned local = b_n + i * N_STEP;
+            if (b_k == 0 && local < BN) valid_rows[local] = bits & (BK == 32 ? ~0u : (1u << BK) - 1u);
         }
     };
     auto store = [&](unsigned buffer) {
@@ -739,18 +869,34 @@ extern "C" __global__ void conv_transpose_r4_backward_weight(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        __syncthreads();
-        for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
+        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        unsigned chunk = chunk_begin;
+        for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
             if (more) store(buffer ^ 1);
+            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+        }
+        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        for (; chunk < chunk_end; ++chunk) {
+            const unsigned buffer = (chunk - chunk_begin) & 1;
+            load(chunk);  // the slice is staged already; this recomputes its validity
+            store_valid();
+            __syncthreads();
+            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            if (chunk + 1 < chunk_end) {
+                load(chunk + 1);
+                store(buffer ^ 1);
+            }
             __syncthreads();
         }
     }
-    // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
-    store_tile<M, N, BM, BN, TM, TN>(dest + (size_t)split * M * N, m0, n0, tm, tn, acc);
+    store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
@@ -758,18 +904,21 @@ extern "C" __global__ void conv_transpose_r4_backward_weight_reduce(
     const float* __restrict__ partial,
     float* __restrict__ dest)
 {
-    split_sum<(unsigned long long)IN_C * OUT_C * K_SIZE, BWW_SPLIT>(partial, dest);
+    split_sum<(unsigned long long)IN_C * OUT_C * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
 }
 
-// dB[oc] = sum of g[oc, :] over the output cells, one block per channel.
+// dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.
 extern "C" __global__ void conv_transpose_r4_backward_bias(
     const float* __restrict__ grad,
+    const unsigned images,
     float* __restrict__ bias_grad)
 {
-    const float* __restrict__ channel = grad + (size_t)blockIdx.x * OUT_SIZE;
     float acc[1] = {0.0f};
-    for (unsigned cell = threadIdx.x; cell < OUT_SIZE; cell += BLOCK) {
-        acc[0] += __ldg(channel + cell);
+    for (unsigned image = 0; image < images; ++image) {
+        const float* __restrict__ channel = grad + ((size_t)image * OUT_C + blockIdx.x) * OUT_SIZE;
+        for (unsigned cell = threadIdx.x; cell < OUT_SIZE; cell += BLOCK) {
+            acc[0] += __ldg(channel + cell);
+        }
     }
     block_sum(acc);
     if (threadIdx.x == 0) {

@@ -3,7 +3,8 @@
 // along the last axis; per window row it loads the input segment they share once and reuses it.
 // Backward: a thread owns POOL_V consecutive input cells along the last axis and gathers from the
 // windows that cover them, loading each covering output row segment once (no atomics). Geometry
-// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count.
+// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count. A batch of images is
+// images * IN_C channels: the layouts [n][C][...] and [n * C][...] are the same.
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
@@ -84,11 +85,12 @@ constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN6 + V - 1) / V);
 // cells are skipped); argmax = its flat window offset, for the backward pass.
 extern "C" __global__ void max_pool_r7_forward(
     const float* __restrict__ x,
+    const unsigned images,
     float* __restrict__ y,
     argmax_t* __restrict__ argmax)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
-    if (index >= OUT_THREADS) return;
+    if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
     const Slot slot = slot_of<OUT6, OUT_ROWS>(index);
     const float* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT6 + slot.first;
@@ -227,10 +229,11 @@ extern "C" __global__ void max_pool_r7_forward(
 extern "C" __global__ void max_pool_r7_backward_input(
     const float* __restrict__ grad,
     const argmax_t* __restrict__ argmax,
+    const unsigned images,
     float* __restrict__ grad_x)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
-    if (index >= IN_THREADS) return;
+    if (index >= images * IN_THREADS) return;
     const Slot slot = slot_of<IN6, IN_ROWS>(index);
     const size_t channel = (size_t)slot.channel * OUT_SIZE;
     const size_t first_index = ((size_t)slot.channel * IN_ROWS + slot.row) * IN6 + slot.first;

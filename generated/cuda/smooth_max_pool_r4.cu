@@ -3,7 +3,8 @@
 // along the last axis; per window row it loads the input segment they share once and reuses it.
 // Backward: a thread owns POOL_V consecutive input cells along the last axis and gathers from the
 // windows that cover them, loading each covering output row segment once (no atomics). Geometry
-// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count.
+// comes as -D defines (convgen.cuda_launch); IN_C = OUT_C = the channel count. A batch of images is
+// images * IN_C channels: the layouts [n][C][...] and [n * C][...] are the same.
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
@@ -72,12 +73,13 @@ constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN3 + V - 1) / V);
 extern "C" __global__ void smooth_max_pool_r4_forward(
     const float* __restrict__ x,
     const float beta,
+    const unsigned images,
     float* __restrict__ y,
     float* __restrict__ pivots,
     float* __restrict__ sums)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
-    if (index >= OUT_THREADS) return;
+    if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
     const Slot slot = slot_of<OUT3, OUT_ROWS>(index);
     const float* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT3 + slot.first;
@@ -255,10 +257,11 @@ extern "C" __global__ void smooth_max_pool_r4_backward_input(
     const float* __restrict__ pivots,
     const float* __restrict__ sums,
     const float beta,
+    const unsigned images,
     float* __restrict__ grad_x)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
-    if (index >= IN_THREADS) return;
+    if (index >= images * IN_THREADS) return;
     const Slot slot = slot_of<IN3, IN_ROWS>(index);
     const size_t channel = (size_t)slot.channel * OUT_SIZE;
     const size_t first_index = ((size_t)slot.channel * IN_ROWS + slot.row) * IN3 + slot.first;

@@ -82,6 +82,48 @@ __device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_
     }
 }
 
+// A staged slice whose A holds an inf or NaN: acc += As^T Bs over only the terms whose B element
+// exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
+// NaN). The rare path: not unrolled over kk, so it adds little code.
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const float (&Bs)[BK][BN + SHARED_ROW_PAD],
+                                                 const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
+                                                 float (&acc)[TM][TN])
+{
+    static_assert(BK <= 32, "one bit per slice row");
+    unsigned bits[TN];
+#pragma unroll
+    for (unsigned j = 0; j < TN; ++j) {
+        bits[j] = valid_rows[frag_index<BN, TN>(tn, j)];
+    }
+#pragma unroll 1
+    for (unsigned kk = 0; kk < BK; ++kk) {
+        float a[TM], b[TN];
+        load_fragment<BM, TM>(As[kk], tm, a);
+        load_fragment<BN, TN>(Bs[kk], tn, b);
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                if (bits[j] >> kk & 1u) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+        }
+    }
+}
+
+// True when one of a thread's staged A values is an inf or NaN.
+template <unsigned N>
+__device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
+{
+    bool found = false;
+#pragma unroll
+    for (unsigned i = 0; i < N; ++i) {
+        found = found || !isfinite(values[i]);
+    }
+    return found;
+}
+
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
 template <unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
 __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
@@ -111,17 +153,20 @@ __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0
     }
 }
 
-// Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order.
+// Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest)
+__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest,
+                                          unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t count = COUNT * images;
     if constexpr (COUNT % 4 == 0) {
-        if (i >= COUNT / 4) return;
+        if (i >= count / 4) return;
         float4 sum = __ldg(reinterpret_cast<const float4*>(partial) + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * COUNT) + i);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * count) + i);
             sum.x += v.x;
             sum.y += v.y;
             sum.z += v.z;
@@ -129,11 +174,11 @@ __device__ __forceinline__ void split_sum(const float* __restrict__ partial, flo
         }
         reinterpret_cast<float4*>(dest)[i] = sum;
     } else {
-        if (i >= COUNT) return;
+        if (i >= count) return;
         float sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            sum += __ldg(partial + s * COUNT + i);
+            sum += __ldg(partial + s * count + i);
         }
         dest[i] = sum;
     }

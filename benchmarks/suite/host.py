@@ -1,0 +1,151 @@
+"""Per-call host overhead of tiny ops on the CUDA tape (issue 9's host path): back-to-back calls whose GPU
+work is negligible, so the host path dominates, beside `torch.nn.functional.max_pool2d` on the same input
+and the floor CuPy itself sets; then cProfile of convgen's tiny max pools (where the time goes)."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import platform
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+HOST_CALLS = 5000  # back-to-back calls per round
+HOST_ROUNDS = 3  # rounds per op; the median is reported
+WARMUP_CALLS = 50
+PROFILE_TOP = 15  # functions per cProfile summary, by own time
+POOL_INPUT = (1, 4, 4)  # [C, H, W]: one channel of 4×4, pooled k2 s2
+INPUT_SEED = 20260601
+
+
+@dataclass(frozen=True)
+class HostOp:
+    """One tiny op, called back to back; `profiled` ops (convgen's max pools) also get a cProfile summary
+    and their ratio to the `baseline` op (PyTorch's max pool on a leaf that requires grad, as the tape
+    records for its backward)."""
+
+    name: str
+    call: Callable[[], Any]
+    profiled: bool = False
+    baseline: bool = False
+
+
+def tiny_ops(cupy: Any, torch: Any, convgen: Any) -> list[HostOp]:
+    """The 4×4 max pools on convgen's tape (N-D and 2-D) and in PyTorch, CuPy's floor, and tiny convs."""
+    rng = cupy.random.RandomState(INPUT_SEED)
+    pool_input = rng.standard_normal(POOL_INPUT, dtype=cupy.float32)
+    tape = convgen.cuda.Tape()
+    tape, x = tape.leaf(pool_input)
+    tape, w = tape.leaf(rng.standard_normal((4, 4, 3, 3), dtype=cupy.float32))
+    tape, b = tape.leaf(rng.standard_normal(4, dtype=cupy.float32))
+    tape, image = tape.leaf(rng.standard_normal((4, 8, 8), dtype=cupy.float32))
+    channels, height, width = POOL_INPUT
+    torch_input = torch.from_dlpack(pool_input).clone()
+    torch_leaf = torch_input.clone().requires_grad_(True)
+    empty = cupy.RawKernel('extern "C" __global__ void nothing(float* y) {}', "nothing")
+    scratch = cupy.empty(1, cupy.float32)
+    conv2d = lambda: tape.conv2d(w, b, image, in_c=4, out_c=4, k_h=3, k_w=3, stride=1, padding=1,  # noqa: E731
+                                 in_h=8, in_w=8).unwrap()
+    conv_tape, conv_out = conv2d()
+    conv_seed = cupy.ones(conv_tape.shape(conv_out), cupy.float32)
+    pool = f"C{channels} {height}×{width} k2 s2"
+    return [
+        HostOp(f"convgen max_pool (N-D) {pool}",
+               lambda: tape.max_pool(x, c=channels, in_spatial=(height, width), kernel=(2, 2), stride=(2, 2),
+                                     padding=(0, 0)).unwrap(), profiled=True),
+        HostOp(f"convgen max_pool2d {pool}",
+               lambda: tape.max_pool2d(x, k_h=2, k_w=2, in_h=height, in_w=width, in_c=channels,
+                                       stride=2).unwrap(), profiled=True),
+        HostOp(f"torch F.max_pool2d {pool}, requires_grad", lambda: torch.nn.functional.max_pool2d(torch_leaf, 2, 2),
+               baseline=True),
+        HostOp(f"torch F.max_pool2d {pool}, no grad", lambda: torch.nn.functional.max_pool2d(torch_input, 2, 2)),
+        HostOp("cupy empty kernel launch", lambda: empty((1,), (32,), (scratch,))),
+        HostOp("cupy.empty(64 floats)", lambda: cupy.empty(64, cupy.float32)),
+        HostOp("convgen conv2d 4→4 8×8 k3 p1", conv2d),
+        HostOp("convgen backward of conv2d 4→4 8×8", lambda: conv_tape.backward(conv_out, conv_seed).unwrap()),
+    ]
+
+
+def per_call_us(call: Callable[[], Any], calls: int, synchronize: Callable[[], None]) -> dict[str, Any]:
+    """µs per call over `calls` back-to-back calls and a device synchronize, median of HOST_ROUNDS rounds."""
+    for _ in range(WARMUP_CALLS):
+        call()
+    synchronize()
+    rounds = []
+    for _ in range(HOST_ROUNDS):
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        synchronize()
+        rounds.append((time.perf_counter() - started) / calls * 1e6)
+    return {"us_per_call": statistics.median(rounds), "rounds_us": rounds, "calls_per_round": calls}
+
+
+def profile_summary(call: Callable[[], Any], calls: int, synchronize: Callable[[], None]) -> dict[str, Any]:
+    """cProfile of `calls` calls: the PROFILE_TOP functions by own time, in µs per op call, and the text."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    synchronize()
+    stats = pstats.Stats(profile, stream=io.StringIO()).sort_stats("tottime")
+    top = []
+    for function in stats.fcn_list[:PROFILE_TOP]:
+        _, primitive_calls, own_s, cumulative_s, _ = stats.stats[function]
+        top.append({"function": short_function(function), "calls_per_op": primitive_calls / calls,
+                    "own_us_per_op": own_s / calls * 1e6, "cumulative_us_per_op": cumulative_s / calls * 1e6})
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(PROFILE_TOP)
+    return {"total_us_per_op": stats.total_tt / calls * 1e6, "top": top, "text": text.getvalue()}
+
+
+def short_function(function: tuple[str, int, str]) -> str:
+    """file:line(name), the file relative to the package or the standard library it is in."""
+    path, line, name = function
+    for marker in ("site-packages/", "runtime/", "generated/", "benchmarks/", "lib/python"):
+        if marker in path:
+            path = path[path.index(marker):]
+            break
+    return f"{path}:{line}({name})"
+
+
+def measure_host(cupy: Any, torch: Any, convgen: Any, calls: int = HOST_CALLS) -> dict[str, Any]:
+    """Every tiny op's µs per call, the ratios of convgen's max pools to PyTorch's, and the profiles."""
+    synchronize = cupy.cuda.runtime.deviceSynchronize
+    ops = tiny_ops(cupy, torch, convgen)
+    result: dict[str, Any] = {"calls": calls, "rounds": HOST_ROUNDS, "cpu": platform.processor() or platform.machine(),
+                              "cpu_count": os.cpu_count(), "python": platform.python_version(), "ops": {},
+                              "profiles": {}}
+    for op in ops:
+        result["ops"][op.name] = per_call_us(op.call, calls, synchronize)
+        print(f"    {op.name:<48} {result['ops'][op.name]['us_per_call']:8.2f} µs per call", flush=True)
+    baseline = next(op.name for op in ops if op.baseline)
+    result["baseline"] = baseline
+    result["over_baseline"] = {op.name: result["ops"][op.name]["us_per_call"] / result["ops"][baseline]["us_per_call"]
+                               for op in ops if op.profiled}
+    for op in ops:
+        if op.profiled:
+            result["profiles"][op.name] = profile_summary(op.call, calls, synchronize)
+    return result
+
+
+def format_host(host: dict[str, Any]) -> list[str]:
+    """The µs per call of each op and, per profiled op, its top functions by own time."""
+    if "error" in host:
+        return [f"Host overhead: not measured ({host['error']})"]
+    lines = [f"Host overhead per call ({host['calls']} back-to-back calls, median of {host['rounds']} rounds, "
+             f"{host['cpu']}, {host['cpu_count']} CPUs):", ""]
+    lines += [f"- {name}: {entry['us_per_call']:.2f} µs" for name, entry in host["ops"].items()]
+    lines += [f"- {name} / {host['baseline']}: {ratio:.2f}×" for name, ratio in host["over_baseline"].items()]
+    for name, profile in host["profiles"].items():
+        lines += ["", f"cProfile of {name} ({profile['total_us_per_op']:.1f} µs per call under the profiler), "
+                      "top functions by own time, µs per call:"]
+        lines += [f"  {entry['own_us_per_op']:7.2f} own {entry['cumulative_us_per_op']:7.2f} cum "
+                  f"{entry['calls_per_op']:5.2f}× {entry['function']}" for entry in profile["top"]]
+    return lines
