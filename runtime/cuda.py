@@ -203,7 +203,7 @@ class CupyBackend:
         (output,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
         partial = self._output((split, *values[output].shape))
         self._launch(compiled, stage, {**values, output: partial})
-        self._launch(compiled, f"{stage}_reduce", {"partial": partial, output: values[output]})
+        self._launch(compiled, f"{stage}_reduce", {**values, "partial": partial})
 
     # The ops.
 

@@ -12,10 +12,10 @@ FAMILIES = (Family.CONV, Family.CONV_TRANSPOSE, Family.MAX_POOL, Family.AVG_POOL
 
 
 def accepts(geom: Geometry) -> bool:
-    """Torch refuses an empty input axis even where padding gives an output, avg_pool3d an unpadded
-    input smaller than the kernel, a max pool padding past half the undilated kernel or a dilated
-    max pool window of padding only; its avg_pool has no dilation."""
-    if 0 in geom.in_spatial:
+    """Torch refuses an empty input axis even where padding gives an output, an empty output, avg_pool3d
+    an unpadded input smaller than the kernel, a pool padding past half the undilated kernel or a
+    dilated max pool window of padding only; its avg_pool has no dilation."""
+    if 0 in geom.in_spatial or 0 in geom.out_spatial:  # torch rejects windows that do not fit
         return False
     if geom.family is Family.MAX_POOL:  # torch's backward writes out of bounds for a window of padding only
         return all(p <= k // 2 for p, k in zip(geom.padding, geom.kernel)) and all(
@@ -23,8 +23,10 @@ def accepts(geom: Geometry) -> bool:
             zip(geom.in_spatial, geom.out_spatial, geom.kernel, geom.stride, geom.padding, geom.dilation)
             for o in range(m))
     if geom.family is Family.AVG_POOL:
-        return all(d == 1 for d in geom.dilation) and (geom.rank != 3 or all(
-            n >= k for n, k in zip(geom.in_spatial, geom.kernel)))
+        undilated = all(d == 1 for d in geom.dilation)
+        half_kernel_padding = all(p <= k // 2 for p, k in zip(geom.padding, geom.kernel))
+        return undilated and half_kernel_padding and (
+            geom.rank != 3 or all(n >= k for n, k in zip(geom.in_spatial, geom.kernel)))
     return True
 
 
