@@ -200,7 +200,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 2): KernelSource(
@@ -210,7 +210,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 3): KernelSource(
@@ -220,8 +221,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 4): KernelSource(
@@ -231,8 +232,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 5): KernelSource(
@@ -242,8 +243,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 6): KernelSource(
@@ -253,9 +255,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 7): KernelSource(
@@ -265,9 +267,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 8): KernelSource(
@@ -277,9 +279,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "IN7", "K7", "S7", "P7", "OUT7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
+            "S7", "P7", "OUT7", "D7", "POOL_V",
         ),
     ),
     (Family.CONV, 1): KernelSource(
@@ -294,9 +297,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -311,9 +314,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -328,9 +331,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -345,10 +349,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS", "FWD_BM", "FWD_BN",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -363,10 +367,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -381,10 +385,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -399,11 +404,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "GROUPS",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -418,11 +423,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "IN7", "K7", "S7", "P7", "OUT7", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
+            "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -437,9 +443,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -454,9 +460,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -471,9 +477,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -488,10 +495,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS", "FWD_BM", "FWD_BN",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -506,10 +513,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -524,10 +531,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -542,11 +550,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "GROUPS",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -561,11 +569,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "IN7", "K7", "S7", "P7", "OUT7", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
+            "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(
@@ -575,7 +584,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 2): KernelSource(
@@ -585,8 +594,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "POOL_V",
-            "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 3): KernelSource(
@@ -596,8 +605,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 4): KernelSource(
@@ -607,8 +616,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 5): KernelSource(
@@ -618,9 +627,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "POOL_V",
-            "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 6): KernelSource(
@@ -630,9 +639,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 7): KernelSource(
@@ -642,9 +651,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
+            "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 8): KernelSource(
@@ -654,9 +664,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "IN7", "K7", "S7", "P7", "OUT7", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
+            "S7", "P7", "OUT7", "D7", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 1): KernelSource(
@@ -666,7 +677,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 2): KernelSource(
@@ -676,7 +687,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 3): KernelSource(
@@ -686,8 +698,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 4): KernelSource(
@@ -697,8 +709,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 5): KernelSource(
@@ -708,8 +720,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 6): KernelSource(
@@ -719,9 +732,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 7): KernelSource(
@@ -731,9 +744,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 8): KernelSource(
@@ -743,9 +756,109 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "IN1", "K1", "S1", "P1", "OUT1", "IN2", "K2",
-            "S2", "P2", "OUT2", "IN3", "K3", "S3", "P3", "OUT3", "IN4", "K4", "S4", "P4", "OUT4", "IN5", "K5", "S5",
-            "P5", "OUT5", "IN6", "K6", "S6", "P6", "OUT6", "IN7", "K7", "S7", "P7", "OUT7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
+            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
+            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
+            "S7", "P7", "OUT7", "D7", "POOL_V",
+        ),
+    ),
+}
+
+# Circular padding (conv, SEMANTICS §8): the `pad` and `fold` kernels of one auxiliary source per rank,
+# parameters in signature order, and each rank's source (its -D defines: IN_C, BLOCK, IN<a>, P<a>).
+CIRCULAR_STAGES: dict[str, tuple[Param, ...]] = {
+    "pad": (
+        Param("x", "x", "float", True, True),
+        Param("images", "images", "unsigned", True, False),
+        Param("padded", "padded", "float", False, True),
+    ),
+    "fold": (
+        Param("grad_padded", "grad_padded", "float", True, True),
+        Param("images", "images", "unsigned", True, False),
+        Param("grad_x", "grad_x", "float", False, True),
+    ),
+}
+
+CIRCULAR_KERNELS: dict[int, KernelSource] = {
+    1: KernelSource(
+        "circular_r1.cu",
+        {
+            "pad": "circular_r1_pad",
+            "fold": "circular_r1_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0",
+        ),
+    ),
+    2: KernelSource(
+        "circular_r2.cu",
+        {
+            "pad": "circular_r2_pad",
+            "fold": "circular_r2_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1",
+        ),
+    ),
+    3: KernelSource(
+        "circular_r3.cu",
+        {
+            "pad": "circular_r3_pad",
+            "fold": "circular_r3_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2",
+        ),
+    ),
+    4: KernelSource(
+        "circular_r4.cu",
+        {
+            "pad": "circular_r4_pad",
+            "fold": "circular_r4_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3",
+        ),
+    ),
+    5: KernelSource(
+        "circular_r5.cu",
+        {
+            "pad": "circular_r5_pad",
+            "fold": "circular_r5_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4",
+        ),
+    ),
+    6: KernelSource(
+        "circular_r6.cu",
+        {
+            "pad": "circular_r6_pad",
+            "fold": "circular_r6_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5",
+        ),
+    ),
+    7: KernelSource(
+        "circular_r7.cu",
+        {
+            "pad": "circular_r7_pad",
+            "fold": "circular_r7_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5", "IN6", "P6",
+        ),
+    ),
+    8: KernelSource(
+        "circular_r8.cu",
+        {
+            "pad": "circular_r8_pad",
+            "fold": "circular_r8_fold",
+        },
+        (
+            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5", "IN6", "P6",
+            "IN7", "P7",
         ),
     ),
 }

@@ -31,10 +31,9 @@ def compile_sources(arch: str) -> None:
     except (nvrtc_check.NvrtcMissing, nvrtc_check.BadArchitecture) as error:
         _usage_error(str(error))
     failed = spilled = 0
-    sources = nvrtc_check.sources()
+    sources = nvrtc_check.source_names()
     start = time.perf_counter()
-    for family, rank in sources:
-        report = nvrtc_check.compile_source(family, rank, arch)
+    for report in nvrtc_check.compile_every_source(arch):
         if report.error is not None:
             failed += 1
             click.echo(f"FAIL {report.source}\n{report.error}")

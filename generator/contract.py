@@ -27,9 +27,12 @@ class Family(enum.Enum):
         return self in (Family.CONV, Family.CONV_TRANSPOSE)
 
 
-# Defines every source needs, and those of each spatial axis a (IN0, K0, S0, P0, OUT0, ...).
+# Defines every source needs, and those of each spatial axis a (IN0, K0, S0, P0, OUT0, D0, ...): D is
+# the dilation (SEMANTICS §8), window offset k reads o*S + k*D - P; D = 1 compiles to the undilated code.
 COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK")
-AXIS_DEFINES = ("IN", "K", "S", "P", "OUT")
+AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
+# The conv families' groups (SEMANTICS §8): block-diagonal GEMMs, one per group; 1 compiles to one GEMM.
+CONV_DEFINES = ("GROUPS",)
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
@@ -208,3 +211,20 @@ def stage(family: Family, name: str) -> Stage:
             return candidate
     known = ", ".join(s.name for s in FAMILY_STAGES[family])
     raise ValueError(f"{family.value} has no stage {name!r} (stages: {known})")
+
+
+# Circular padding (SEMANTICS §8, conv only) on the CUDA tape is explicit: `pad` writes the wrapped
+# input xp (extents IN + 2P), the conv family's ordinary kernels run on xp with padding 0, and `fold`
+# adds the gradient of xp back onto the cells each padded cell copied. One auxiliary source per rank
+# (templates/cuda/circular.cu.j2); IN_C is the channel count of one image, IN/P per axis the input
+# extent and the padding (P <= IN, so a cell wraps at most once each way).
+CIRCULAR_STEM = "circular"
+CIRCULAR_COMMON_DEFINES = ("IN_C", "BLOCK")
+CIRCULAR_AXIS_DEFINES = ("IN", "P")
+CIRCULAR_STAGES = (
+    Stage("pad", (_in("x", "x"), IMAGES, _out("padded", "padded")),
+          "xp[n, c, q] = x[n, c, (q - P) mod IN] per axis, q < IN + 2P: the circularly padded input."),
+    Stage("fold", (_in("grad_padded", "grad_padded"), IMAGES, _out("grad_x", "grad_x")),
+          "dx[n, c, i] = sum of dxp[n, c, q] over the padded cells q that copied i (per axis q = i + P - IN, "
+          "i + P, i + P + IN inside [0, IN + 2P)), in ascending q: the adjoint of pad, a gather without atomics."),
+)

@@ -15,7 +15,11 @@ from collections.abc import Iterable
 import jinja2
 from convgen.generator.contract import (
     AXIS_DEFINES,
+    CIRCULAR_AXIS_DEFINES,
+    CIRCULAR_COMMON_DEFINES,
+    CIRCULAR_STAGES,
     COMMON_DEFINES,
+    CONV_DEFINES,
     FAMILY_STAGES,
     GEMM_STAGES,
     MAX_RANK,
@@ -30,7 +34,14 @@ from convgen.generator.contract import (
     pool_defines,
     tile_defines,
 )
-from convgen.generator.naming import FAMILY_TEMPLATES, POOL_MODES, source_name, symbols
+from convgen.generator.naming import (
+    FAMILY_TEMPLATES,
+    POOL_MODES,
+    circular_source_name,
+    circular_symbols,
+    source_name,
+    symbols,
+)
 
 LINE_WIDTH = 120  # of the generated CUDA
 HELPERS = ("common", "gemm")  # templates/cuda/<name>.cuh
@@ -76,10 +87,15 @@ def source_defines(family: Family, rank: int) -> tuple[str, ...]:
     """Every -D define a source of `family` and `rank` checks for, in the launcher's order."""
     axes = tuple(f"{name}{axis}" for axis in range(rank) for name in AXIS_DEFINES)
     if family.is_conv:
-        extra = tuple(name for gemm in GEMM_STAGES for name in tile_defines(gemm))
+        extra = (*CONV_DEFINES, *(name for gemm in GEMM_STAGES for name in tile_defines(gemm)))
     else:
         extra = pool_defines(family)
     return (*COMMON_DEFINES, *axes, *extra)
+
+
+def circular_defines(rank: int) -> tuple[str, ...]:
+    """Every -D define the circular-padding source of `rank` checks for, in the launcher's order."""
+    return (*CIRCULAR_COMMON_DEFINES, *(f"{name}{axis}" for axis in range(rank) for name in CIRCULAR_AXIS_DEFINES))
 
 
 def _kind(stage: Stage) -> str:
@@ -96,7 +112,7 @@ def _reduce_count(family: Family, gemm: str) -> str:
     if isinstance(layout, ConvRow):
         return f"{layout.dst_c} * {layout.dst}_SIZE"
     assert isinstance(layout, WeightRow)
-    return f"{layout.d_c} * {layout.u_c} * K_SIZE"
+    return f"{layout.d_c} * ({layout.u_c} / GROUPS) * K_SIZE"  # dW: [d_c, u_c / groups, *K]
 
 
 def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
@@ -139,6 +155,18 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
     )
 
 
+def render_circular(env: jinja2.Environment, rank: int, header: str) -> str:
+    """The circular-padding source of `rank`: its pad and fold kernels (contract.CIRCULAR_STAGES)."""
+    env = environment(env)
+    symbol = circular_symbols(rank)
+    stages = {stage.name: {"symbol": symbol[stage.name], "params": [p.declaration for p in stage.params],
+                           "summary": textwrap.wrap(stage.summary, LINE_WIDTH - 3, break_on_hyphens=False)}
+              for stage in CIRCULAR_STAGES}
+    return env.get_template("cuda/circular.cu.j2").render(
+        header=header, rank=rank, axes=list(range(rank)), defines=circular_defines(rank), helpers=_helpers(env),
+        stages=stages)
+
+
 def contract_source(env: jinja2.Environment, families: Iterable[Family], header: str) -> str:
     """generated/contract.py: the vocabulary the runtime launches by."""
     used = sorted(families, key=lambda f: f.value)
@@ -153,16 +181,22 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         stages={family: FAMILY_STAGES[family] for family in used},
         kernels=[{"family": f, "rank": r, "source": source_name(f, r), "symbols": symbols(f, r),
                   "defines": source_defines(f, r)} for f in used for r in RANKS],
+        circular_stages=CIRCULAR_STAGES,
+        circular_kernels=[{"rank": r, "source": circular_source_name(r), "symbols": circular_symbols(r),
+                           "defines": circular_defines(r)} for r in RANKS if Family.CONV in used],
     )
 
 
 def cuda_sources(env: jinja2.Environment, families: set[Family], header: str) -> dict[str, str]:
-    """`cuda/<family>_r<rank>.cu` for every family in use and every rank, and `contract.py`;
+    """`cuda/<family>_r<rank>.cu` for every family in use and every rank, `cuda/circular_r<rank>.cu`
+    when conv is in use, and `contract.py`;
     `header` is the generated files' first line (emit.header_line)."""
     files = {
         f"cuda/{source_name(family, rank)}": render_cuda(env, family, rank, header)
         for family in sorted(families, key=lambda f: f.value)
         for rank in RANKS
     }
+    if Family.CONV in families:
+        files.update({f"cuda/{circular_source_name(rank)}": render_circular(env, rank, header) for rank in RANKS})
     files["contract.py"] = contract_source(env, families, header)
     return files

@@ -4,7 +4,7 @@ its `extern "C"` symbols and the test ids. Nothing parses these names back.
 
 from __future__ import annotations
 
-from convgen.generator.contract import FAMILY_STAGES, MAX_RANK, RANKS, Family
+from convgen.generator.contract import CIRCULAR_STAGES, CIRCULAR_STEM, FAMILY_STAGES, MAX_RANK, RANKS, Family
 
 # Which template renders each family: the conv families share one, fed by their stages' rows; the
 # pooling families another, told apart by `mode`.
@@ -25,9 +25,13 @@ POOL_MODES: dict[Family, str] = {
 
 def kernel_base(family: Family, rank: int) -> str:
     """`conv_r4`: the stem of the source file and of every symbol in it."""
+    return _base(family.value, rank)
+
+
+def _base(stem: str, rank: int) -> str:
     if rank not in RANKS:
         raise ValueError(f"rank {rank} outside 1..{MAX_RANK}")
-    return f"{family.value}_r{rank}"
+    return f"{stem}_r{rank}"
 
 
 def source_name(family: Family, rank: int) -> str:
@@ -37,3 +41,13 @@ def source_name(family: Family, rank: int) -> str:
 def symbols(family: Family, rank: int) -> dict[str, str]:
     """Stage -> symbol for one source, in stage order."""
     return {stage.name: f"{kernel_base(family, rank)}_{stage.name}" for stage in FAMILY_STAGES[family]}
+
+
+def circular_source_name(rank: int) -> str:
+    """`circular_r4.cu`: the pad and fold kernels of circular padding at one rank."""
+    return f"{_base(CIRCULAR_STEM, rank)}.cu"
+
+
+def circular_symbols(rank: int) -> dict[str, str]:
+    """Stage -> symbol of the circular-padding source of `rank`, in stage order."""
+    return {stage.name: f"{_base(CIRCULAR_STEM, rank)}_{stage.name}" for stage in CIRCULAR_STAGES}

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 from convgen.backend import BackendError, OutOfMemory
-from convgen.cuda_launch import H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan
-from convgen.generated.contract import KERNELS, STAGES
+from convgen.circular import CircularPlan, circular_plan, fits_padded
+from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan
+from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
 
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
@@ -51,10 +52,7 @@ def unsupported(geom: Geometry, dtype: str) -> str | None:
     they compute all of `geom` in `dtype`. Refused, never computed wrong."""
     missing = [name for name, used in (
         ("float64", dtype != "float32"),
-        ("dilation", any(d != 1 for d in geom.dilation)),
-        ("groups", geom.groups != 1),
-        ("circular padding", geom.circular),
-        ("output_padding", any(geom.output_padding)),
+        ("circular padding whose wrapped input reaches 2^32 elements", geom.circular and not fits_padded(geom)),
     ) if used]
     return f"{missing[0]} is not supported on the CUDA tape yet" if missing else None
 
@@ -69,6 +67,15 @@ class _Compiled:
         self.plan = plan
         self.launches = {stage: (functions[stage], (launch.grid,), (launch.block,), launch.shared_bytes)
                          for stage, launch in plan.launches.items() if launch.grid}
+
+
+class _Wrapping:
+    """A circular conv's pad and fold kernels, ready to launch: stage -> (function, blocks), and
+    the plan they came from (convgen.circular)."""
+
+    def __init__(self, plan: CircularPlan, functions: dict[str, Any]) -> None:
+        self.plan = plan
+        self.launches = {"pad": (functions["pad"], plan.pad_blocks), "fold": (functions["fold"], plan.fold_blocks)}
 
 
 class CupyBackend:
@@ -101,6 +108,7 @@ class CupyBackend:
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
         self._compiled: dict[tuple[Geometry, int], _Compiled] = {}
+        self._wrappings: dict[tuple[Geometry, int], _Wrapping] = {}
         self._modules: dict[tuple, dict[str, Any]] = {}  # (source, NVRTC options, device) -> functions
         self._hardware: dict[int, Hardware] = {}
 
@@ -162,18 +170,57 @@ class CupyBackend:
             hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
         geometry_plan = plan(geom, hardware, self.tile_chooser)
         entry = KERNELS[(geom.family, geom.rank)]
-        options = nvrtc_options(geometry_plan)
-        functions = self._modules.get((entry.source, options, device))
-        if functions is None:
-            source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
-            try:
-                module = self._xp.RawModule(code=source, options=options)
-                functions = {stage: module.get_function(symbol) for stage, symbol in entry.symbols.items()}
-            except self._errors as error:
-                raise BackendError(f"compiling {entry.source} failed: {error}") from error
-            self._modules[(entry.source, options, device)] = functions
+        functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
         compiled = self._compiled[(geom, device)] = _Compiled(geom.family, geometry_plan, functions)
         return compiled
+
+    def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
+                   device: int) -> dict[str, Any]:
+        """Stage -> function of one generated source compiled with `options`, once per device."""
+        functions = self._modules.get((source_name, options, device))
+        if functions is None:
+            source = (importlib.resources.files("convgen.generated") / "cuda" / source_name).read_text()
+            try:
+                module = self._xp.RawModule(code=source, options=options)
+                functions = {stage: module.get_function(symbol) for stage, symbol in symbols.items()}
+            except self._errors as error:
+                raise BackendError(f"compiling {source_name} failed: {error}") from error
+            self._modules[(source_name, options, device)] = functions
+        return functions
+
+    def _wrapping(self, geom: Geometry) -> _Wrapping:
+        """The pad and fold kernels of a circular conv, compiled once per geometry and device."""
+        device = self._xp.cuda.runtime.getDevice()
+        wrapping = self._wrappings.get((geom, device))
+        if wrapping is None:
+            refusal = unsupported(geom, self.dtype)
+            if refusal is not None:
+                raise BackendError(refusal)
+            circular = circular_plan(geom)
+            entry = CIRCULAR_KERNELS[geom.rank]
+            functions = self._functions(entry.source, entry.symbols, circular.options, device)
+            wrapping = self._wrappings[(geom, device)] = _Wrapping(circular, functions)
+        return wrapping
+
+    def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
+              params: tuple[Param, ...], values: dict[str, Any]) -> None:
+        """One kernel launch, its arguments taken from `values` by the roles of `params`."""
+        args = tuple(values[param.role] for param in params)
+        try:
+            function(grid, block, args, shared_mem=shared_bytes)
+        except self._errors as error:
+            raise BackendError(f"{stage} kernel failed: {error}") from error
+
+    def _wrap_stage(self, wrapping: _Wrapping, stage: str, geom: Geometry, source: Any,
+                    output_shape: tuple[int, ...]) -> Any:
+        """`pad` (source x, output xp) or `fold` (source dxp, output dx) of a circular conv, into a new array."""
+        output = self._output(output_shape)
+        source_role, output_role = (p.role for p in CIRCULAR_STAGES[stage] if p.pointer)
+        function, blocks = wrapping.launches[stage]
+        if blocks:
+            self._call(stage, function, (blocks,), (BLOCK,), 0, CIRCULAR_STAGES[stage],
+                       {source_role: source, "images": np.uint32(geom.images), output_role: output})
+        return output
 
     def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
         """Run `stage` with its arguments taken from `values` by the roles of its parameters (the
@@ -185,12 +232,7 @@ class CupyBackend:
         launch = compiled.launches.get(stage)
         if launch is None:
             return  # nothing to write
-        function, grid, block, shared_bytes = launch
-        args = tuple(values[param.role] for param in params)
-        try:
-            function(grid, block, args, shared_mem=shared_bytes)
-        except self._errors as error:
-            raise BackendError(f"{stage} kernel failed: {error}") from error
+        self._call(stage, *launch, params, values)
 
     def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
         """An implicit-GEMM stage into its output (the kernel's non-const parameter); when the plan
@@ -209,7 +251,15 @@ class CupyBackend:
 
     # The tape hands over arrays that `store` or a kernel made: float32 and C-contiguous.
 
+    # Circular padding (SEMANTICS §8) with a nonzero padding runs the ordinary conv on the wrapped
+    # input xp, made per call (forward and backward each pad once; the tape keeps no copy).
+
     def forward(self, geom: Geometry, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
+        if geom.circular and any(geom.padding):
+            weight, bias, x = inputs
+            wrapping = self._wrapping(geom)
+            padded = wrapping.plan.padded
+            return self.forward(padded, (weight, bias, self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)))
         compiled = self._compile(geom)
         y = self._output(geom.output_shape)
         images = np.uint32(geom.images)
@@ -231,6 +281,14 @@ class CupyBackend:
         return y, saved
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
+        if geom.circular and any(geom.padding):  # the gradients on xp; xp's folded back onto x
+            weight, bias, x = inputs
+            wrapping = self._wrapping(geom)
+            padded = wrapping.plan.padded
+            x_padded = self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)
+            grad_weight, grad_bias, grad_padded = self.backward(padded, (weight, bias, x_padded), saved, grad)
+            del x_padded  # scratch: free before the fold allocates dx
+            return grad_weight, grad_bias, self._wrap_stage(wrapping, "fold", geom, grad_padded, x.shape)
         compiled = self._compile(geom)
         images = np.uint32(geom.images)
         family = geom.family

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.generated.contract import GEMM_STAGES, KERNELS, TILE_FIELDS
-from convgen.geometry import Family, Geometry
+from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
     SPLIT_WORKSPACE_BYTES,
@@ -74,8 +74,10 @@ def _blocks(threads: int) -> int:
 def _geometry_defines(geom: Geometry) -> dict[str, int]:
     values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK}
     for axis, axis_values in enumerate(zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding,
-                                           geom.out_spatial)):
-        values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}"), axis_values))
+                                           geom.out_spatial, geom.dilation)):
+        values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}", f"D{axis}"), axis_values))
+    if geom.family.is_conv:
+        values["GROUPS"] = geom.groups
     return values
 
 
@@ -98,7 +100,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser) -> Plan:
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
-        count = shape.m * shape.n  # of one output (the kernel's COUNT)
+        count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
         vector = 4 if count % 4 == 0 else 1
         reduce_blocks = _blocks(shape.outputs * count // vector)
@@ -120,11 +122,12 @@ def argmax_dtype(k_size: int) -> str:
     return "uint8" if k_size <= 0xFF else "uint16" if k_size <= 0xFFFF else "uint32"
 
 
-def pool_cells_per_thread(kernel_last: int, stride_last: int) -> int:
+def pool_cells_per_thread(span_last: int, stride_last: int) -> int:
     """Consecutive cells along the last axis that one pool thread owns (POOL_V): 4 while the input
-    segment they share stays small, so each loaded value serves several windows."""
+    segment they share stays small, so each loaded value serves several windows. `span_last`: the
+    input cells one window spans along the last axis (the kernel extent, dilated)."""
     for v in (4, 2):
-        if (v - 1) * stride_last + kernel_last <= 40:
+        if (v - 1) * stride_last + span_last <= 40:
             return v
     return 1
 
@@ -132,7 +135,7 @@ def pool_cells_per_thread(kernel_last: int, stride_last: int) -> int:
 def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
     k_size = math.prod(geom.kernel)
     dtype = argmax_dtype(k_size)
-    v = pool_cells_per_thread(geom.kernel[-1], geom.stride[-1])
+    v = pool_cells_per_thread(dilated(geom.kernel[-1], geom.dilation[-1]), geom.stride[-1])
     values["POOL_V"] = v
     if geom.family is Family.MAX_POOL:
         values["ARGMAX_BYTES"] = {"uint8": 1, "uint16": 2, "uint32": 4}[dtype]

@@ -1,19 +1,22 @@
-"""NVRTC check: every generated CUDA source compiled for a real architecture at a representative
-geometry of its rank, without a GPU, with each kernel's registers, stack frame and spills read
-off ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and the NVRTC wheel
-(the `test` extra); `nvrtc()` says so when they are missing.
+"""NVRTC check: every generated CUDA source (the family sources and the circular-padding ones)
+compiled for a real architecture at a representative geometry of its rank, without a GPU, with
+each kernel's registers, stack frame and spills read off ptxas. Backs `convgen compile` and the
+compile tests. Needs cuda-bindings and the NVRTC wheel (the `test` extra); `nvrtc()` says so when
+they are missing.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convgen.circular import circular_plan, representative_circular_geometry
 from convgen.cuda_launch import nvrtc_options, plan, representative_geometry
-from convgen.generated.contract import KERNELS
+from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
@@ -107,13 +110,21 @@ def compile_source(family: Family, rank: int, arch: str) -> SourceReport:
 
 def compile_plan(geom: Geometry, arch: str) -> SourceReport:
     """Compile the source of `geom` with the defines of its plan to a cubin for `arch`."""
+    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, nvrtc_options(plan(geom)), arch)
+
+
+def compile_circular(geom: Geometry, arch: str) -> SourceReport:
+    """Compile the circular-padding source of the circular conv `geom` with its plan's defines."""
+    return _compile(geom, CIRCULAR_KERNELS[geom.rank].source, circular_plan(geom).options, arch)
+
+
+def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str) -> SourceReport:
     family, rank = geom.family, geom.rank
     nvrtc_module = nvrtc()
-    kernels = KERNELS[(family, rank)]
-    code = (GENERATED_CUDA / kernels.source).read_bytes()
-    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *nvrtc_options(plan(geom))]
+    code = (GENERATED_CUDA / source).read_bytes()
+    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *defines]
     start = time.perf_counter()
-    _, program = nvrtc_module.nvrtcCreateProgram(code, kernels.source.encode(), 0, [], [])
+    _, program = nvrtc_module.nvrtcCreateProgram(code, source.encode(), 0, [], [])
     try:
         (result,) = nvrtc_module.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         log = _nvrtc_log(nvrtc_module, program)
@@ -121,10 +132,24 @@ def compile_plan(geom: Geometry, arch: str) -> SourceReport:
         nvrtc_module.nvrtcDestroyProgram(program)
     seconds = time.perf_counter() - start
     if result != nvrtc_module.nvrtcResult.NVRTC_SUCCESS:
-        return SourceReport(family, rank, kernels.source, log or str(result), (), seconds)
-    return SourceReport(family, rank, kernels.source, None, parse_ptxas_log(log), seconds)
+        return SourceReport(family, rank, source, log or str(result), (), seconds)
+    return SourceReport(family, rank, source, None, parse_ptxas_log(log), seconds)
 
 
 def sources() -> list[tuple[Family, int]]:
     """Every (family, rank) with a generated source, in a stable order."""
     return sorted(KERNELS, key=lambda k: (k[0].value, k[1]))
+
+
+def source_names() -> list[str]:
+    """Every generated source `compile_every_source` compiles, in its order."""
+    return [KERNELS[key].source for key in sources()] + [CIRCULAR_KERNELS[rank].source for rank in CIRCULAR_KERNELS]
+
+
+def compile_every_source(arch: str) -> Iterator[SourceReport]:
+    """Each family source at its representative geometry, then each circular-padding source (the
+    family of its report is conv, the op it serves)."""
+    for family, rank in sources():
+        yield compile_source(family, rank, arch)
+    for rank in CIRCULAR_KERNELS:
+        yield compile_circular(representative_circular_geometry(rank), arch)

@@ -109,6 +109,9 @@ class GemmShape:
     # Images of a batch (SEMANTICS §8): conv stages run one GEMM per image (more blocks, one output
     # each); the weight stage reduces over the cells of every image (more slices).
     images: int = 1
+    # Groups (SEMANTICS §8): `groups` block-diagonal GEMMs of this shape (m, n, source_c per group)
+    # side by side in one output: groups times the blocks.
+    groups: int = 1
 
     @property
     def bk(self) -> int:
@@ -126,9 +129,14 @@ class GemmShape:
         """Outputs of M x N the stage writes: one per image for conv stages, one for the weight stage."""
         return self.images if self.conv else 1
 
+    @property
+    def count(self) -> int:
+        """Elements of one output: the groups' GEMMs side by side."""
+        return self.groups * self.m * self.n
+
     def grid(self, bm: int, bn: int, split: int) -> int:
-        """Blocks of a launch with this tile: (image, phase, split, row tile, column tile)."""
-        return ceil_div(self.m, bm) * ceil_div(self.columns, bn) * split * self.phases * self.outputs
+        """Blocks of a launch with this tile: (image, group, phase, split, row tile, column tile)."""
+        return ceil_div(self.m, bm) * ceil_div(self.columns, bn) * split * self.phases * self.groups * self.outputs
 
     @property
     def chunks(self) -> int:
@@ -138,16 +146,16 @@ class GemmShape:
 
 
 def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
-    """The three implicit GEMMs of a conv-family geometry, per stage."""
+    """The three implicit GEMMs of a conv-family geometry, per stage; with groups, one group's GEMM."""
     in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
-    k_size, rank, images = math.prod(geom.kernel), len(geom.kernel), geom.images
-    in_c, out_c = geom.in_c, geom.out_c
+    k_size, rank, images, groups = math.prod(geom.kernel), len(geom.kernel), geom.images, geom.groups
+    in_c, out_c = geom.in_c // groups, geom.out_c // groups
     # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
     d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
     direct_forward = GemmShape(m=out_c, n=out_size, rank=rank, conv=True, source_c=in_c, k_size=k_size,
-                               images=images)
+                               images=images, groups=groups)
     direct_backward = GemmShape(m=in_c, n=in_size, rank=rank, conv=True, source_c=out_c, k_size=k_size,
-                                images=images)
+                                images=images, groups=groups)
     if geom.family is Family.CONV:
         forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom)
     else:
@@ -156,21 +164,36 @@ def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
         "forward": forward,
         "backward_input": backward_input,
         "backward_weight": GemmShape(m=d_c, n=u_c * k_size, rank=rank, conv=False, reduction=d_size,
-                                     images=images),
+                                     images=images, groups=groups),
     }
 
 
+def phase_offsets(k: int, s: int, p: int, d: int) -> tuple[int, ...]:
+    """Per residue rho < s of one axis, the window offsets a gather-form stage's phase rho runs
+    over (the template's R): the k' < k with k'*d = rho + p (mod s), a progression of step
+    s / gcd(s, d) from the least one (none when gcd(s, d) does not divide rho + p)."""
+    step = s // math.gcd(s, d)
+    counts = []
+    for rho in range(s):
+        first = next((t for t in range(step) if t * d % s == (rho + p) % s), None)
+        counts.append(0 if first is None or first >= k else ceil_div(k - first, step))
+    return tuple(counts)
+
+
 def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry) -> GemmShape:
-    """A gather-form stage (destination cell d collects from source (d + P - k) / S where
+    """A gather-form stage (destination cell q collects from source (q + P - k*D) / S where
     divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
     k_size, rank = math.prod(geom.kernel), len(geom.kernel)
     phases = math.prod(geom.stride)
     common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c,
-              "images": geom.images}
+              "images": geom.images, "groups": geom.groups}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
-    return GemmShape(**common, k_size=ceil_div(k_size, phases), phases=phases, phase_n=phase_n)
+    # The mean offsets per phase; the phases of an axis share its k offsets (k = sum of its R).
+    offsets = math.prod(sum(phase_offsets(*axis)) for axis in zip(geom.kernel, geom.stride, geom.padding,
+                                                                     geom.dilation))
+    return GemmShape(**common, k_size=ceil_div(offsets, phases), phases=phases, phase_n=phase_n)
 
 
 def _block_tiles(bk: int, conv: bool, hardware: Hardware) -> list[tuple[int, int, int, int]]:
@@ -198,7 +221,7 @@ def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]
     if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
         for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
             splits.add(ceil_div(shape.chunks, ceil_div(shape.chunks, split)))
-    return sorted(s for s in splits if s == 1 or s * shape.outputs * shape.m * shape.n * 4 <= SPLIT_WORKSPACE_BYTES)
+    return sorted(s for s in splits if s == 1 or s * shape.outputs * shape.count * 4 <= SPLIT_WORKSPACE_BYTES)
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
@@ -247,7 +270,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
     cost = max(issue, latency) + KERNEL_CYCLES
     if split > 1:
-        moved = 4 * shape.outputs * shape.m * shape.n * (split + 1)  # the partial buffer written, then read
+        moved = 4 * shape.outputs * shape.count * (split + 1)  # the partial buffer written, then read
         seconds = moved / (hardware.memory_bandwidth * SPLIT_BANDWIDTH_SHARE)
         cost += SPLIT_KERNEL_CYCLES + seconds * hardware.clock_hz
     return cost

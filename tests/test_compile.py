@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from convgen import nvrtc_check
-from convgen.cuda_launch import representative_geometry
-from convgen.generated.contract import KERNELS, STAGES
+from convgen.circular import circular_plan, representative_circular_geometry
+from convgen.cuda_launch import BLOCK, representative_geometry
+from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
 
@@ -50,24 +51,46 @@ def _declared(param: str) -> tuple[str, str, bool, bool]:
     return words[-1], next(w for w in words if w not in ("const", "*")), "const" in words, "*" in words
 
 
-@pytest.mark.parametrize(("family", "rank"), SOURCES, ids=_ids)
-def test_kernel_signatures_match_the_contract(family, rank):
-    """The launcher builds arguments from the contract: the generated signatures must agree."""
-    entry = KERNELS[(family, rank)]
+def _assert_signatures(entry, stages) -> None:
     text = (GENERATED_CUDA / entry.source).read_text()
     found = {symbol: [_declared(p) for p in params.split(",")] for symbol, params in SIGNATURE.findall(text)}
     assert list(found) == list(entry.symbols.values())
     for stage, symbol in entry.symbols.items():
-        expected = [(p.name, p.dtype, p.const, p.pointer) for p in STAGES[family][stage]]
+        expected = [(p.name, p.dtype, p.const, p.pointer) for p in stages[stage]]
         assert found[symbol] == expected, symbol
 
 
+@pytest.mark.parametrize(("family", "rank"), SOURCES, ids=_ids)
+def test_kernel_signatures_match_the_contract(family, rank):
+    """The launcher builds arguments from the contract: the generated signatures must agree."""
+    _assert_signatures(KERNELS[(family, rank)], STAGES[family])
+
+
+@pytest.mark.parametrize("rank", sorted(CIRCULAR_KERNELS))
+def test_circular_signatures_match_the_contract(rank):
+    _assert_signatures(CIRCULAR_KERNELS[rank], CIRCULAR_STAGES)
+
+
 def test_every_source_checks_for_the_defines_the_contract_lists():
-    for family, rank in SOURCES:
-        entry = KERNELS[(family, rank)]
+    entries = [KERNELS[key] for key in SOURCES] + list(CIRCULAR_KERNELS.values())
+    assert len(entries) == len(list(GENERATED_CUDA.glob("*.cu")))
+    for entry in entries:
         text = (GENERATED_CUDA / entry.source).read_text()
         check = text[text.index("#if !defined"):text.index("#error")]
         assert re.findall(r"!defined\((\w+)\)", check) == list(entry.defines), entry.source
+
+
+def test_circular_conv_runs_the_ordinary_conv_on_the_wrapped_input():
+    """Extents in + 2p, padding 0, the other §8 arguments kept; the same output; one thread per
+    padded cell (pad) and per input cell (fold)."""
+    geom = Geometry.build(Family.CONV, 4, 6, (5, 3, 2), (3, 2, 2), (2, 1, 1), (5, 1, 0), batch=3, dilation=(1, 2, 1),
+                          groups=2, circular=True)
+    circular = circular_plan(geom)
+    assert circular.padded == Geometry.build(Family.CONV, 4, 6, (15, 5, 2), (3, 2, 2), (2, 1, 1), (0, 0, 0), batch=3,
+                                             dilation=(1, 2, 1), groups=2)
+    assert circular.padded.output_shape == geom.output_shape == (3, 6, 7, 3, 1)
+    assert circular.defines == {"IN_C": 4, "BLOCK": BLOCK, "IN0": 5, "P0": 5, "IN1": 3, "P1": 1, "IN2": 2, "P2": 0}
+    assert (circular.pad_blocks, circular.fold_blocks) == (-(-3 * 4 * 150 // BLOCK), -(-3 * 4 * 30 // BLOCK))
 
 
 def test_generated_sources_read_like_hand_written_cuda():
@@ -91,8 +114,18 @@ def test_source_compiles_for_sm90_without_forward_spills(family, rank):
 
 
 # SEMANTICS §8 geometries the CUDA tape computes: a batch (a kernel argument; its bucket may pick
-# other tiles, here split stages and the batched weight gradient's longer reduction).
+# other tiles, here split stages and the batched weight gradient's longer reduction); dilation
+# (stride phases with gcd(S, D) > 1, pools with streamed rows), groups and output padding up to rank 8.
 EXTENDED = [
+    Geometry.build(Family.CONV, 4, 6, (13, 10), (3, 2), (2, 1), (2, 1), dilation=(2, 3), groups=2),
+    Geometry.build(Family.CONV, 6, 6, (9,) * 8, (3,) * 8, (2, 1) * 4, (1, 0) * 4, dilation=(2, 3) * 4, groups=3),
+    Geometry.build(Family.CONV_TRANSPOSE, 6, 9, (7, 6), (3, 3), (2, 3), (1, 0), dilation=(3, 2), groups=3,
+                   output_padding=(1, 2), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 4, 4, (5,) * 8, (2,) * 8, (2, 1) * 4, (0, 1) * 4, dilation=(4, 2) * 4,
+                   groups=2, output_padding=(1, 0) * 4),
+    Geometry.build(Family.MAX_POOL, 2, 2, (7, 20), (3, 3), (1, 2), (2, 2), dilation=(2, 2)),
+    Geometry.build(Family.AVG_POOL, 2, 2, (9, 80), (2, 9), (1, 2), (1, 16), dilation=(2, 9)),
+    Geometry.build(Family.SMOOTH_MAX_POOL, 2, 2, (6,) * 8, (2,) * 8, (1,) * 8, (1,) * 8, -0.5, dilation=(2,) * 8),
     Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
     Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (30, 30, 4), (3, 2, 2), (2, 1, 2), (1, 0, 1), batch=64),
     Geometry.build(Family.MAX_POOL, 3, 3, (9, 7), (3, 3), (2, 1), (1, 1), batch=5),
@@ -101,10 +134,25 @@ EXTENDED = [
 ]
 
 
-@pytest.mark.parametrize("geom", EXTENDED, ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}")
+@pytest.mark.parametrize("geom", EXTENDED, ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}"
+                                                         f"_d{'x'.join(map(str, g.dilation))}_g{g.groups}")
 def test_extended_geometry_compiles_without_spills(geom):
     report = nvrtc_check.compile_plan(geom, "sm_90")
     assert report.error is None, report.error
+    assert not [k for k in report.kernels if k.spills]
+
+
+# The circular-padding sources (pad and fold) at every rank: padding of a whole period on the first
+# axis (three copies of a cell), none on the last, a batch; and a rank-3 case with p = in everywhere.
+CIRCULAR = [representative_circular_geometry(rank) for rank in sorted(CIRCULAR_KERNELS)] + [
+    Geometry.build(Family.CONV, 2, 3, (4, 3, 5), (3, 3, 2), (1, 2, 1), (4, 3, 5), batch=5, circular=True)]
+
+
+@pytest.mark.parametrize("geom", CIRCULAR, ids=lambda g: f"r{g.rank}_p{'x'.join(map(str, g.padding))}")
+def test_circular_source_compiles_without_spills(geom):
+    report = nvrtc_check.compile_circular(geom, "sm_90")
+    assert report.error is None, report.error
+    assert sorted(k.symbol for k in report.kernels) == sorted(CIRCULAR_KERNELS[geom.rank].symbols.values())
     assert not [k for k in report.kernels if k.spills]
 
 

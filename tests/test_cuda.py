@@ -73,7 +73,7 @@ def run(tape, geom: Geometry, inputs, grad, *, repeat: int = 1):
         runs.append([grads[i] for i in ids])
     for again in runs[1:]:
         for first, second in zip(runs[0], again):
-            assert cupy.array_equal(first, second), f"{geom}: gradients differ between two runs"
+            assert cupy.array_equal(first, second, equal_nan=True), f"{geom}: gradients differ between two runs"
     return host(tape.value(out)), [host(g) for g in runs[0]]
 
 
@@ -227,7 +227,7 @@ def test_pool_offset_widths_and_long_rows() -> None:
         check_against_cpu(geom, rng)
 
 
-# SEMANTICS §8 on the GPU: the batch runs; the rest is refused until the kernels compute it.
+# SEMANTICS §8 on the GPU: the batch (a kernel argument, tiles planned for its bucket).
 
 def batched_geometry(rng: np.random.Generator, family: Family, rank: int, *, allow_empty: bool = False) -> Geometry:
     """A random §8 geometry (reference.random_geometry, extended) with what the CUDA tape computes
@@ -274,20 +274,159 @@ def test_batch_sizes_of_one_bucket_share_a_module() -> None:
     assert len(backend._modules) == modules
 
 
-REFUSED = [  # (what the message names, a geometry using it)
-    ("dilation", G(Family.CONV, 2, 3, (7, 6), (3, 2), (1, 1), (1, 0), dilation=(2, 1))),
-    ("groups", G(Family.CONV_TRANSPOSE, 4, 6, (5,), (3,), (2,), (1,), groups=2)),
-    ("circular padding", G(Family.CONV, 2, 2, (6, 5), (3, 3), (1, 1), (1, 1), circular=True)),
-    ("output_padding", G(Family.CONV_TRANSPOSE, 2, 3, (4, 4), (3, 3), (2, 2), (1, 1), output_padding=(1, 0))),
-    ("dilation", G(Family.MAX_POOL, 2, 2, (9,), (2,), (1,), (1,), dilation=(3,), batch=2)),
+# Circular padding (SEMANTICS §8): the ordinary conv kernels on the wrapped input (pad), the input
+# gradient folded back (fold). Random circular geometry keeps its batch, strides and paddings up to
+# the extent; its dilation and groups too once the CUDA tape computes them (dropped until then).
+
+def circular_geometry(rng: np.random.Generator, rank: int) -> Geometry:
+    """A random circular conv (reference.random_geometry, extended) with some nonzero padding."""
+    while True:
+        drawn = reference.random_geometry(rng, Family.CONV, rank, budget=300, extended=True)
+        if drawn.circular and any(drawn.padding):
+            break
+    if convgen.cuda.unsupported(drawn, "float32") is None:
+        return drawn
+    return G(Family.CONV, drawn.in_c, drawn.out_c, drawn.in_spatial, drawn.kernel, drawn.stride, drawn.padding,
+             batch=drawn.batch, circular=True)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_circular_padding_matches_cpu_tape(rank: int) -> None:
+    """Forward and gradients against the CPU tape, the gradients twice and bit-identical (the fold
+    is a gather in a fixed order)."""
+    rng = reference.case_rng("cuda circular", rank)
+    for _ in range(CASES_PER_RANK):
+        check_against_cpu(circular_geometry(rng, rank), rng)
+
+
+@pytest.mark.parametrize("rank", (1, 2, 3))
+def test_circular_padding_matches_torch_cuda(rank: int) -> None:
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = reference.case_rng("torch circular", rank)
+    cases = 0
+    while cases < 2:
+        geom = circular_geometry(rng, rank)
+        if not torch_oracle.accepts(geom):
+            continue
+        cases += 1
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        got = run(PoisonTape(), geom, inputs, grad, repeat=2)
+        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+
+
+def test_circular_padding_of_a_whole_period() -> None:
+    """p = in: every input cell has three copies in the padded row [x x x]. Kernel 2, stride 2 over
+    in = 3, p = 3: output o reads the cells READS[o] (by hand: padded cells 2o and 2o + 1, mod 3)."""
+    geom = G(Family.CONV, 1, 1, (3,), (2,), (2,), (3,), circular=True)
+    reads = [(0, 1), (2, 0), (1, 2), (0, 1)]
+    weight, bias, x = np.array([[[2, -1]]], np.float32), np.array([0.5], np.float32), np.array([[1, 3, -2]], np.float32)
+    grad = np.array([[1, -2, 4, 0.5]], np.float32)
+    out, (d_weight, d_bias, d_x) = run(PoisonTape(), geom, [weight, bias, x], grad, repeat=2)
+    np.testing.assert_array_equal(out, [[2 * x[0, a] - x[0, b] + 0.5 for a, b in reads]])
+    expected_dx = np.zeros(3, np.float32)
+    for g, cells in zip(grad[0], reads):
+        for w, cell in zip(weight[0, 0], cells):
+            expected_dx[cell] += w * g
+    np.testing.assert_array_equal(d_x, [expected_dx])
+    np.testing.assert_array_equal(d_weight, [[[sum(g * x[0, cells[k]] for g, cells in zip(grad[0], reads))
+                                               for k in range(2)]]])
+    np.testing.assert_array_equal(d_bias, [grad.sum()])
+    rng = reference.case_rng("circular whole period")
+    check_against_cpu(G(Family.CONV, 2, 3, (3, 2), (2, 3), (1, 2), (3, 2), batch=2, circular=True), rng)
+    check_against_cpu(G(Family.CONV, 3, 2, (4, 1, 3), (3, 2, 3), (2, 1, 1), (4, 1, 0), batch=3, circular=True), rng)
+
+
+# Dilation, output padding and groups: window offset k reads o*S + k*D - P (the gather form by
+# stride phase, some phases reaching no offset when gcd(S, D) > 1); the extra cells of output
+# padding see no input (bias only); groups run block-diagonal GEMMs.
+
+def dilated_grouped_geometry(rng: np.random.Generator, family: Family, rank: int, *,
+                             allow_empty: bool = False) -> Geometry:
+    """A random §8 geometry (reference.random_geometry, extended) with the batch, dilation, groups
+    and output padding it drew; circular padding (tested on its own) dropped."""
+    drawn = reference.random_geometry(rng, family, rank, allow_empty=allow_empty, budget=300, extended=True)
+    return G(family, drawn.in_c, drawn.out_c, drawn.in_spatial, drawn.kernel, drawn.stride, drawn.padding,
+             drawn.beta, batch=drawn.batch, dilation=drawn.dilation, groups=drawn.groups,
+             output_padding=drawn.output_padding)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", Family, ids=lambda f: f.value)
+def test_dilated_grouped_random_geometry_matches_cpu_tape(family: Family, rank: int) -> None:
+    rng = reference.case_rng("cuda dilation groups", family.value, rank)
+    for case in range(CASES_PER_RANK):
+        check_against_cpu(dilated_grouped_geometry(rng, family, rank, allow_empty=case == CASES_PER_RANK - 1), rng)
+
+
+@pytest.mark.parametrize("rank", (1, 2, 3))
+@pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
+def test_dilated_grouped_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = reference.case_rng("torch dilation groups", family.value, rank)
+    cases = 0
+    while cases < 3:
+        geom = dilated_grouped_geometry(rng, family, rank)
+        if not torch_oracle.accepts(geom):
+            continue
+        cases += 1
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        got = run(PoisonTape(), geom, inputs, grad)
+        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+
+
+DILATED_GROUPED = [
+    G(Family.CONV, 4, 6, (13, 10), (3, 2), (2, 1), (2, 1), dilation=(2, 3), groups=2),  # gcd(S, D) = 2
+    G(Family.CONV, 2, 2, (23,), (3,), (4,), (2,), dilation=(6,), batch=2),  # phases with and without offsets
+    G(Family.CONV_TRANSPOSE, 6, 9, (7, 6), (3, 3), (2, 3), (1, 0), dilation=(3, 2), groups=3, output_padding=(1, 2)),
+    G(Family.CONV_TRANSPOSE, 2, 4, (3, 4), (2, 3), (3, 2), (0, 1), output_padding=(2, 1), batch=3),
+    G(Family.CONV, 6, 4, (6, 5, 7), (2, 3, 2), (3, 2, 1), (1, 2, 0), dilation=(3, 2, 2), groups=2, batch=2),
+    G(Family.CONV_TRANSPOSE, 17, 34, (5, 6), (2, 2), (2, 2), (1, 0), dilation=(2, 1), groups=17),
 ]
 
 
-@pytest.mark.parametrize(("name", "geom"), REFUSED, ids=[f"{n} {g.family.value}" for n, g in REFUSED])
-def test_unimplemented_arguments_are_refused_not_computed(name: str, geom: Geometry) -> None:
-    rng = reference.case_rng("refused", geom)
-    result = recorded(convgen.cuda.Tape(), geom, reference.draw_inputs(rng, geom))[2]
-    assert result.error == f"autograd: cuda: {geom.family.value}: {name} is not supported on the CUDA tape yet"
+@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+def test_dilated_grouped_forced_tiles_and_splits(tile) -> None:
+    """Every forced tile shape and split (the partial buffers [split][images][groups * M][N] and
+    [split][groups * M][N]) through dilated, grouped and output-padded geometries."""
+    tape_class = forced_tape(tile)
+    rng = reference.case_rng("dilation groups forced", tile)
+    for geom in DILATED_GROUPED:
+        check_against_cpu(geom, rng, tape_class)
+
+
+def test_dilated_grouped_planned_splits() -> None:
+    rng = reference.case_rng("dilation groups splits")
+    for geom in (G(Family.CONV, 48, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4),
+                 G(Family.CONV_TRANSPOSE, 16, 8, (20, 20), (3, 2), (2, 2), (2, 0), dilation=(2, 2), groups=2,
+                   output_padding=(1, 1), batch=2)):
+        assert max(plan(geom).splits.values()) > 1, geom
+        check_against_cpu(geom, rng)
+
+
+def test_dilated_pools() -> None:
+    """A max pool window of padding only gives -inf and passes no gradient (the saved offset is the
+    poison); dilated rows held in registers (V = 4) and streamed (a window spanning > 64 cells)."""
+    rng = reference.case_rng("dilated pools")
+    empty_window = G(Family.MAX_POOL, 2, 2, (2,), (2,), (1,), (2,), dilation=(3,), batch=2)
+    inputs, grad = reference.draw_inputs(rng, empty_window), reference.draw_grad(rng, empty_window)
+    output, _ = run(PoisonTape(), empty_window, inputs, grad)
+    assert np.isneginf(output[..., 1]).all() and np.isfinite(output[..., [0, 2]]).all()
+    cases = [
+        empty_window,
+        G(Family.MAX_POOL, 2, 2, (7, 20), (3, 3), (1, 2), (2, 2), dilation=(2, 2)),
+        G(Family.AVG_POOL, 2, 2, (9, 80), (2, 9), (1, 2), (1, 16), dilation=(2, 9)),
+        G(Family.SMOOTH_MAX_POOL, 2, 2, (5, 12), (2, 3), (2, 1), (1, 2), 0.8, dilation=(3, 2)),
+        G(Family.MAX_POOL, 1, 1, (3, 90), (1, 8), (1, 1), (0, 30), dilation=(1, 9)),
+    ]
+    assert cuda_launch.pool_cells_per_thread(73, 2) == 1 and plan(cases[2]).defines["POOL_V"] == 1
+    for geom in cases:
+        check_against_cpu(geom, rng)
 
 
 def test_float64_tape_is_refused_not_computed() -> None:

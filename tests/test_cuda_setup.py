@@ -45,3 +45,16 @@ def test_without_a_gpu_the_tape_says_so(cuda_tape, monkeypatch):
     with pytest.raises(BackendError) as error:
         cuda_tape()
     assert str(error.value) == "the CUDA tape found no GPU (cudaErrorNoDevice: no CUDA-capable device is detected)"
+
+
+def test_a_circular_conv_whose_wrapped_input_reaches_32_bits_is_refused():
+    """The pad kernel and the conv kernels on the wrapped input index it with 32 bits: in + 2p past
+    2^32 - 1 cells is refused before anything runs (the input itself fits)."""
+    import convgen.cuda
+    from convgen.geometry import Family, Geometry
+
+    refused = Geometry.build(Family.CONV, 1, 1, (2**31,), (1,), (1,), (2**30,), circular=True)
+    assert convgen.cuda.unsupported(refused, "float32") == (
+        "circular padding whose wrapped input reaches 2^32 elements is not supported on the CUDA tape yet")
+    largest = Geometry.build(Family.CONV, 1, 1, (2**31 - 1,), (1,), (1,), (2**30 - 1,), circular=True)
+    assert convgen.cuda.unsupported(largest, "float32") is None

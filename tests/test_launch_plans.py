@@ -13,7 +13,9 @@ from convgen.cuda_launch import (
     GEMM_STAGES,
     H200,
     SPLIT_WORKSPACE_BYTES,
+    GemmTile,
     batch_bucket,
+    ceil_div,
     choose_tile,
     gemm_cost,
     gemm_shapes,
@@ -25,6 +27,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
+from convgen.tile_model import phase_offsets
 
 SIZES = [
     (Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3)),
@@ -116,3 +119,27 @@ def test_a_batch_multiplies_conv_blocks_and_weight_slices():
             assert (shape.grid(32, 32, 1), shape.chunks) == (3 * single.grid(32, 32, 1), single.chunks)
         else:
             assert (shape.grid(32, 32, 1), shape.chunks) == (single.grid(32, 32, 1), 3 * single.chunks)
+
+
+def test_phase_offsets_are_the_window_offsets_each_phase_reaches():
+    """Per stride phase rho, the offsets k < K with k*D = rho + P (mod S), counted by enumeration:
+    with dilation some phases reach none (gcd(S, D) > 1); every offset serves exactly one phase."""
+    for k, s, p, d in itertools.product(range(1, 6), range(1, 6), range(4), range(1, 7)):
+        counts = phase_offsets(k, s, p, d)
+        assert counts == tuple(sum((rho + p - kappa * d) % s == 0 for kappa in range(k)) for rho in range(s))
+    assert phase_offsets(5, 2, 0, 2) == (5, 0)  # even dilation, even stride: odd residues see nothing
+
+
+def test_groups_are_block_diagonal_gemms_of_the_per_group_shape():
+    """A grouped stage is `groups` GEMMs of the per-group shape: groups times the blocks, the
+    per-group channels in M, the reduction and the weight gradient's N; its outputs keep all channels."""
+    args = (Family.CONV_TRANSPOSE, 12, 18, (9, 8), (3, 3), (2, 1), (1, 1))
+    single, grouped = gemm_shapes(Geometry.build(*args)), gemm_shapes(Geometry.build(*args, groups=3))
+    assert (grouped["forward"].m, grouped["forward"].source_c) == (18 // 3, 12 // 3)
+    assert (grouped["backward_input"].m, grouped["backward_input"].source_c) == (12 // 3, 18 // 3)
+    assert (grouped["backward_weight"].m, grouped["backward_weight"].n) == (12 // 3, 18 // 3 * 9)
+    for stage, shape in grouped.items():
+        assert shape.grid(32, 32, 1) == 3 * ceil_div(shape.m, 32) * ceil_div(shape.columns, 32) * shape.phases
+        assert shape.count == single[stage].count // (1 if shape.conv else 3)
+    grid = plan(Geometry.build(*args, groups=3), choose_tile=lambda shape, hw: GemmTile(32, 32, shape.bk, 4, 4, 1))
+    assert grid.defines["GROUPS"] == 3 and grid.launches["forward"].grid == grouped["forward"].grid(32, 32, 1)

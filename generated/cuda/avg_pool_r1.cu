@@ -9,13 +9,13 @@
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(POOL_V)
+    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(POOL_V)
 #error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
 // some axis reaches 2^31 through its extents, stride and padding.
-#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL)
+#if (OUT0 * S0 + K0 * D0 + P0 + IN0 < 0x7fffffffLL)
 typedef int pos_t;
 #else
 typedef long long pos_t;
@@ -31,13 +31,15 @@ typedef long long pos_t;
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
 constexpr unsigned V = POOL_V;  // cells per thread along the last axis
-constexpr unsigned K_LAST = K0, S_LAST = S0;
+constexpr unsigned K_LAST = K0, S_LAST = S0, D_LAST = D0;
 constexpr pos_t P_LAST = P0;
+// Input cells one window spans along the last axis (dilation D: its cells are D apart).
+constexpr unsigned K_SPAN = (K_LAST - 1) * D_LAST + 1;
 // Forward: input cells the V windows of a thread span along the last axis.
-constexpr unsigned SPAN = (V - 1) * S_LAST + K_LAST;
+constexpr unsigned SPAN = (V - 1) * S_LAST + K_SPAN;
 constexpr unsigned MAX_SEGMENT = 64;  // longer rows are streamed, not held in registers
 // Backward: output cells whose windows can cover V consecutive input cells along the last axis.
-constexpr unsigned OUT_SPAN = (V - 1 + K_LAST - 1) / S_LAST + 1;
+constexpr unsigned OUT_SPAN = (V - 1 + K_SPAN - 1) / S_LAST + 1;
 
 // thread -> (channel, row of the leading axes, first cell along the last axis) of extents `ext`.
 struct Slot {
@@ -97,8 +99,8 @@ extern "C" __global__ void avg_pool_r1_forward(
         for (unsigned v = 0; v < V; ++v) {
             #pragma unroll
             for (unsigned k = 0; k < K_LAST; ++k) {
-                const float value = seg[v * S_LAST + k];
-                [[maybe_unused]] const bool in = seg_in[v * S_LAST + k];
+                const float value = seg[v * S_LAST + k * D_LAST];
+                [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                 if (in) sum[v] += value;
             }
         }
@@ -106,8 +108,9 @@ extern "C" __global__ void avg_pool_r1_forward(
         constexpr unsigned v = 0;  // the plan takes V = 1 for rows this long
         #pragma unroll 4
         for (unsigned k = 0; k < K_LAST; ++k) {
-            const bool in = j_first + (pos_t)k >= 0 && j_first + (pos_t)k < IN0;
-            const float value = in ? __ldg(line + j_first + k) : 0.0f;
+            const pos_t j = j_first + (pos_t)(k * D_LAST);
+            const bool in = j >= 0 && j < IN0;
+            const float value = in ? __ldg(line + j) : 0.0f;
             if (in) sum[v] += value;
         }
     }
@@ -145,7 +148,7 @@ extern "C" __global__ void avg_pool_r1_backward_input(
     const size_t channel = (size_t)slot.channel * OUT_SIZE;
     const size_t first_index = ((size_t)slot.channel * IN_ROWS + slot.row) * IN0 + slot.first;
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
-    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_LAST + 1;
+    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
     float acc[V];
 #pragma unroll
@@ -162,8 +165,9 @@ extern "C" __global__ void avg_pool_r1_backward_input(
         const float g = __ldg(grad + line + o);
         #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            const pos_t k = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;
-            if (k < 0 || k >= (pos_t)K_LAST) continue;
+            const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
+            if (dk < 0 || dk >= (pos_t)K_SPAN || dk % (pos_t)D_LAST != 0) continue;
+            const pos_t k = dk / (pos_t)D_LAST;
             acc[v] += g;
         }
     }

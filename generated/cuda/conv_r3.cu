@@ -6,19 +6,19 @@
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || \
-    !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || \
-    !defined(FWD_SPLIT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || \
-    !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
+    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
+    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
+    !defined(OUT2) || !defined(D2) || !defined(GROUPS) || !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || \
+    !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(BWI_BM) || !defined(BWI_BN) || \
+    !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWW_BM) || \
+    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
 // some axis reaches 2^31 through its extents, stride and padding.
-#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 + P1 + IN1 < 0x7fffffffLL) && \
-    (OUT2 * S2 + K2 + P2 + IN2 < 0x7fffffffLL)
+#if (OUT0 * S0 + K0 * D0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 * D1 + P1 + IN1 < 0x7fffffffLL) && \
+    (OUT2 * S2 + K2 * D2 + P2 + IN2 < 0x7fffffffLL)
 typedef int pos_t;
 #else
 typedef long long pos_t;
@@ -37,6 +37,9 @@ constexpr unsigned SHARED_ROW_PAD = 4;  // floats after each staged row (contrac
 
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
 // source by `convgen build`. Needs BLOCK (a define) and SHARED_ROW_PAD (printed from the contract).
+
+// Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
+__device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
 
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
@@ -241,17 +244,19 @@ extern "C" __global__ void conv_r3_forward(
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
-    constexpr unsigned M = OUT_C, N = OUT_SIZE, SRC_C = IN_C;
+    // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
+    constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
     constexpr unsigned CHUNKS = (SRC_C + BK - 1) / BK * K_SIZE;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
+    constexpr unsigned BLOCKS_PER_GROUP = SPLIT * M_TILES * N_TILES;
     constexpr unsigned chunks = CHUNKS, per_split = (chunks + SPLIT - 1) / SPLIT;
-    constexpr unsigned BLOCKS_PER_IMAGE = SPLIT * M_TILES * N_TILES;
-    const unsigned image = blockIdx.x / nonzero(BLOCKS_PER_IMAGE);
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_IMAGE);
+    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
+    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
@@ -261,9 +266,11 @@ extern "C" __global__ void conv_r3_forward(
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
     const unsigned b_row = tid / BN;
-    // This block's image; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
-    source += (size_t)image * SRC_C * IN_SIZE;
-    float* __restrict__ out = dest + ((size_t)split * images + image) * M * N;
+    // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
+    source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
+    weight += (size_t)group * M * SRC_C * K_SIZE;
+    bias += group * M;
+    float* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -307,13 +314,13 @@ extern "C" __global__ void conv_r3_forward(
         for (unsigned col = 0; col < COLS; ++col) {
             bool ok = column_ok[col];
             unsigned offset = 0;
-            const pos_t j0 = base0[col] + k0;
+            const pos_t j0 = base0[col] + k0 * D0;
             ok = ok && j0 >= 0 && j0 < IN0;
             offset = offset * IN0 + (unsigned)j0;
-            const pos_t j1 = base1[col] + k1;
+            const pos_t j1 = base1[col] + k1 * D1;
             ok = ok && j1 >= 0 && j1 < IN1;
             offset = offset * IN1 + (unsigned)j1;
-            const pos_t j2 = base2[col] + k2;
+            const pos_t j2 = base2[col] + k2 * D2;
             ok = ok && j2 >= 0 && j2 < IN2;
             offset = offset * IN2 + (unsigned)j2;
 #pragma unroll
@@ -418,16 +425,19 @@ extern "C" __global__ void conv_r3_backward_input(
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
-    constexpr unsigned M = IN_C, N = IN_SIZE, SRC_C = OUT_C;
+    // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
+    constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
     // Stride phases. Per axis, dst cell d = rho + S*u (rho = d mod S) collects only through the
-    // window offsets k = phi + S*r, phi = (rho + P) mod S, r < R = ceil((K - phi) / S), from source
-    // cell (rho + P) / S + u - r. A block's columns are cells u of one phase (extents PU), so its
-    // reduction runs over (src channel block, r) with R0*R1*.. offsets instead of K_SIZE. With
-    // S = 1 on every axis there is one phase, r = k, and this is the plain gather.
+    // window offsets k with k*D = rho + P (mod S): k = phi + SG*r, SG = S / gcd(S, D), phi the
+    // least such k (none when gcd(S, D) does not divide rho + P: R = 0), r < R = ceil((K - phi) / SG),
+    // from source cell (rho + P - phi*D) / S + u - r*DG, DG = D / gcd(S, D) (exact divisions).
+    // Without dilation phi = (rho + P) mod S and SG = S. A block's columns are cells u of one phase
+    // (extents PU), so its reduction runs over (src channel block, r) with R0*R1*.. offsets instead
+    // of K_SIZE. With S = 1 on every axis there is one phase, r = k, and this is the plain gather.
     constexpr unsigned PU0 = (IN0 + S0 - 1) / S0;
     constexpr unsigned PU1 = (IN1 + S1 - 1) / S1;
     constexpr unsigned PU2 = (IN2 + S2 - 1) / S2;
@@ -435,10 +445,11 @@ extern "C" __global__ void conv_r3_backward_input(
     constexpr unsigned PHASE_N = (unsigned)(1ull * PU0 * PU1 * PU2);
     constexpr unsigned C_BLOCKS = (SRC_C + BK - 1) / BK;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (PHASE_N + BN - 1) / BN;
-    // Block -> (image, phase, split, row tile, column tile), column tile fastest.
-    constexpr unsigned BLOCKS_PER_IMAGE = PHASES * SPLIT * M_TILES * N_TILES;
-    const unsigned image = blockIdx.x / nonzero(BLOCKS_PER_IMAGE);
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_IMAGE);
+    // Block -> (image, group, phase, split, row tile, column tile), column tile fastest.
+    constexpr unsigned BLOCKS_PER_GROUP = PHASES * SPLIT * M_TILES * N_TILES;
+    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
+    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
@@ -451,12 +462,45 @@ extern "C" __global__ void conv_r3_backward_input(
     const pos_t rho1 = (pos_t)(phase_rest % S1);
     phase_rest /= S1;
     const pos_t rho0 = (pos_t)phase_rest;
-    const pos_t phi0 = (rho0 + P0) % S0;
-    const pos_t R0 = phi0 < K0 ? (K0 - phi0 + S0 - 1) / S0 : 0;
-    const pos_t phi1 = (rho1 + P1) % S1;
-    const pos_t R1 = phi1 < K1 ? (K1 - phi1 + S1 - 1) / S1 : 0;
-    const pos_t phi2 = (rho2 + P2) % S2;
-    const pos_t R2 = phi2 < K2 ? (K2 - phi2 + S2 - 1) / S2 : 0;
+    constexpr pos_t SG0 = S0 / gcd_of(S0, D0), DG0 = D0 / gcd_of(S0, D0);
+    pos_t phi0 = (rho0 + P0) % S0;
+    if constexpr (D0 != 1) {
+        const pos_t residue = phi0;
+        phi0 = -1;  // none
+        for (pos_t t = SG0 - 1; t >= 0; --t) {
+            if (t * D0 % S0 == residue) phi0 = t;
+        }
+    }
+    const pos_t R0 = (D0 == 1 || phi0 >= 0) && phi0 < K0
+                         ? (K0 - phi0 + SG0 - 1) / SG0 : 0;
+    const pos_t origin0 = D0 == 1 ? (rho0 + P0) / S0
+                                       : (rho0 + P0 - phi0 * D0) / S0;
+    constexpr pos_t SG1 = S1 / gcd_of(S1, D1), DG1 = D1 / gcd_of(S1, D1);
+    pos_t phi1 = (rho1 + P1) % S1;
+    if constexpr (D1 != 1) {
+        const pos_t residue = phi1;
+        phi1 = -1;  // none
+        for (pos_t t = SG1 - 1; t >= 0; --t) {
+            if (t * D1 % S1 == residue) phi1 = t;
+        }
+    }
+    const pos_t R1 = (D1 == 1 || phi1 >= 0) && phi1 < K1
+                         ? (K1 - phi1 + SG1 - 1) / SG1 : 0;
+    const pos_t origin1 = D1 == 1 ? (rho1 + P1) / S1
+                                       : (rho1 + P1 - phi1 * D1) / S1;
+    constexpr pos_t SG2 = S2 / gcd_of(S2, D2), DG2 = D2 / gcd_of(S2, D2);
+    pos_t phi2 = (rho2 + P2) % S2;
+    if constexpr (D2 != 1) {
+        const pos_t residue = phi2;
+        phi2 = -1;  // none
+        for (pos_t t = SG2 - 1; t >= 0; --t) {
+            if (t * D2 % S2 == residue) phi2 = t;
+        }
+    }
+    const pos_t R2 = (D2 == 1 || phi2 >= 0) && phi2 < K2
+                         ? (K2 - phi2 + SG2 - 1) / SG2 : 0;
+    const pos_t origin2 = D2 == 1 ? (rho2 + P2) / S2
+                                       : (rho2 + P2 - phi2 * D2) / S2;
     const unsigned K_PHASE = (unsigned)(1 * R0 * R1 * R2);
     const unsigned chunks = C_BLOCKS * K_PHASE;
     const unsigned per_split = (chunks + SPLIT - 1) / SPLIT;
@@ -465,9 +509,10 @@ extern "C" __global__ void conv_r3_backward_input(
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
     const unsigned b_row = tid / BN;
-    // This block's image; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
-    source += (size_t)image * SRC_C * OUT_SIZE;
-    float* __restrict__ out = dest + ((size_t)split * images + image) * M * N;
+    // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
+    source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
+    weight += (size_t)group * M * SRC_C * K_SIZE;
+    float* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -485,9 +530,9 @@ extern "C" __global__ void conv_r3_backward_input(
         const pos_t u0 = (pos_t)rest;
         column_ok[col] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * u0 < IN0) && (S1 == 1 || rho1 + S1 * u1 < IN1) &&
             (S2 == 1 || rho2 + S2 * u2 < IN2);
-        base0[col] = (rho0 + P0) / S0 + u0;
-        base1[col] = (rho1 + P1) / S1 + u1;
-        base2[col] = (rho2 + P2) / S2 + u2;
+        base0[col] = origin0 + u0;
+        base1[col] = origin1 + u1;
+        base2[col] = origin2 + u2;
     }
 
     // Phased: the (channel block, r) of the next slice to load, advanced by one per load (loads
@@ -548,9 +593,9 @@ extern "C" __global__ void conv_r3_backward_input(
             if (carry) next_c0 += BK;
         }
         unsigned kappa = 0;
-        kappa = kappa * K0 + (unsigned)(phi0 + S0 * r0);
-        kappa = kappa * K1 + (unsigned)(phi1 + S1 * r1);
-        kappa = kappa * K2 + (unsigned)(phi2 + S2 * r2);
+        kappa = kappa * K0 + (unsigned)(phi0 + SG0 * r0);
+        kappa = kappa * K1 + (unsigned)(phi1 + SG1 * r1);
+        kappa = kappa * K2 + (unsigned)(phi2 + SG2 * r2);
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
@@ -562,13 +607,13 @@ extern "C" __global__ void conv_r3_backward_input(
         for (unsigned col = 0; col < COLS; ++col) {
             bool ok = column_ok[col];
             unsigned offset = 0;
-            const pos_t j0 = base0[col] - r0;
+            const pos_t j0 = base0[col] - r0 * DG0;
             ok = ok && j0 >= 0 && j0 < OUT0;
             offset = offset * OUT0 + (unsigned)j0;
-            const pos_t j1 = base1[col] - r1;
+            const pos_t j1 = base1[col] - r1 * DG1;
             ok = ok && j1 >= 0 && j1 < OUT1;
             offset = offset * OUT1 + (unsigned)j1;
-            const pos_t j2 = base2[col] - r2;
+            const pos_t j2 = base2[col] - r2 * DG2;
             ok = ok && j2 >= 0 && j2 < OUT2;
             offset = offset * OUT2 + (unsigned)j2;
 #pragma unroll
@@ -705,14 +750,18 @@ extern "C" __global__ void conv_r3_backward_weight(
     __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
-    constexpr unsigned M = OUT_C, N = IN_C * K_SIZE, REDUCTION = OUT_SIZE;
+    // Groups: one block-diagonal GEMM per group, over its M rows of D and U_C channels of U.
+    constexpr unsigned M = OUT_C / GROUPS, U_C = IN_C / GROUPS;
+    constexpr unsigned N = U_C * K_SIZE, REDUCTION = OUT_SIZE;
     constexpr unsigned CHUNKS = (REDUCTION + BK - 1) / BK;  // per image
     static_assert(THREADS % BK == 0, "B rows per thread");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
+    constexpr unsigned BLOCKS_PER_GROUP = SPLIT * M_TILES * N_TILES;
     const unsigned chunks = images * CHUNKS, per_split = (chunks + SPLIT - 1) / SPLIT;
-    unsigned block_rest = blockIdx.x;
+    const unsigned group = GROUPS == 1 ? 0u : blockIdx.x / nonzero(BLOCKS_PER_GROUP);
+    unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % nonzero(BLOCKS_PER_GROUP);
     const unsigned n0 = block_rest % nonzero(N_TILES) * BN;
     block_rest /= nonzero(N_TILES);
     const unsigned m0 = block_rest % nonzero(M_TILES) * BM;
@@ -721,8 +770,10 @@ extern "C" __global__ void conv_r3_backward_weight(
     const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
     const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
-    // With SPLIT > 1, dest is the partial buffer [SPLIT][M][N].
-    float* __restrict__ out = dest + (size_t)split * M * N;
+    // This block's group; with SPLIT > 1, dest is the partial buffer [SPLIT][GROUPS * M][N].
+    d_values += (size_t)group * M * REDUCTION;
+    u_values += (size_t)group * U_C * IN_SIZE;
+    float* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * N;
     const unsigned b_k = tid % BK, b_n = tid / BK;
 
     // This thread's B columns: channel and window offset (less the padding), worked out once.
@@ -743,9 +794,9 @@ extern "C" __global__ void conv_r3_backward_weight(
         const pos_t k1 = (pos_t)(rest % nonzero(K1));
         rest /= nonzero(K1);
         const pos_t k0 = (pos_t)rest;
-        shift0[i] = k0 - P0;
-        shift1[i] = k1 - P1;
-        shift2[i] = k2 - P2;
+        shift0[i] = k0 * D0 - P0;
+        shift1[i] = k1 * D1 - P1;
+        shift2[i] = k2 * D2 - P2;
     }
 
     float a_stage[A_LOADS], b_stage[B_LOADS];
@@ -757,7 +808,7 @@ extern "C" __global__ void conv_r3_backward_weight(
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, p = p0 + e % BK;
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? __ldg(d_values + ((size_t)image * M + m) * REDUCTION + p) : 0.0f;
+                             ? __ldg(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : 0.0f;
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -856,7 +907,7 @@ extern "C" __global__ void conv_r3_backward_weight_reduce(
     const float* __restrict__ partial,
     float* __restrict__ dest)
 {
-    split_sum<(unsigned long long)OUT_C * IN_C * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
+    split_sum<(unsigned long long)OUT_C * (IN_C / GROUPS) * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
 }
 
 // dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.

@@ -9,17 +9,17 @@
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || \
-    !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3) || !defined(POOL_V) || \
-    !defined(ARGMAX_BYTES)
+    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
+    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
+    !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
+    !defined(OUT3) || !defined(D3) || !defined(POOL_V) || !defined(ARGMAX_BYTES)
 #error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
 // some axis reaches 2^31 through its extents, stride and padding.
-#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 + P1 + IN1 < 0x7fffffffLL) && \
-    (OUT2 * S2 + K2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 + P3 + IN3 < 0x7fffffffLL)
+#if (OUT0 * S0 + K0 * D0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 * D1 + P1 + IN1 < 0x7fffffffLL) && \
+    (OUT2 * S2 + K2 * D2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 * D3 + P3 + IN3 < 0x7fffffffLL)
 typedef int pos_t;
 #else
 typedef long long pos_t;
@@ -44,13 +44,15 @@ typedef unsigned argmax_t;
 #endif
 
 constexpr unsigned V = POOL_V;  // cells per thread along the last axis
-constexpr unsigned K_LAST = K3, S_LAST = S3;
+constexpr unsigned K_LAST = K3, S_LAST = S3, D_LAST = D3;
 constexpr pos_t P_LAST = P3;
+// Input cells one window spans along the last axis (dilation D: its cells are D apart).
+constexpr unsigned K_SPAN = (K_LAST - 1) * D_LAST + 1;
 // Forward: input cells the V windows of a thread span along the last axis.
-constexpr unsigned SPAN = (V - 1) * S_LAST + K_LAST;
+constexpr unsigned SPAN = (V - 1) * S_LAST + K_SPAN;
 constexpr unsigned MAX_SEGMENT = 64;  // longer rows are streamed, not held in registers
 // Backward: output cells whose windows can cover V consecutive input cells along the last axis.
-constexpr unsigned OUT_SPAN = (V - 1 + K_LAST - 1) / S_LAST + 1;
+constexpr unsigned OUT_SPAN = (V - 1 + K_SPAN - 1) / S_LAST + 1;
 
 // thread -> (channel, row of the leading axes, first cell along the last axis) of extents `ext`.
 struct Slot {
@@ -96,30 +98,32 @@ extern "C" __global__ void max_pool_r4_forward(
     const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
+    // A window with no real cell (only with dilation) keeps -inf and the poison offset, which no
+    // window cell matches: it passes no gradient.
     float best[V];
     unsigned best_kappa[V];
     bool found[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        best[v] = 0.0f;
-        best_kappa[v] = 0;
+        best[v] = -__int_as_float(0x7f800000);
+        best_kappa[v] = ~0u;
         found[v] = false;
     }
     #pragma unroll 1
     for (pos_t k0 = 0; k0 < K0; ++k0) {
-        const pos_t j0 = d0 * S0 + k0 - P0;
+        const pos_t j0 = d0 * S0 + k0 * D0 - P0;
         if (j0 < 0 || j0 >= IN0) continue;
         const unsigned src_off0 = (unsigned)j0;
         const unsigned kappa0 = (unsigned)k0;
         #pragma unroll 1
         for (pos_t k1 = 0; k1 < K1; ++k1) {
-            const pos_t j1 = d1 * S1 + k1 - P1;
+            const pos_t j1 = d1 * S1 + k1 * D1 - P1;
             if (j1 < 0 || j1 >= IN1) continue;
             const unsigned src_off1 = src_off0 * IN1 + (unsigned)j1;
             const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
             #pragma unroll 4
             for (pos_t k2 = 0; k2 < K2; ++k2) {
-                const pos_t j2 = d2 * S2 + k2 - P2;
+                const pos_t j2 = d2 * S2 + k2 * D2 - P2;
                 if (j2 < 0 || j2 >= IN2) continue;
                 const unsigned src_off2 = src_off1 * IN2 + (unsigned)j2;
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
@@ -139,8 +143,8 @@ extern "C" __global__ void max_pool_r4_forward(
                     for (unsigned v = 0; v < V; ++v) {
                         #pragma unroll
                         for (unsigned k = 0; k < K_LAST; ++k) {
-                            const float value = seg[v * S_LAST + k];
-                            [[maybe_unused]] const bool in = seg_in[v * S_LAST + k];
+                            const float value = seg[v * S_LAST + k * D_LAST];
+                            [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                             if (in && (!found[v] || value > best[v])) {
                                 best[v] = value;
                                 best_kappa[v] = kappa * K_LAST + k;
@@ -152,8 +156,9 @@ extern "C" __global__ void max_pool_r4_forward(
                     constexpr unsigned v = 0;  // the plan takes V = 1 for rows this long
                     #pragma unroll 4
                     for (unsigned k = 0; k < K_LAST; ++k) {
-                        const bool in = j_first + (pos_t)k >= 0 && j_first + (pos_t)k < IN3;
-                        const float value = in ? __ldg(line + j_first + k) : 0.0f;
+                        const pos_t j = j_first + (pos_t)(k * D_LAST);
+                        const bool in = j >= 0 && j < IN3;
+                        const float value = in ? __ldg(line + j) : 0.0f;
                         if (in && (!found[v] || value > best[v])) {
                             best[v] = value;
                             best_kappa[v] = kappa * K_LAST + k;
@@ -213,35 +218,41 @@ extern "C" __global__ void max_pool_r4_backward_input(
     rest /= nonzero(IN1);
     const pos_t d0 = (pos_t)rest;
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
-    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_LAST + 1;
+    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
     float acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         acc[v] = 0.0f;
     }
-    const pos_t low0 = d0 + P0 - K0 + 1;
+    const pos_t low0 = d0 + P0 - (K0 - 1) * D0;
     const pos_t first0 = low0 <= 0 ? 0 : (low0 + S0 - 1) / S0;
     const pos_t high0 = (d0 + P0) / S0;
     const pos_t end0 = high0 < OUT0 ? high0 + 1 : OUT0;
     for (pos_t j0 = first0; j0 < end0; ++j0) {
-        const pos_t k0 = d0 + P0 - j0 * S0;
+        const pos_t dk0 = d0 + P0 - j0 * S0;  // k*D
+        if (dk0 % D0 != 0) continue;
+        const pos_t k0 = dk0 / D0;
         const unsigned src_off0 = (unsigned)j0;
         const unsigned kappa0 = (unsigned)k0;
-        const pos_t low1 = d1 + P1 - K1 + 1;
+        const pos_t low1 = d1 + P1 - (K1 - 1) * D1;
         const pos_t first1 = low1 <= 0 ? 0 : (low1 + S1 - 1) / S1;
         const pos_t high1 = (d1 + P1) / S1;
         const pos_t end1 = high1 < OUT1 ? high1 + 1 : OUT1;
         for (pos_t j1 = first1; j1 < end1; ++j1) {
-            const pos_t k1 = d1 + P1 - j1 * S1;
+            const pos_t dk1 = d1 + P1 - j1 * S1;  // k*D
+            if (dk1 % D1 != 0) continue;
+            const pos_t k1 = dk1 / D1;
             const unsigned src_off1 = src_off0 * OUT1 + (unsigned)j1;
             const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
-            const pos_t low2 = d2 + P2 - K2 + 1;
+            const pos_t low2 = d2 + P2 - (K2 - 1) * D2;
             const pos_t first2 = low2 <= 0 ? 0 : (low2 + S2 - 1) / S2;
             const pos_t high2 = (d2 + P2) / S2;
             const pos_t end2 = high2 < OUT2 ? high2 + 1 : OUT2;
             for (pos_t j2 = first2; j2 < end2; ++j2) {
-                const pos_t k2 = d2 + P2 - j2 * S2;
+                const pos_t dk2 = d2 + P2 - j2 * S2;  // k*D
+                if (dk2 % D2 != 0) continue;
+                const pos_t k2 = dk2 / D2;
                 const unsigned src_off2 = src_off1 * OUT2 + (unsigned)j2;
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
                 const unsigned src_off = src_off2;
@@ -255,8 +266,9 @@ extern "C" __global__ void max_pool_r4_backward_input(
                     const float g = __ldg(grad + line + o);
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
-                        const pos_t k = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;
-                        if (k < 0 || k >= (pos_t)K_LAST) continue;
+                        const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
+                        if (dk < 0 || dk >= (pos_t)K_SPAN || dk % (pos_t)D_LAST != 0) continue;
+                        const pos_t k = dk / (pos_t)D_LAST;
                         if (chosen == kappa * K_LAST + (unsigned)k) acc[v] += g;
                     }
                 }

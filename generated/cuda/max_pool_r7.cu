@@ -9,21 +9,22 @@
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || \
-    !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3) || !defined(IN4) || \
-    !defined(K4) || !defined(S4) || !defined(P4) || !defined(OUT4) || !defined(IN5) || !defined(K5) || !defined(S5) || \
-    !defined(P5) || !defined(OUT5) || !defined(IN6) || !defined(K6) || !defined(S6) || !defined(P6) || \
-    !defined(OUT6) || !defined(POOL_V) || !defined(ARGMAX_BYTES)
+    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
+    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
+    !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
+    !defined(OUT3) || !defined(D3) || !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || \
+    !defined(OUT4) || !defined(D4) || !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || \
+    !defined(OUT5) || !defined(D5) || !defined(IN6) || !defined(K6) || !defined(S6) || !defined(P6) || \
+    !defined(OUT6) || !defined(D6) || !defined(POOL_V) || !defined(ARGMAX_BYTES)
 #error "missing a -D define (the set is listed above)"
 #endif
 
 // Per-axis coordinates are signed (a window may start in the padding); 32 bits suffice unless
 // some axis reaches 2^31 through its extents, stride and padding.
-#if (OUT0 * S0 + K0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 + P1 + IN1 < 0x7fffffffLL) && \
-    (OUT2 * S2 + K2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 + P3 + IN3 < 0x7fffffffLL) && \
-    (OUT4 * S4 + K4 + P4 + IN4 < 0x7fffffffLL) && (OUT5 * S5 + K5 + P5 + IN5 < 0x7fffffffLL) && \
-    (OUT6 * S6 + K6 + P6 + IN6 < 0x7fffffffLL)
+#if (OUT0 * S0 + K0 * D0 + P0 + IN0 < 0x7fffffffLL) && (OUT1 * S1 + K1 * D1 + P1 + IN1 < 0x7fffffffLL) && \
+    (OUT2 * S2 + K2 * D2 + P2 + IN2 < 0x7fffffffLL) && (OUT3 * S3 + K3 * D3 + P3 + IN3 < 0x7fffffffLL) && \
+    (OUT4 * S4 + K4 * D4 + P4 + IN4 < 0x7fffffffLL) && (OUT5 * S5 + K5 * D5 + P5 + IN5 < 0x7fffffffLL) && \
+    (OUT6 * S6 + K6 * D6 + P6 + IN6 < 0x7fffffffLL)
 typedef int pos_t;
 #else
 typedef long long pos_t;
@@ -48,13 +49,15 @@ typedef unsigned argmax_t;
 #endif
 
 constexpr unsigned V = POOL_V;  // cells per thread along the last axis
-constexpr unsigned K_LAST = K6, S_LAST = S6;
+constexpr unsigned K_LAST = K6, S_LAST = S6, D_LAST = D6;
 constexpr pos_t P_LAST = P6;
+// Input cells one window spans along the last axis (dilation D: its cells are D apart).
+constexpr unsigned K_SPAN = (K_LAST - 1) * D_LAST + 1;
 // Forward: input cells the V windows of a thread span along the last axis.
-constexpr unsigned SPAN = (V - 1) * S_LAST + K_LAST;
+constexpr unsigned SPAN = (V - 1) * S_LAST + K_SPAN;
 constexpr unsigned MAX_SEGMENT = 64;  // longer rows are streamed, not held in registers
 // Backward: output cells whose windows can cover V consecutive input cells along the last axis.
-constexpr unsigned OUT_SPAN = (V - 1 + K_LAST - 1) / S_LAST + 1;
+constexpr unsigned OUT_SPAN = (V - 1 + K_SPAN - 1) / S_LAST + 1;
 
 // thread -> (channel, row of the leading axes, first cell along the last axis) of extents `ext`.
 struct Slot {
@@ -106,48 +109,50 @@ extern "C" __global__ void max_pool_r7_forward(
     const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
+    // A window with no real cell (only with dilation) keeps -inf and the poison offset, which no
+    // window cell matches: it passes no gradient.
     float best[V];
     unsigned best_kappa[V];
     bool found[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        best[v] = 0.0f;
-        best_kappa[v] = 0;
+        best[v] = -__int_as_float(0x7f800000);
+        best_kappa[v] = ~0u;
         found[v] = false;
     }
     #pragma unroll 1
     for (pos_t k0 = 0; k0 < K0; ++k0) {
-        const pos_t j0 = d0 * S0 + k0 - P0;
+        const pos_t j0 = d0 * S0 + k0 * D0 - P0;
         if (j0 < 0 || j0 >= IN0) continue;
         const unsigned src_off0 = (unsigned)j0;
         const unsigned kappa0 = (unsigned)k0;
         #pragma unroll 1
         for (pos_t k1 = 0; k1 < K1; ++k1) {
-            const pos_t j1 = d1 * S1 + k1 - P1;
+            const pos_t j1 = d1 * S1 + k1 * D1 - P1;
             if (j1 < 0 || j1 >= IN1) continue;
             const unsigned src_off1 = src_off0 * IN1 + (unsigned)j1;
             const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
             #pragma unroll 1
             for (pos_t k2 = 0; k2 < K2; ++k2) {
-                const pos_t j2 = d2 * S2 + k2 - P2;
+                const pos_t j2 = d2 * S2 + k2 * D2 - P2;
                 if (j2 < 0 || j2 >= IN2) continue;
                 const unsigned src_off2 = src_off1 * IN2 + (unsigned)j2;
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
                 #pragma unroll 1
                 for (pos_t k3 = 0; k3 < K3; ++k3) {
-                    const pos_t j3 = d3 * S3 + k3 - P3;
+                    const pos_t j3 = d3 * S3 + k3 * D3 - P3;
                     if (j3 < 0 || j3 >= IN3) continue;
                     const unsigned src_off3 = src_off2 * IN3 + (unsigned)j3;
                     const unsigned kappa3 = kappa2 * K3 + (unsigned)k3;
                     #pragma unroll 1
                     for (pos_t k4 = 0; k4 < K4; ++k4) {
-                        const pos_t j4 = d4 * S4 + k4 - P4;
+                        const pos_t j4 = d4 * S4 + k4 * D4 - P4;
                         if (j4 < 0 || j4 >= IN4) continue;
                         const unsigned src_off4 = src_off3 * IN4 + (unsigned)j4;
                         const unsigned kappa4 = kappa3 * K4 + (unsigned)k4;
                         #pragma unroll 4
                         for (pos_t k5 = 0; k5 < K5; ++k5) {
-                            const pos_t j5 = d5 * S5 + k5 - P5;
+                            const pos_t j5 = d5 * S5 + k5 * D5 - P5;
                             if (j5 < 0 || j5 >= IN5) continue;
                             const unsigned src_off5 = src_off4 * IN5 + (unsigned)j5;
                             const unsigned kappa5 = kappa4 * K5 + (unsigned)k5;
@@ -167,8 +172,8 @@ extern "C" __global__ void max_pool_r7_forward(
                                 for (unsigned v = 0; v < V; ++v) {
                                     #pragma unroll
                                     for (unsigned k = 0; k < K_LAST; ++k) {
-                                        const float value = seg[v * S_LAST + k];
-                                        [[maybe_unused]] const bool in = seg_in[v * S_LAST + k];
+                                        const float value = seg[v * S_LAST + k * D_LAST];
+                                        [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                                         if (in && (!found[v] || value > best[v])) {
                                             best[v] = value;
                                             best_kappa[v] = kappa * K_LAST + k;
@@ -180,8 +185,9 @@ extern "C" __global__ void max_pool_r7_forward(
                                 constexpr unsigned v = 0;  // the plan takes V = 1 for rows this long
                                 #pragma unroll 4
                                 for (unsigned k = 0; k < K_LAST; ++k) {
-                                    const bool in = j_first + (pos_t)k >= 0 && j_first + (pos_t)k < IN6;
-                                    const float value = in ? __ldg(line + j_first + k) : 0.0f;
+                                    const pos_t j = j_first + (pos_t)(k * D_LAST);
+                                    const bool in = j >= 0 && j < IN6;
+                                    const float value = in ? __ldg(line + j) : 0.0f;
                                     if (in && (!found[v] || value > best[v])) {
                                         best[v] = value;
                                         best_kappa[v] = kappa * K_LAST + k;
@@ -250,59 +256,71 @@ extern "C" __global__ void max_pool_r7_backward_input(
     rest /= nonzero(IN1);
     const pos_t d0 = (pos_t)rest;
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
-    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_LAST + 1;
+    const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
     float acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         acc[v] = 0.0f;
     }
-    const pos_t low0 = d0 + P0 - K0 + 1;
+    const pos_t low0 = d0 + P0 - (K0 - 1) * D0;
     const pos_t first0 = low0 <= 0 ? 0 : (low0 + S0 - 1) / S0;
     const pos_t high0 = (d0 + P0) / S0;
     const pos_t end0 = high0 < OUT0 ? high0 + 1 : OUT0;
     for (pos_t j0 = first0; j0 < end0; ++j0) {
-        const pos_t k0 = d0 + P0 - j0 * S0;
+        const pos_t dk0 = d0 + P0 - j0 * S0;  // k*D
+        if (dk0 % D0 != 0) continue;
+        const pos_t k0 = dk0 / D0;
         const unsigned src_off0 = (unsigned)j0;
         const unsigned kappa0 = (unsigned)k0;
-        const pos_t low1 = d1 + P1 - K1 + 1;
+        const pos_t low1 = d1 + P1 - (K1 - 1) * D1;
         const pos_t first1 = low1 <= 0 ? 0 : (low1 + S1 - 1) / S1;
         const pos_t high1 = (d1 + P1) / S1;
         const pos_t end1 = high1 < OUT1 ? high1 + 1 : OUT1;
         for (pos_t j1 = first1; j1 < end1; ++j1) {
-            const pos_t k1 = d1 + P1 - j1 * S1;
+            const pos_t dk1 = d1 + P1 - j1 * S1;  // k*D
+            if (dk1 % D1 != 0) continue;
+            const pos_t k1 = dk1 / D1;
             const unsigned src_off1 = src_off0 * OUT1 + (unsigned)j1;
             const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
-            const pos_t low2 = d2 + P2 - K2 + 1;
+            const pos_t low2 = d2 + P2 - (K2 - 1) * D2;
             const pos_t first2 = low2 <= 0 ? 0 : (low2 + S2 - 1) / S2;
             const pos_t high2 = (d2 + P2) / S2;
             const pos_t end2 = high2 < OUT2 ? high2 + 1 : OUT2;
             for (pos_t j2 = first2; j2 < end2; ++j2) {
-                const pos_t k2 = d2 + P2 - j2 * S2;
+                const pos_t dk2 = d2 + P2 - j2 * S2;  // k*D
+                if (dk2 % D2 != 0) continue;
+                const pos_t k2 = dk2 / D2;
                 const unsigned src_off2 = src_off1 * OUT2 + (unsigned)j2;
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
-                const pos_t low3 = d3 + P3 - K3 + 1;
+                const pos_t low3 = d3 + P3 - (K3 - 1) * D3;
                 const pos_t first3 = low3 <= 0 ? 0 : (low3 + S3 - 1) / S3;
                 const pos_t high3 = (d3 + P3) / S3;
                 const pos_t end3 = high3 < OUT3 ? high3 + 1 : OUT3;
                 for (pos_t j3 = first3; j3 < end3; ++j3) {
-                    const pos_t k3 = d3 + P3 - j3 * S3;
+                    const pos_t dk3 = d3 + P3 - j3 * S3;  // k*D
+                    if (dk3 % D3 != 0) continue;
+                    const pos_t k3 = dk3 / D3;
                     const unsigned src_off3 = src_off2 * OUT3 + (unsigned)j3;
                     const unsigned kappa3 = kappa2 * K3 + (unsigned)k3;
-                    const pos_t low4 = d4 + P4 - K4 + 1;
+                    const pos_t low4 = d4 + P4 - (K4 - 1) * D4;
                     const pos_t first4 = low4 <= 0 ? 0 : (low4 + S4 - 1) / S4;
                     const pos_t high4 = (d4 + P4) / S4;
                     const pos_t end4 = high4 < OUT4 ? high4 + 1 : OUT4;
                     for (pos_t j4 = first4; j4 < end4; ++j4) {
-                        const pos_t k4 = d4 + P4 - j4 * S4;
+                        const pos_t dk4 = d4 + P4 - j4 * S4;  // k*D
+                        if (dk4 % D4 != 0) continue;
+                        const pos_t k4 = dk4 / D4;
                         const unsigned src_off4 = src_off3 * OUT4 + (unsigned)j4;
                         const unsigned kappa4 = kappa3 * K4 + (unsigned)k4;
-                        const pos_t low5 = d5 + P5 - K5 + 1;
+                        const pos_t low5 = d5 + P5 - (K5 - 1) * D5;
                         const pos_t first5 = low5 <= 0 ? 0 : (low5 + S5 - 1) / S5;
                         const pos_t high5 = (d5 + P5) / S5;
                         const pos_t end5 = high5 < OUT5 ? high5 + 1 : OUT5;
                         for (pos_t j5 = first5; j5 < end5; ++j5) {
-                            const pos_t k5 = d5 + P5 - j5 * S5;
+                            const pos_t dk5 = d5 + P5 - j5 * S5;  // k*D
+                            if (dk5 % D5 != 0) continue;
+                            const pos_t k5 = dk5 / D5;
                             const unsigned src_off5 = src_off4 * OUT5 + (unsigned)j5;
                             const unsigned kappa5 = kappa4 * K5 + (unsigned)k5;
                             const unsigned src_off = src_off5;
@@ -316,8 +334,9 @@ extern "C" __global__ void max_pool_r7_backward_input(
                                 const float g = __ldg(grad + line + o);
                                 #pragma unroll
                                 for (unsigned v = 0; v < V; ++v) {
-                                    const pos_t k = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;
-                                    if (k < 0 || k >= (pos_t)K_LAST) continue;
+                                    const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
+                                    if (dk < 0 || dk >= (pos_t)K_SPAN || dk % (pos_t)D_LAST != 0) continue;
+                                    const pos_t k = dk / (pos_t)D_LAST;
                                     if (chosen == kappa * K_LAST + (unsigned)k) acc[v] += g;
                                 }
                             }

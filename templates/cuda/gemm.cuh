@@ -1,6 +1,9 @@
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
 // source by `convgen build`. Needs BLOCK (a define) and SHARED_ROW_PAD (printed from the contract).
 
+// Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
+__device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
+
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
 template <int N>
