@@ -22,6 +22,10 @@ class Family(enum.Enum):
     AVG_POOL = "avg_pool"
     SMOOTH_MAX_POOL = "smooth_max_pool"
 
+    # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's own
+    # __hash__ is Python code, run on every geometry lookup of every op call.
+    __hash__ = object.__hash__
+
     @property
     def is_conv(self) -> bool:
         """True for the families with a kernel and a bias (parents kernel, bias, input)."""
@@ -53,141 +57,142 @@ class KernelSource:
 # The implicit-GEMM stages of the conv families -> the prefix of their tile defines (FWD_BM, ...).
 GEMM_STAGES: dict[str, str] = {'forward': 'FWD', 'backward_input': 'BWI', 'backward_weight': 'BWW'}
 TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT')
-SHARED_ROW_PAD = 4  # floats after each staged row of As and Bs
+SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
 
 
-def gemm_shared_bytes(bm: int, bn: int, bk: int) -> int:
-    """Static shared memory of one GEMM block: As[2][BK][BM + pad] and Bs[2][BK][BN + pad] floats and
-    the row-validity words of the B columns, valid_rows[BN] (unsigned)."""
-    return SHARED_BUFFERS * bk * (bm + bn + 2 * SHARED_ROW_PAD) * 4 + bn * 4
+def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
+    """Static shared memory of one GEMM block: As[2][BK][BM + pad] and Bs[2][BK][BN + pad] elements
+    of `element_bytes` (the ELEMENT_BYTES define) and the row-validity words of the B columns,
+    valid_rows[BN] (unsigned)."""
+    return SHARED_BUFFERS * bk * (bm + bn + 2 * SHARED_ROW_PAD) * element_bytes + bn * 4
 
 
 # Family -> stage -> the kernel's parameters in signature order, stages in launch order.
 STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
     Family.AVG_POOL: {
         "forward": (
-            Param("x", "x", "float", True, True),
+            Param("x", "x", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("y", "y", "float", False, True),
+            Param("y", "y", "real", False, True),
         ),
         "backward_input": (
-            Param("grad", "grad", "float", True, True),
+            Param("grad", "grad", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("grad_x", "grad_x", "float", False, True),
+            Param("grad_x", "grad_x", "real", False, True),
         ),
     },
     Family.CONV: {
         "forward": (
-            Param("source", "x", "float", True, True),
-            Param("weight", "weight", "float", True, True),
-            Param("bias", "bias", "float", True, True),
+            Param("source", "x", "real", True, True),
+            Param("weight", "weight", "real", True, True),
+            Param("bias", "bias", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "y", "float", False, True),
+            Param("dest", "y", "real", False, True),
         ),
         "forward_reduce": (
-            Param("partial", "partial", "float", True, True),
+            Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "y", "float", False, True),
+            Param("dest", "y", "real", False, True),
         ),
         "backward_input": (
-            Param("source", "grad", "float", True, True),
-            Param("weight", "weight", "float", True, True),
+            Param("source", "grad", "real", True, True),
+            Param("weight", "weight", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_x", "float", False, True),
+            Param("dest", "grad_x", "real", False, True),
         ),
         "backward_input_reduce": (
-            Param("partial", "partial", "float", True, True),
+            Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_x", "float", False, True),
+            Param("dest", "grad_x", "real", False, True),
         ),
         "backward_weight": (
-            Param("d_values", "grad", "float", True, True),
-            Param("u_values", "x", "float", True, True),
+            Param("d_values", "grad", "real", True, True),
+            Param("u_values", "x", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_weight", "float", False, True),
+            Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_weight_reduce": (
-            Param("partial", "partial", "float", True, True),
-            Param("dest", "grad_weight", "float", False, True),
+            Param("partial", "partial", "real", True, True),
+            Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_bias": (
-            Param("grad", "grad", "float", True, True),
+            Param("grad", "grad", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("bias_grad", "grad_bias", "float", False, True),
+            Param("bias_grad", "grad_bias", "real", False, True),
         ),
     },
     Family.CONV_TRANSPOSE: {
         "forward": (
-            Param("source", "x", "float", True, True),
-            Param("weight", "weight", "float", True, True),
-            Param("bias", "bias", "float", True, True),
+            Param("source", "x", "real", True, True),
+            Param("weight", "weight", "real", True, True),
+            Param("bias", "bias", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "y", "float", False, True),
+            Param("dest", "y", "real", False, True),
         ),
         "forward_reduce": (
-            Param("partial", "partial", "float", True, True),
+            Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "y", "float", False, True),
+            Param("dest", "y", "real", False, True),
         ),
         "backward_input": (
-            Param("source", "grad", "float", True, True),
-            Param("weight", "weight", "float", True, True),
+            Param("source", "grad", "real", True, True),
+            Param("weight", "weight", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_x", "float", False, True),
+            Param("dest", "grad_x", "real", False, True),
         ),
         "backward_input_reduce": (
-            Param("partial", "partial", "float", True, True),
+            Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_x", "float", False, True),
+            Param("dest", "grad_x", "real", False, True),
         ),
         "backward_weight": (
-            Param("d_values", "x", "float", True, True),
-            Param("u_values", "grad", "float", True, True),
+            Param("d_values", "x", "real", True, True),
+            Param("u_values", "grad", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("dest", "grad_weight", "float", False, True),
+            Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_weight_reduce": (
-            Param("partial", "partial", "float", True, True),
-            Param("dest", "grad_weight", "float", False, True),
+            Param("partial", "partial", "real", True, True),
+            Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_bias": (
-            Param("grad", "grad", "float", True, True),
+            Param("grad", "grad", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("bias_grad", "grad_bias", "float", False, True),
+            Param("bias_grad", "grad_bias", "real", False, True),
         ),
     },
     Family.MAX_POOL: {
         "forward": (
-            Param("x", "x", "float", True, True),
+            Param("x", "x", "real", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("y", "y", "float", False, True),
+            Param("y", "y", "real", False, True),
             Param("argmax", "argmax", "argmax_t", False, True),
         ),
         "backward_input": (
-            Param("grad", "grad", "float", True, True),
+            Param("grad", "grad", "real", True, True),
             Param("argmax", "argmax", "argmax_t", True, True),
             Param("images", "images", "unsigned", True, False),
-            Param("grad_x", "grad_x", "float", False, True),
+            Param("grad_x", "grad_x", "real", False, True),
         ),
     },
     Family.SMOOTH_MAX_POOL: {
         "forward": (
-            Param("x", "x", "float", True, True),
+            Param("x", "x", "real", True, True),
             Param("beta", "beta", "float", True, False),
             Param("images", "images", "unsigned", True, False),
-            Param("y", "y", "float", False, True),
-            Param("pivots", "pivots", "float", False, True),
-            Param("sums", "sums", "float", False, True),
+            Param("y", "y", "real", False, True),
+            Param("pivots", "pivots", "real", False, True),
+            Param("sums", "sums", "real", False, True),
         ),
         "backward_input": (
-            Param("x", "x", "float", True, True),
-            Param("grad", "grad", "float", True, True),
-            Param("pivots", "pivots", "float", True, True),
-            Param("sums", "sums", "float", True, True),
+            Param("x", "x", "real", True, True),
+            Param("grad", "grad", "real", True, True),
+            Param("pivots", "pivots", "real", True, True),
+            Param("sums", "sums", "real", True, True),
             Param("beta", "beta", "float", True, False),
             Param("images", "images", "unsigned", True, False),
-            Param("grad_x", "grad_x", "float", False, True),
+            Param("grad_x", "grad_x", "real", False, True),
         ),
     },
 }
@@ -200,7 +205,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 2): KernelSource(
@@ -210,8 +215,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 3): KernelSource(
@@ -221,8 +226,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 4): KernelSource(
@@ -232,8 +237,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 5): KernelSource(
@@ -243,9 +248,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 6): KernelSource(
@@ -255,9 +260,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 7): KernelSource(
@@ -267,9 +272,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 8): KernelSource(
@@ -279,10 +285,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
-            "S7", "P7", "OUT7", "D7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
         ),
     ),
     (Family.CONV, 1): KernelSource(
@@ -297,9 +303,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -314,9 +320,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -331,10 +337,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -349,10 +355,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -367,10 +373,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -385,11 +392,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -404,11 +411,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -423,12 +430,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
-            "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -443,9 +450,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -460,9 +467,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -477,10 +484,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -495,10 +502,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -513,10 +520,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -531,11 +539,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -550,11 +558,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -569,12 +577,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
-            "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(
@@ -584,7 +592,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 2): KernelSource(
@@ -594,8 +602,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 3): KernelSource(
@@ -605,8 +613,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 4): KernelSource(
@@ -616,8 +624,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
+            "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 5): KernelSource(
@@ -627,9 +636,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 6): KernelSource(
@@ -639,9 +648,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 7): KernelSource(
@@ -651,10 +660,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
-            "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 8): KernelSource(
@@ -664,10 +673,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
-            "S7", "P7", "OUT7", "D7", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 1): KernelSource(
@@ -677,7 +686,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 2): KernelSource(
@@ -687,8 +696,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 3): KernelSource(
@@ -698,8 +707,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 4): KernelSource(
@@ -709,8 +718,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 5): KernelSource(
@@ -720,9 +729,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 6): KernelSource(
@@ -732,9 +741,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 7): KernelSource(
@@ -744,9 +753,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 8): KernelSource(
@@ -756,10 +766,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1", "OUT1", "D1",
-            "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4", "S4", "P4",
-            "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6", "IN7", "K7",
-            "S7", "P7", "OUT7", "D7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
         ),
     ),
 }
@@ -768,14 +778,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
 # parameters in signature order, and each rank's source (its -D defines: IN_C, BLOCK, IN<a>, P<a>).
 CIRCULAR_STAGES: dict[str, tuple[Param, ...]] = {
     "pad": (
-        Param("x", "x", "float", True, True),
+        Param("x", "x", "real", True, True),
         Param("images", "images", "unsigned", True, False),
-        Param("padded", "padded", "float", False, True),
+        Param("padded", "padded", "real", False, True),
     ),
     "fold": (
-        Param("grad_padded", "grad_padded", "float", True, True),
+        Param("grad_padded", "grad_padded", "real", True, True),
         Param("images", "images", "unsigned", True, False),
-        Param("grad_x", "grad_x", "float", False, True),
+        Param("grad_x", "grad_x", "real", False, True),
     ),
 }
 
@@ -787,7 +797,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r1_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0",
         ),
     ),
     2: KernelSource(
@@ -797,7 +807,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r2_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1",
         ),
     ),
     3: KernelSource(
@@ -807,7 +817,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r3_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2",
         ),
     ),
     4: KernelSource(
@@ -817,7 +827,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r4_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3",
         ),
     ),
     5: KernelSource(
@@ -827,7 +837,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r5_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4",
         ),
     ),
     6: KernelSource(
@@ -837,7 +847,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r6_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
+            "P5",
         ),
     ),
     7: KernelSource(
@@ -847,7 +858,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r7_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5", "IN6", "P6",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
+            "P5", "IN6", "P6",
         ),
     ),
     8: KernelSource(
@@ -857,8 +869,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r8_fold",
         },
         (
-            "IN_C", "BLOCK", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5", "P5", "IN6", "P6",
-            "IN7", "P7",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
+            "P5", "IN6", "P6", "IN7", "P7",
         ),
     ),
 }

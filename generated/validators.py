@@ -18,8 +18,8 @@ from convgen.checking import real as _real
 from convgen.geometry import MAX_RANK as _MAX_RANK
 from convgen.geometry import U32_LIMIT as _U32_LIMIT
 from convgen.geometry import Family as _Family
-from convgen.geometry import Geometry as _Geometry
 from convgen.geometry import fits_u32 as _fits_u32
+from convgen.geometry import interned as _interned
 
 _PADDING_MODES = {'zeros': False, 'circular': True}  # a padding mode -> whether padding is circular
 
@@ -81,7 +81,7 @@ def avg_pool(_device, c, in_spatial, kernel, stride, padding, batch, dilation):
         _input_shape = (_n_batch, _n_c, *_n_in_spatial)
         if not _fits_u32(_input_shape):
             return f"{_TOO_LARGE} ({_device}: avg_pool: input shape {_checking.describe(_input_shape)} has {_math.prod(_input_shape)} elements)"
-    return _Geometry.build(_Family.AVG_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, batch=_n_batch, dilation=_n_dilation)
+    return _interned(_Family.AVG_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, None, _n_batch, _n_dilation, 1, False, None)
 
 
 def avg_pool2d(_device, k_h, k_w, in_h, in_w, in_c, stride):
@@ -122,7 +122,7 @@ def avg_pool2d(_device, k_h, k_w, in_h, in_w, in_c, stride):
         return f"{_TOO_LARGE} ({_device}: avg_pool2d: in_c={_checking.describe(_n_in_c)} does not fit in UInt32)"
     if _n_stride >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: avg_pool2d: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
-    return _Geometry.build(_Family.AVG_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0))
+    return _interned(_Family.AVG_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0), None, None, None, 1, False, None)
 
 
 def avg_pool2d_pad(_device, k_h, k_w, in_h, in_w, in_c, stride, padding):
@@ -168,7 +168,7 @@ def avg_pool2d_pad(_device, k_h, k_w, in_h, in_w, in_c, stride, padding):
         return f"{_TOO_LARGE} ({_device}: avg_pool2d_pad: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
     if _n_padding >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: avg_pool2d_pad: padding={_checking.describe(_n_padding)} does not fit in UInt32)"
-    return _Geometry.build(_Family.AVG_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding))
+    return _interned(_Family.AVG_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), None, None, None, 1, False, None)
 
 
 def conv(_device, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, padding_mode):
@@ -261,7 +261,7 @@ def conv(_device, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilat
         _input_shape = (_n_batch, _n_in_c, *_n_in_spatial)
         if not _fits_u32(_input_shape):
             return f"{_TOO_LARGE} ({_device}: conv: input shape {_checking.describe(_input_shape)} has {_math.prod(_input_shape)} elements)"
-    return _Geometry.build(_Family.CONV, _n_in_c, _n_out_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, batch=_n_batch, dilation=_n_dilation, groups=_n_groups, circular=_n_padding_mode)
+    return _interned(_Family.CONV, _n_in_c, _n_out_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, None, _n_batch, _n_dilation, _n_groups, _n_padding_mode, None)
 
 
 def conv2d(_device, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
@@ -314,7 +314,7 @@ def conv2d(_device, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
         return f"{_TOO_LARGE} ({_device}: conv2d: in_h={_checking.describe(_n_in_h)} does not fit in UInt32)"
     if _n_in_w >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: conv2d: in_w={_checking.describe(_n_in_w)} does not fit in UInt32)"
-    return _Geometry.build(_Family.CONV, _n_in_c, _n_out_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding))
+    return _interned(_Family.CONV, _n_in_c, _n_out_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), None, None, None, 1, False, None)
 
 
 def conv_transpose(_device, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, output_padding):
@@ -407,7 +407,7 @@ def conv_transpose(_device, in_c, out_c, kernel, stride, padding, in_spatial, ba
         _input_shape = (_n_batch, _n_in_c, *_n_in_spatial)
         if not _fits_u32(_input_shape):
             return f"{_TOO_LARGE} ({_device}: conv_transpose: input shape {_checking.describe(_input_shape)} has {_math.prod(_input_shape)} elements)"
-    return _Geometry.build(_Family.CONV_TRANSPOSE, _n_in_c, _n_out_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, batch=_n_batch, dilation=_n_dilation, groups=_n_groups, output_padding=_n_output_padding)
+    return _interned(_Family.CONV_TRANSPOSE, _n_in_c, _n_out_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, None, _n_batch, _n_dilation, _n_groups, False, _n_output_padding)
 
 
 def conv_transpose2d(_device, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
@@ -460,7 +460,7 @@ def conv_transpose2d(_device, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w
         return f"{_TOO_LARGE} ({_device}: conv_transpose2d: in_h={_checking.describe(_n_in_h)} does not fit in UInt32)"
     if _n_in_w >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: conv_transpose2d: in_w={_checking.describe(_n_in_w)} does not fit in UInt32)"
-    return _Geometry.build(_Family.CONV_TRANSPOSE, _n_in_c, _n_out_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding))
+    return _interned(_Family.CONV_TRANSPOSE, _n_in_c, _n_out_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), None, None, None, 1, False, None)
 
 
 def max_pool(_device, c, in_spatial, kernel, stride, padding, batch, dilation):
@@ -520,7 +520,7 @@ def max_pool(_device, c, in_spatial, kernel, stride, padding, batch, dilation):
         _input_shape = (_n_batch, _n_c, *_n_in_spatial)
         if not _fits_u32(_input_shape):
             return f"{_TOO_LARGE} ({_device}: max_pool: input shape {_checking.describe(_input_shape)} has {_math.prod(_input_shape)} elements)"
-    return _Geometry.build(_Family.MAX_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, batch=_n_batch, dilation=_n_dilation)
+    return _interned(_Family.MAX_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, None, _n_batch, _n_dilation, 1, False, None)
 
 
 def max_pool2d(_device, k_h, k_w, in_h, in_w, in_c, stride):
@@ -561,7 +561,7 @@ def max_pool2d(_device, k_h, k_w, in_h, in_w, in_c, stride):
         return f"{_TOO_LARGE} ({_device}: max_pool2d: in_c={_checking.describe(_n_in_c)} does not fit in UInt32)"
     if _n_stride >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: max_pool2d: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
-    return _Geometry.build(_Family.MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0))
+    return _interned(_Family.MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0), None, None, None, 1, False, None)
 
 
 def max_pool2d_pad(_device, k_h, k_w, in_h, in_w, in_c, stride, padding):
@@ -607,7 +607,7 @@ def max_pool2d_pad(_device, k_h, k_w, in_h, in_w, in_c, stride, padding):
         return f"{_TOO_LARGE} ({_device}: max_pool2d_pad: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
     if _n_padding >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: max_pool2d_pad: padding={_checking.describe(_n_padding)} does not fit in UInt32)"
-    return _Geometry.build(_Family.MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding))
+    return _interned(_Family.MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), None, None, None, 1, False, None)
 
 
 def smooth_max_pool(_device, beta, c, in_spatial, kernel, stride, padding, batch, dilation):
@@ -673,7 +673,7 @@ def smooth_max_pool(_device, beta, c, in_spatial, kernel, stride, padding, batch
         _input_shape = (_n_batch, _n_c, *_n_in_spatial)
         if not _fits_u32(_input_shape):
             return f"{_TOO_LARGE} ({_device}: smooth_max_pool: input shape {_checking.describe(_input_shape)} has {_math.prod(_input_shape)} elements)"
-    return _Geometry.build(_Family.SMOOTH_MAX_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, beta=_n_beta, batch=_n_batch, dilation=_n_dilation)
+    return _interned(_Family.SMOOTH_MAX_POOL, _n_c, _n_c, _n_in_spatial, _n_kernel, _n_stride, _n_padding, _n_beta, _n_batch, _n_dilation, 1, False, None)
 
 
 def smooth_max_pool2d(_device, beta, k_h, k_w, in_h, in_w, in_c, stride):
@@ -720,7 +720,7 @@ def smooth_max_pool2d(_device, beta, k_h, k_w, in_h, in_w, in_c, stride):
         return f"{_TOO_LARGE} ({_device}: smooth_max_pool2d: in_c={_checking.describe(_n_in_c)} does not fit in UInt32)"
     if _n_stride >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: smooth_max_pool2d: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
-    return _Geometry.build(_Family.SMOOTH_MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0), beta=_n_beta)
+    return _interned(_Family.SMOOTH_MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (0, 0), _n_beta, None, None, 1, False, None)
 
 
 def smooth_max_pool2d_pad(_device, beta, k_h, k_w, in_h, in_w, in_c, stride, padding):
@@ -772,4 +772,4 @@ def smooth_max_pool2d_pad(_device, beta, k_h, k_w, in_h, in_w, in_c, stride, pad
         return f"{_TOO_LARGE} ({_device}: smooth_max_pool2d_pad: stride={_checking.describe(_n_stride)} does not fit in UInt32)"
     if _n_padding >= _U32_LIMIT:
         return f"{_TOO_LARGE} ({_device}: smooth_max_pool2d_pad: padding={_checking.describe(_n_padding)} does not fit in UInt32)"
-    return _Geometry.build(_Family.SMOOTH_MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), beta=_n_beta)
+    return _interned(_Family.SMOOTH_MAX_POOL, _n_in_c, _n_in_c, (_n_in_h, _n_in_w), (_n_k_h, _n_k_w), (_n_stride, _n_stride), (_n_padding, _n_padding), _n_beta, None, None, 1, False, None)

@@ -187,11 +187,13 @@ def list_ops(spec: tuple[Path, ...]) -> None:
 
 @main.command(name="compile")
 @click.option("--arch", default="sm_90", show_default=True, help="Real GPU architecture to compile for.")
-def compile_sources(arch: str) -> None:
+@click.option("--dtype", type=click.Choice(["float32", "float64", "all"]), default="all", show_default=True,
+              help="Element type to compile the sources for (all: each).")
+def compile_sources(arch: str, dtype: str) -> None:
     """Compile every generated CUDA source with NVRTC (no GPU needed); report registers and spills."""
     from convgen.generator import cli_cuda
 
-    cli_cuda.compile_sources(arch)
+    cli_cuda.compile_sources(arch, dtype)
 
 
 @main.command(name="source")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import click
-from convgen.cuda_launch import NVRTC_OPTIONS, plan, representative_geometry
+from convgen.cuda_launch import ELEMENT_BYTES, NVRTC_OPTIONS, plan, representative_geometry
 from convgen.generated.contract import KERNELS
 from convgen.geometry import Family, Geometry
 
@@ -22,30 +22,32 @@ def _usage_error(message: str) -> None:
     sys.exit(2)
 
 
-def compile_sources(arch: str) -> None:
-    """`convgen compile`: every source, one line per kernel as it is compiled, then the total."""
+def compile_sources(arch: str, dtype: str) -> None:
+    """`convgen compile`: every source in the element type `dtype` (`all`: in each), one line per
+    kernel as it is compiled, then the total."""
     from convgen import nvrtc_check
 
     try:
         nvrtc_check.check_architecture(arch)
     except (nvrtc_check.NvrtcMissing, nvrtc_check.BadArchitecture) as error:
         _usage_error(str(error))
+    dtypes = tuple(ELEMENT_BYTES) if dtype == "all" else (dtype,)
     failed = spilled = 0
-    sources = nvrtc_check.source_names()
+    compiles = len(nvrtc_check.source_names()) * len(dtypes)
     start = time.perf_counter()
-    for report in nvrtc_check.compile_every_source(arch):
+    for report in nvrtc_check.compile_every_source(arch, dtypes):
         if report.error is not None:
             failed += 1
-            click.echo(f"FAIL {report.source}\n{report.error}")
+            click.echo(f"FAIL {report.source} ({report.dtype})\n{report.error}")
             continue
         for kernel in report.kernels:
             spilled += kernel.spills
             mark = "  SPILLS" if kernel.spills else ""
-            click.echo(f"{kernel.symbol:<44} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B stack  "
-                       f"{kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
+            click.echo(f"{kernel.symbol:<44} {report.dtype:<7} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B "
+                       f"stack  {kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
         sys.stdout.flush()
     seconds = time.perf_counter() - start
-    click.echo(f"{len(sources) - failed}/{len(sources)} sources compiled for {arch} in {seconds:.1f} s; "
+    click.echo(f"{compiles - failed}/{compiles} sources compiled ({', '.join(dtypes)}) for {arch} in {seconds:.1f} s; "
                f"{failed} failed; {spilled} kernels spill")
     if failed:
         sys.exit(1)

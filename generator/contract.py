@@ -29,7 +29,9 @@ class Family(enum.Enum):
 
 # Defines every source needs, and those of each spatial axis a (IN0, K0, S0, P0, OUT0, D0, ...): D is
 # the dilation (SEMANTICS §8), window offset k reads o*S + k*D - P; D = 1 compiles to the undilated code.
-COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK")
+# ELEMENT_BYTES picks the element type `real` of every array (templates/cuda/common.cuh): 4 float, 8
+# double (the tape's dtype); loads, sums and the split buffers are all in it.
+COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES")
 AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 # The conv families' groups (SEMANTICS §8): block-diagonal GEMMs, one per group; 1 compiles to one GEMM.
 CONV_DEFINES = ("GROUPS",)
@@ -37,7 +39,7 @@ CONV_DEFINES = ("GROUPS",)
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
 # The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
-# floats; the pad keeps a warp's column reads off one bank. The formula is printed, with these
+# elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
 SHARED_ROW_PAD = 4
 SHARED_BUFFERS = 2
@@ -56,11 +58,12 @@ def pool_defines(family: Family) -> tuple[str, ...]:
 @dataclass(frozen=True, slots=True)
 class Param:
     """One kernel parameter. `role` names the value the runtime passes (`x`, `grad`, `partial`...);
-    outputs are the non-const pointers. `dtype` is the CUDA element type."""
+    outputs are the non-const pointers. `dtype` is the CUDA type: `real` is the element type the
+    source is compiled for (ELEMENT_BYTES)."""
 
     name: str
     role: str
-    dtype: str = "float"
+    dtype: str = "real"
     const: bool = True
     pointer: bool = True
 
@@ -71,15 +74,17 @@ class Param:
         return f"{qualifier}{self.dtype}{pointer} {self.name}"
 
 
-def _in(name: str, role: str, dtype: str = "float") -> Param:
+def _in(name: str, role: str, dtype: str = "real") -> Param:
     return Param(name, role, dtype)
 
 
-def _out(name: str, role: str, dtype: str = "float") -> Param:
+def _out(name: str, role: str, dtype: str = "real") -> Param:
     return Param(name, role, dtype, const=False)
 
 
-BETA = Param("beta", "beta", pointer=False)
+# β stays float in every element type: the tape rounds it to float32 (SEMANTICS), and the kernels
+# widen it exactly where they compute in double.
+BETA = Param("beta", "beta", "float", pointer=False)
 # The batch (SEMANTICS §8) is a kernel argument, not a define: a new batch size compiles nothing.
 IMAGES = Param("images", "images", "unsigned", pointer=False)
 
@@ -219,7 +224,7 @@ def stage(family: Family, name: str) -> Stage:
 # (templates/cuda/circular.cu.j2); IN_C is the channel count of one image, IN/P per axis the input
 # extent and the padding (P <= IN, so a cell wraps at most once each way).
 CIRCULAR_STEM = "circular"
-CIRCULAR_COMMON_DEFINES = ("IN_C", "BLOCK")
+CIRCULAR_COMMON_DEFINES = ("IN_C", "BLOCK", "ELEMENT_BYTES")
 CIRCULAR_AXIS_DEFINES = ("IN", "P")
 CIRCULAR_STAGES = (
     Stage("pad", (_in("x", "x"), IMAGES, _out("padded", "padded")),

@@ -52,8 +52,14 @@ def _docstring(text: str) -> str:
                    for c in text)
 
 
+# `convgen.geometry.interned`'s parameters after the padding, in order, with `Geometry.build`'s defaults:
+# the validators pass every one positionally.
+_INTERNED_OPTIONAL = {"beta": "None", "batch": "None", "dilation": "None", "groups": "1", "circular": "False",
+                      "output_padding": "None"}
+
+
 def _geometry_args(op: OpSpec) -> list[str]:
-    """The Python arguments of `Geometry.build` for `op`, over the validators' `_n_<param>` names."""
+    """The positional arguments of `convgen.geometry.interned` for `op`, over the validators' `_n_<param>` names."""
 
     def axes(role: Role) -> str:
         params = [p for p in op.geometry if p.role is role]
@@ -69,10 +75,10 @@ def _geometry_args(op: OpSpec) -> list[str]:
     in_c = by_role.get(Role.IN_C) or by_role[Role.CHANNELS]
     args = [f"_Family.{op.family.name}", in_c, by_role.get(Role.OUT_C, in_c)]
     args += [axes(Role.IN_SPATIAL), axes(Role.KERNEL), axes(Role.STRIDE), axes(Role.PADDING)]
+    given = {OPTIONAL_ARGUMENTS[p.lean_name].build_keyword: f"_n_{p.python_name}" for p in op.options}
     if op.beta_param:
-        args.append(f"beta=_n_{op.beta_param}")
-    args += [f"{OPTIONAL_ARGUMENTS[p.lean_name].build_keyword}=_n_{p.python_name}" for p in op.options]
-    return args
+        given["beta"] = f"_n_{op.beta_param}"
+    return args + [given.get(name, default) for name, default in _INTERNED_OPTIONAL.items()]
 
 
 def _op_view(op: OpSpec) -> dict[str, object]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.resources
 import math
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,23 +51,39 @@ def device_hardware(attributes: dict[str, int]) -> Hardware:
 
 def unsupported(geom: Geometry, dtype: str) -> str | None:
     """What of SEMANTICS §8 the CUDA kernels do not compute yet, as the refusal's text; None when
-    they compute all of `geom` in `dtype`. Refused, never computed wrong."""
-    missing = [name for name, used in (
-        ("float64", dtype != "float32"),
-        ("circular padding whose wrapped input reaches 2^32 elements", geom.circular and not fits_padded(geom)),
-    ) if used]
-    return f"{missing[0]} is not supported on the CUDA tape yet" if missing else None
+    they compute all of `geom` in `dtype`. Refused, never computed wrong. Both dtypes are computed
+    (kernels compiled per element type); only a wrapped input past 32-bit indexing is left."""
+    if geom.circular and not fits_padded(geom):
+        return "circular padding whose wrapped input reaches 2^32 elements is not supported on the CUDA tape yet"
+    return None
+
+
+# How many geometries the identity-keyed front of the compile cache holds before it starts over (the
+# size of Geometry.build's cache, which interns them).
+IDENTITY_CACHE_SIZE = 4096
+
+
+def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """role -> value to a kernel's argument tuple, in the order of its `params`: one C-level call per
+    launch instead of a generator over the parameters."""
+    pick = operator.itemgetter(*(param.role for param in params))
+    return pick if len(params) > 1 else lambda values: (pick(values),)
 
 
 class _Compiled:
-    """One geometry's kernels, ready to launch: stage -> (function, grid, block), stages with
-    nothing to write left out, and the plan they came from. The functions are shared by every
-    geometry with the same defines (the batch is a kernel argument)."""
+    """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments),
+    stages with nothing to write left out, and the plan they came from; what each call needs is resolved
+    here once. The functions are shared by every geometry with the same defines (the batch is a kernel
+    argument)."""
 
-    def __init__(self, family: Family, plan: Plan, functions: dict[str, Any]) -> None:
-        self.family = family
+    def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
+        self.family = geom.family
+        self.is_conv = geom.family.is_conv
+        self.images = np.uint32(geom.images)
         self.plan = plan
-        self.launches = {stage: (functions[stage], (launch.grid,), (launch.block,), launch.shared_bytes)
+        params = STAGES[geom.family]
+        self.launches = {stage: (functions[stage], (launch.grid,), (launch.block,), launch.shared_bytes,
+                                 _arguments_of(params[stage]))
                          for stage, launch in plan.launches.items() if launch.grid}
 
 
@@ -80,7 +98,7 @@ class _Wrapping:
 
 class CupyBackend:
     """Runs every op with the generated CUDA kernels on the current CuPy device; deterministic
-    (no atomics), float32 throughout."""
+    (no atomics), in the tape's dtype throughout (float32 or float64 kernels, compiled per dtype)."""
 
     name = "cuda"
     buffer_label = "CUDA"
@@ -108,6 +126,9 @@ class CupyBackend:
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
         self._compiled: dict[tuple[Geometry, int], _Compiled] = {}
+        # (id(geom), device) -> (geom, its _Compiled): the per-call lookup, without hashing the geometry's
+        # fields. It holds `geom` itself, so the id keying an entry is never reused while the entry lives.
+        self._compiled_by_identity: dict[tuple[int, int], tuple[Geometry, _Compiled]] = {}
         self._wrappings: dict[tuple[Geometry, int], _Wrapping] = {}
         self._modules: dict[tuple, dict[str, Any]] = {}  # (source, NVRTC options, device) -> functions
         self._hardware: dict[int, Hardware] = {}
@@ -159,20 +180,29 @@ class CupyBackend:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
         device = self._xp.cuda.runtime.getDevice()
+        known = self._compiled_by_identity.get((id(geom), device))
+        if known is not None:
+            return known[1]
+        if len(self._compiled_by_identity) >= IDENTITY_CACHE_SIZE:
+            self._compiled_by_identity.clear()
         compiled = self._compiled.get((geom, device))
-        if compiled is not None:
-            return compiled
+        if compiled is None:
+            compiled = self._compiled[(geom, device)] = self._compiled_anew(geom, device)
+        self._compiled_by_identity[(id(geom), device)] = (geom, compiled)
+        return compiled
+
+    def _compiled_anew(self, geom: Geometry, device: int) -> _Compiled:
+        """`geom`'s plan and kernels for `device`, or the BackendError saying why not."""
         refusal = unsupported(geom, self.dtype)
         if refusal is not None:
             raise BackendError(refusal)
         hardware = self._hardware.get(device)
         if hardware is None:
             hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
-        geometry_plan = plan(geom, hardware, self.tile_chooser)
+        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype)
         entry = KERNELS[(geom.family, geom.rank)]
         functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
-        compiled = self._compiled[(geom, device)] = _Compiled(geom.family, geometry_plan, functions)
-        return compiled
+        return _Compiled(geom, geometry_plan, functions)
 
     def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
                    device: int) -> dict[str, Any]:
@@ -196,16 +226,15 @@ class CupyBackend:
             refusal = unsupported(geom, self.dtype)
             if refusal is not None:
                 raise BackendError(refusal)
-            circular = circular_plan(geom)
+            circular = circular_plan(geom, self.dtype)
             entry = CIRCULAR_KERNELS[geom.rank]
             functions = self._functions(entry.source, entry.symbols, circular.options, device)
             wrapping = self._wrappings[(geom, device)] = _Wrapping(circular, functions)
         return wrapping
 
     def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
-              params: tuple[Param, ...], values: dict[str, Any]) -> None:
-        """One kernel launch, its arguments taken from `values` by the roles of `params`."""
-        args = tuple(values[param.role] for param in params)
+              args: tuple[Any, ...]) -> None:
+        """One kernel launch."""
         try:
             function(grid, block, args, shared_mem=shared_bytes)
         except self._errors as error:
@@ -218,21 +247,21 @@ class CupyBackend:
         source_role, output_role = (p.role for p in CIRCULAR_STAGES[stage] if p.pointer)
         function, blocks = wrapping.launches[stage]
         if blocks:
-            self._call(stage, function, (blocks,), (BLOCK,), 0, CIRCULAR_STAGES[stage],
-                       {source_role: source, "images": np.uint32(geom.images), output_role: output})
+            values = {source_role: source, "images": np.uint32(geom.images), output_role: output}
+            self._call(stage, function, (blocks,), (BLOCK,), 0, tuple(values[p.role] for p in CIRCULAR_STAGES[stage]))
         return output
 
     def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
         """Run `stage` with its arguments taken from `values` by the roles of its parameters (the
         contract's order); a stage with nothing to write is skipped, an unknown one is an error."""
-        params = STAGES[compiled.family].get(stage)
-        if params is None:
-            known = ", ".join(STAGES[compiled.family])
-            raise ValueError(f"{compiled.family.value} has no stage {stage!r} (stages: {known})")
         launch = compiled.launches.get(stage)
         if launch is None:
+            if stage not in STAGES[compiled.family]:
+                known = ", ".join(STAGES[compiled.family])
+                raise ValueError(f"{compiled.family.value} has no stage {stage!r} (stages: {known})")
             return  # nothing to write
-        self._call(stage, *launch, params, values)
+        function, grid, block, shared_bytes, arguments = launch
+        self._call(stage, function, grid, block, shared_bytes, arguments(values))
 
     def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
         """An implicit-GEMM stage into its output (the kernel's non-const parameter); when the plan
@@ -249,7 +278,7 @@ class CupyBackend:
 
     # The ops.
 
-    # The tape hands over arrays that `store` or a kernel made: float32 and C-contiguous.
+    # The tape hands over arrays that `store` or a kernel made: the tape's dtype and C-contiguous.
 
     # Circular padding (SEMANTICS §8) with a nonzero padding runs the ordinary conv on the wrapped
     # input xp, made per call (forward and backward each pad once; the tape keeps no copy).
@@ -262,9 +291,9 @@ class CupyBackend:
             return self.forward(padded, (weight, bias, self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)))
         compiled = self._compile(geom)
         y = self._output(geom.output_shape)
-        images = np.uint32(geom.images)
-        family = geom.family
-        if family.is_conv:
+        images = compiled.images
+        family = compiled.family
+        if compiled.is_conv:
             weight, bias, x = inputs
             self._gemm(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "y": y, "images": images})
             return y, None
@@ -290,9 +319,9 @@ class CupyBackend:
             del x_padded  # scratch: free before the fold allocates dx
             return grad_weight, grad_bias, self._wrap_stage(wrapping, "fold", geom, grad_padded, x.shape)
         compiled = self._compile(geom)
-        images = np.uint32(geom.images)
-        family = geom.family
-        if family.is_conv:
+        images = compiled.images
+        family = compiled.family
+        if compiled.is_conv:
             weight, bias, x = inputs
             values = {"x": x, "weight": weight, "grad": grad, "images": images, "grad_x": self._output(x.shape),
                       "grad_weight": self._output(weight.shape), "grad_bias": self._output(bias.shape)}
@@ -315,6 +344,7 @@ from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geom
 
 
 class Tape(_BaseTape):
-    """The CUDA tape: CuPy float32 arrays on the current device, computed by generated kernels."""
+    """The CUDA tape: CuPy arrays (float32, or float64 with Tape(dtype="float64")) on the current
+    device, computed by generated kernels."""
 
     backend_class = CupyBackend

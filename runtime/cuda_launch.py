@@ -29,12 +29,14 @@ from convgen.tile_model import (
     tile_candidates,
 )
 
-__all__ = ["BLOCK", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile",
-           "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile",
-           "gemm_cost", "gemm_shapes", "nvrtc_options", "plan", "pool_cells_per_thread", "representative_geometry",
-           "tile_candidates"]
+__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape",
+           "GemmTile", "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket", "ceil_div",
+           "choose_tile", "gemm_cost", "gemm_shapes", "nvrtc_options", "plan", "pool_cells_per_thread",
+           "representative_geometry", "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
+# The tape's dtype -> the ELEMENT_BYTES define, which picks the kernels' element type (float, double).
+ELEMENT_BYTES = {"float32": 4, "float64": 8}
 
 # C++17 for constexpr helpers; no fast math, so expf/logf keep full float32 accuracy. CuPy adds
 # -arch for the device it compiles on.
@@ -71,8 +73,8 @@ def _blocks(threads: int) -> int:
     return ceil_div(threads, BLOCK)
 
 
-def _geometry_defines(geom: Geometry) -> dict[str, int]:
-    values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK}
+def _geometry_defines(geom: Geometry, element_bytes: int) -> dict[str, int]:
+    values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK, "ELEMENT_BYTES": element_bytes}
     for axis, axis_values in enumerate(zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding,
                                            geom.out_spatial, geom.dilation)):
         values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}", f"D{axis}"), axis_values))
@@ -88,15 +90,15 @@ def batch_bucket(images: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser) -> Plan:
-    values = _geometry_defines(geom)
+def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_bytes: int) -> Plan:
+    values = _geometry_defines(geom, element_bytes)
     if not geom.family.is_conv:
         return _pool_plan(geom, values)
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
-    tile_shapes = gemm_shapes(bucketed)
-    for stage, shape in gemm_shapes(geom).items():
+    tile_shapes = gemm_shapes(bucketed, element_bytes)
+    for stage, shape in gemm_shapes(geom, element_bytes).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
@@ -148,13 +150,14 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
     return _checked(geom, Plan(values, launches, {}, dtype))
 
 
-def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile) -> Plan:
-    """The launch plan of `geom` on `hardware`, each GEMM stage's tile picked by `choose_tile`;
-    cached per (geometry but β, hardware, chooser). The defines depend on the batch only through
-    batch_bucket; the grids on the batch itself."""
+def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile,
+         dtype: str = "float32") -> Plan:
+    """The launch plan of `geom` on `hardware` for elements of `dtype` (the tape's), each GEMM
+    stage's tile picked by `choose_tile`; cached per (geometry but β, hardware, chooser, dtype).
+    The defines depend on the batch only through batch_bucket; the grids on the batch itself."""
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile)
+    return _plan(geom, hardware, choose_tile, ELEMENT_BYTES[dtype])
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

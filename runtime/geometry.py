@@ -47,8 +47,11 @@ def axis_extent(family: Family, n: int, k: int, s: int, p: int, d: int = 1, outp
 
 
 def fits_u32(shape: tuple[int, ...]) -> bool:
-    """Every dimension and the element count are below 2**32."""
-    return all(n < U32_LIMIT for n in shape) and math.prod(shape) < U32_LIMIT
+    """Every dimension and the element count of a shape of natural numbers are below 2**32."""
+    numel = math.prod(shape)
+    # A nonzero count bounds every dimension: look at them only when one is 0 (on every op call, this
+    # costs a third of checking each dimension).
+    return numel < U32_LIMIT and (numel != 0 or max(shape) < U32_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class Geometry:
     output_numel: int = field(init=False, compare=False)
     output_fits_u32: bool = field(init=False, compare=False)
     parent_shapes: tuple[tuple[int, ...], ...] = field(init=False, compare=False)
+    parent_numels: tuple[int, ...] = field(init=False, compare=False)  # elements of each parent shape
 
     def __post_init__(self) -> None:
         images = () if self.batch is None else (self.batch,)
@@ -88,6 +92,7 @@ class Geometry:
         input_shape = (*images, self.in_c, *self.in_spatial)
         parents = (self.kernel_shape, (self.out_c,), input_shape) if self.family.is_conv else (input_shape,)
         object.__setattr__(self, "parent_shapes", parents)
+        object.__setattr__(self, "parent_numels", tuple(math.prod(shape) for shape in parents))
 
     @classmethod
     def build(cls, family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
@@ -97,11 +102,9 @@ class Geometry:
               output_padding: tuple[int, ...] | None = None) -> Geometry:
         """The geometry with its output extents; the same arguments give the same (cached) object.
         `dilation` and `output_padding` default to all 1 and all 0."""
-        rank = len(in_spatial)
-        dilation = (1,) * rank if dilation is None else tuple(dilation)
-        output_padding = (0,) * rank if output_padding is None else tuple(output_padding)
-        return _build(cls, family, in_c, out_c, tuple(in_spatial), tuple(kernel), tuple(stride), tuple(padding),
-                      beta, batch, dilation, groups, circular, output_padding)
+        return interned(family, in_c, out_c, tuple(in_spatial), tuple(kernel), tuple(stride), tuple(padding), beta,
+                        batch, None if dilation is None else tuple(dilation), groups, circular,
+                        None if output_padding is None else tuple(output_padding))
 
     @property
     def rank(self) -> int:
@@ -134,12 +137,19 @@ class Geometry:
         return (self.out_c,)
 
 
+# The generated validators call `interned` directly: a call per op, and every argument positional so the
+# C-level cache hashes one flat key (a Python wrapper or keywords cost about as much as the lookup).
 @functools.lru_cache(maxsize=4096)
-def _build(cls: type[Geometry], family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...],
-           kernel: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...], beta: float | None,
-           batch: int | None, dilation: tuple[int, ...], groups: int, circular: bool,
-           output_padding: tuple[int, ...]) -> Geometry:
+def interned(family: Family, in_c: int, out_c: int, in_spatial: tuple[int, ...], kernel: tuple[int, ...],
+             stride: tuple[int, ...], padding: tuple[int, ...], beta: float | None, batch: int | None,
+             dilation: tuple[int, ...] | None, groups: int, circular: bool,
+             output_padding: tuple[int, ...] | None) -> Geometry:
+    """`Geometry.build` with every argument positional, the sequences tuples already; the same arguments
+    give the same object while it stays cached."""
+    rank = len(in_spatial)
+    dilation = (1,) * rank if dilation is None else dilation
+    output_padding = (0,) * rank if output_padding is None else output_padding
     out = tuple(axis_extent(family, *axis)
                 for axis in zip(in_spatial, kernel, stride, padding, dilation, output_padding))
-    return cls(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta, batch, dilation, groups,
-               circular, output_padding)
+    return Geometry(family, in_c, out_c, in_spatial, kernel, stride, padding, out, beta, batch, dilation, groups,
+                    circular, output_padding)

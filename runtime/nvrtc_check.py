@@ -1,8 +1,8 @@
 """NVRTC check: every generated CUDA source (the family sources and the circular-padding ones)
-compiled for a real architecture at a representative geometry of its rank, without a GPU, with
-each kernel's registers, stack frame and spills read off ptxas. Backs `convgen compile` and the
-compile tests. Needs cuda-bindings and the NVRTC wheel (the `test` extra); `nvrtc()` says so when
-they are missing.
+compiled for a real architecture at a representative geometry of its rank, in each element type
+(float32, float64), without a GPU, with each kernel's registers, stack frame and spills read off
+ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and the NVRTC wheel (the
+`test` extra); `nvrtc()` says so when they are missing.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from convgen.circular import circular_plan, representative_circular_geometry
-from convgen.cuda_launch import nvrtc_options, plan, representative_geometry
+from convgen.cuda_launch import ELEMENT_BYTES, nvrtc_options, plan, representative_geometry
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
+DTYPES = tuple(ELEMENT_BYTES)  # the element types every source compiles in
 NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
 
 
@@ -77,6 +78,7 @@ class SourceReport:
     family: Family
     rank: int
     source: str
+    dtype: str  # the element type it was compiled for
     error: str | None  # the NVRTC log when compilation failed
     kernels: tuple[KernelReport, ...]
     seconds: float
@@ -103,22 +105,24 @@ def _nvrtc_log(bindings: Any, program: Any) -> str:
     return log.decode(errors="replace").rstrip("\x00 \n")
 
 
-def compile_source(family: Family, rank: int, arch: str) -> SourceReport:
-    """Compile one generated source to a cubin for `arch` (e.g. `sm_90`) at its representative geometry."""
-    return compile_plan(representative_geometry(family, rank), arch)
+def compile_source(family: Family, rank: int, arch: str, dtype: str = "float32") -> SourceReport:
+    """Compile one generated source to a cubin for `arch` (e.g. `sm_90`) at its representative
+    geometry, with elements of `dtype`."""
+    return compile_plan(representative_geometry(family, rank), arch, dtype)
 
 
-def compile_plan(geom: Geometry, arch: str) -> SourceReport:
-    """Compile the source of `geom` with the defines of its plan to a cubin for `arch`."""
-    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, nvrtc_options(plan(geom)), arch)
+def compile_plan(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
+    """Compile the source of `geom` with the defines of its plan for `dtype` to a cubin for `arch`."""
+    options = nvrtc_options(plan(geom, dtype=dtype))
+    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, arch, dtype)
 
 
-def compile_circular(geom: Geometry, arch: str) -> SourceReport:
+def compile_circular(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
     """Compile the circular-padding source of the circular conv `geom` with its plan's defines."""
-    return _compile(geom, CIRCULAR_KERNELS[geom.rank].source, circular_plan(geom).options, arch)
+    return _compile(geom, CIRCULAR_KERNELS[geom.rank].source, circular_plan(geom, dtype).options, arch, dtype)
 
 
-def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str) -> SourceReport:
+def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str, dtype: str) -> SourceReport:
     family, rank = geom.family, geom.rank
     nvrtc_module = nvrtc()
     code = (GENERATED_CUDA / source).read_bytes()
@@ -132,8 +136,8 @@ def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str) -
         nvrtc_module.nvrtcDestroyProgram(program)
     seconds = time.perf_counter() - start
     if result != nvrtc_module.nvrtcResult.NVRTC_SUCCESS:
-        return SourceReport(family, rank, source, log or str(result), (), seconds)
-    return SourceReport(family, rank, source, None, parse_ptxas_log(log), seconds)
+        return SourceReport(family, rank, source, dtype, log or str(result), (), seconds)
+    return SourceReport(family, rank, source, dtype, None, parse_ptxas_log(log), seconds)
 
 
 def sources() -> list[tuple[Family, int]]:
@@ -146,10 +150,11 @@ def source_names() -> list[str]:
     return [KERNELS[key].source for key in sources()] + [CIRCULAR_KERNELS[rank].source for rank in CIRCULAR_KERNELS]
 
 
-def compile_every_source(arch: str) -> Iterator[SourceReport]:
-    """Each family source at its representative geometry, then each circular-padding source (the
-    family of its report is conv, the op it serves)."""
-    for family, rank in sources():
-        yield compile_source(family, rank, arch)
-    for rank in CIRCULAR_KERNELS:
-        yield compile_circular(representative_circular_geometry(rank), arch)
+def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES) -> Iterator[SourceReport]:
+    """Per element type, each family source at its representative geometry, then each
+    circular-padding source (the family of its report is conv, the op it serves)."""
+    for dtype in dtypes:
+        for family, rank in sources():
+            yield compile_source(family, rank, arch, dtype)
+        for rank in CIRCULAR_KERNELS:
+            yield compile_circular(representative_circular_geometry(rank), arch, dtype)

@@ -8,8 +8,7 @@ inputs, sizes the output, calls the backend and records the node. Backends subcl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from convgen.backend import DTYPES, Backend, BackendError, OutOfMemory
@@ -22,8 +21,11 @@ from convgen.result import Result, TapeError
 INVALID_ID = "autograd: invalid node id"
 
 
-@dataclass(frozen=True, slots=True)
-class OpRecord:
+# Node and OpRecord are NamedTuples, not frozen dataclasses: every op call makes one of each, and a frozen
+# dataclass's __init__ (one object.__setattr__ per field) costs about 1 µs of a tiny op's host path.
+
+
+class OpRecord(NamedTuple):
     """How an op node was made: enough to run its backward."""
 
     info: OpInfo
@@ -31,8 +33,7 @@ class OpRecord:
     saved: Any  # the backend's state for backward (argmax offsets, ...)
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(NamedTuple):
     value: Any  # the backend's array; a leaf given `shape` keeps its flat buffer
     shape: tuple[Any, ...]  # as recorded: a leaf's `shape` argument is kept as given (SEMANTICS §6)
     dims: tuple[int, ...] | None  # `shape` as natural numbers, None when it is not a shape
@@ -140,22 +141,23 @@ class Tape(GeneratedOps):
 
     # Ops: the generated methods validate their arguments (steps 1-5) and call `_apply`.
 
-    def _read(self, info: OpInfo, ids: tuple[Any, ...],
-              shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, ...] | str:
-        """SEMANTICS §5 `requireValue` on each input in order: the arrays, shaped, or the error."""
+    def _read(self, info: OpInfo, ids: tuple[Any, ...], geom: Geometry) -> tuple[Any, ...] | str:
+        """SEMANTICS §5 `requireValue` on each input of `geom.parent_shapes` in order: the arrays, shaped, or
+        the error."""
         arrays = []
-        for param, node_id, shape in zip(info.id_params, ids, shapes):
-            if not _is_node_id(node_id, self._count):
+        nodes, count = self._nodes, self._count
+        for param, node_id, shape, expected in zip(info.id_params, ids, geom.parent_shapes, geom.parent_numels):
+            if not _is_node_id(node_id, count):
                 return (f"{INVALID_ID} ({self._backend.name}: {info.name}: {param} is {describe(node_id)}, "
-                        f"the tape has {self._count} nodes)")
-            node = self._nodes[node_id]
+                        f"the tape has {count} nodes)")
+            node = nodes[node_id]
             if node.dims != shape:
                 return (f"autograd: shape mismatch ({self._backend.name}: {info.name}: {param} {node_id} "
                         f"has shape {describe(node.shape)}, expected {shape})")
-            expected = math.prod(shape)
-            if node.value.size != expected:
-                return self._size_mismatch(expected, node.value.size)
-            arrays.append(_shaped(node.value, shape))
+            value = node.value
+            if value.size != expected:
+                return self._size_mismatch(expected, value.size)
+            arrays.append(value if value.shape == shape else value.reshape(shape))  # _shaped, without a call
         return tuple(arrays)
 
     def _size_mismatch(self, expected: int, actual: int) -> str:
@@ -171,7 +173,7 @@ class Tape(GeneratedOps):
             return Result.err(checked)
         geom: Geometry = checked
         if info.reads_first:
-            inputs = self._read(info, ids, geom.parent_shapes)
+            inputs = self._read(info, ids, geom)
             if type(inputs) is str:
                 return Result.err(inputs)
             if not geom.output_fits_u32:
@@ -179,7 +181,7 @@ class Tape(GeneratedOps):
         else:
             if not geom.output_fits_u32:
                 return Result.err(self._too_large(info, geom))
-            inputs = self._read(info, ids, geom.parent_shapes)
+            inputs = self._read(info, ids, geom)
             if type(inputs) is str:
                 return Result.err(inputs)
 

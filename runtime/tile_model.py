@@ -112,6 +112,14 @@ class GemmShape:
     # Groups (SEMANTICS §8): `groups` block-diagonal GEMMs of this shape (m, n, source_c per group)
     # side by side in one output: groups times the blocks.
     groups: int = 1
+    # Bytes of one element (the ELEMENT_BYTES define): 8 for a float64 tape, whose staged slices take
+    # twice the shared memory and whose values twice the registers.
+    element_bytes: int = 4
+
+    @property
+    def words(self) -> int:
+        """32-bit registers (and FP32 issue slots: the H200 runs FP64 at half rate) of one element."""
+        return self.element_bytes // 4
 
     @property
     def bk(self) -> int:
@@ -145,26 +153,25 @@ class GemmShape:
         return ceil_div(self.reduction, WEIGHT_BK) * self.images
 
 
-def gemm_shapes(geom: Geometry) -> dict[str, GemmShape]:
-    """The three implicit GEMMs of a conv-family geometry, per stage; with groups, one group's GEMM."""
+def gemm_shapes(geom: Geometry, element_bytes: int = 4) -> dict[str, GemmShape]:
+    """The three implicit GEMMs of a conv-family geometry, per stage; with groups, one group's GEMM;
+    elements of `element_bytes`."""
     in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
     k_size, rank, images, groups = math.prod(geom.kernel), len(geom.kernel), geom.images, geom.groups
     in_c, out_c = geom.in_c // groups, geom.out_c // groups
     # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
     d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
-    direct_forward = GemmShape(m=out_c, n=out_size, rank=rank, conv=True, source_c=in_c, k_size=k_size,
-                               images=images, groups=groups)
-    direct_backward = GemmShape(m=in_c, n=in_size, rank=rank, conv=True, source_c=out_c, k_size=k_size,
-                                images=images, groups=groups)
+    common = {"rank": rank, "images": images, "groups": groups, "element_bytes": element_bytes}
+    direct_forward = GemmShape(m=out_c, n=out_size, conv=True, source_c=in_c, k_size=k_size, **common)
+    direct_backward = GemmShape(m=in_c, n=in_size, conv=True, source_c=out_c, k_size=k_size, **common)
     if geom.family is Family.CONV:
-        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom)
+        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom, element_bytes)
     else:
-        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom), direct_backward
+        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom, element_bytes), direct_backward
     return {
         "forward": forward,
         "backward_input": backward_input,
-        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, rank=rank, conv=False, reduction=d_size,
-                                     images=images, groups=groups),
+        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, reduction=d_size, **common),
     }
 
 
@@ -180,13 +187,14 @@ def phase_offsets(k: int, s: int, p: int, d: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry) -> GemmShape:
+def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry,
+                  element_bytes: int) -> GemmShape:
     """A gather-form stage (destination cell q collects from source (q + P - k*D) / S where
     divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
     k_size, rank = math.prod(geom.kernel), len(geom.kernel)
     phases = math.prod(geom.stride)
     common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c,
-              "images": geom.images, "groups": geom.groups}
+              "images": geom.images, "groups": geom.groups, "element_bytes": element_bytes}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
@@ -196,7 +204,7 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     return GemmShape(**common, k_size=ceil_div(offsets, phases), phases=phases, phase_n=phase_n)
 
 
-def _block_tiles(bk: int, conv: bool, hardware: Hardware) -> list[tuple[int, int, int, int]]:
+def _block_tiles(bk: int, conv: bool, element_bytes: int, hardware: Hardware) -> list[tuple[int, int, int, int]]:
     """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block."""
     out = []
     for tm in (1, 2, 4, 8):
@@ -206,7 +214,7 @@ def _block_tiles(bk: int, conv: bool, hardware: Hardware) -> list[tuple[int, int
                     threads, bm, bn = rows * cols, tm * rows, tn * cols
                     if threads not in BLOCK_THREADS or bm > MAX_BM or bn > MAX_BN:
                         continue
-                    if gemm_shared_bytes(bm, bn, bk) > hardware.shared_per_block:
+                    if gemm_shared_bytes(bm, bn, bk, element_bytes) > hardware.shared_per_block:
                         continue
                     if not conv and threads % bk:  # the weight kernel's B rows per thread
                         continue
@@ -221,13 +229,14 @@ def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]
     if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
         for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
             splits.add(ceil_div(shape.chunks, ceil_div(shape.chunks, split)))
-    return sorted(s for s in splits if s == 1 or s * shape.outputs * shape.count * 4 <= SPLIT_WORKSPACE_BYTES)
+    partial_bytes = shape.outputs * shape.count * shape.element_bytes
+    return sorted(s for s in splits if s == 1 or s * partial_bytes <= SPLIT_WORKSPACE_BYTES)
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
     """Every candidate block tile of `shape` with every allowed split."""
     return [GemmTile(bm, bn, shape.bk, tm, tn, split)
-            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, hardware)
+            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.element_bytes, hardware)
             for split in _splits(shape, bm, bn, hardware)]
 
 
@@ -242,8 +251,9 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     if blocks == 0:
         return 0.0
     a_loads = ceil_div(bm * bk, threads)
-    fma = bk * tm * tn
-    lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4))
+    words = shape.words
+    fma = bk * tm * tn * words
+    lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4)) * words
     if shape.conv:
         cols = max(bn // threads, 1)
         b_rows = ceil_div(bk, max(threads // bn, 1))
@@ -257,10 +267,12 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         index = 4 * rank + b_loads * (4 * rank + 4)
         hoisted = b_loads * (rank + 2)  # channel and window offset of the thread's columns
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
-    registers = tm * tn + 2 * (a_loads + b_loads) + hoisted + BASE_REGISTERS + (tm + tn)
+    # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
+    # value takes one register more (its index or predicate).
+    registers = words * (tm * tn + tm + tn + a_loads + b_loads) + a_loads + b_loads + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
-    shared = gemm_shared_bytes(bm, bn, bk) + hardware.shared_reserved_per_block
+    shared = gemm_shared_bytes(bm, bn, bk, shape.element_bytes) + hardware.shared_reserved_per_block
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
     busiest = ceil_div(blocks, hardware.sm_count)
@@ -270,7 +282,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
     cost = max(issue, latency) + KERNEL_CYCLES
     if split > 1:
-        moved = 4 * shape.outputs * shape.count * (split + 1)  # the partial buffer written, then read
+        moved = shape.element_bytes * shape.outputs * shape.count * (split + 1)  # partial buffer written, read
         seconds = moved / (hardware.memory_bandwidth * SPLIT_BANDWIDTH_SHARE)
         cost += SPLIT_KERNEL_CYCLES + seconds * hardware.clock_hz
     return cost

@@ -1,6 +1,7 @@
 """Layer 2: every generated CUDA source compiles with NVRTC for sm_90 (no GPU needed) at a
-representative geometry of its rank, no forward kernel spills to local memory, and every kernel's
-signature is the one the contract gives the launcher."""
+representative geometry of its rank, in float32 and float64 elements, no forward kernel spills to
+local memory (no kernel at all in float64), and every kernel's signature is the one the contract
+gives the launcher."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from convgen import nvrtc_check
 from convgen.circular import circular_plan, representative_circular_geometry
-from convgen.cuda_launch import BLOCK, representative_geometry
-from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES
+from convgen.cuda_launch import BLOCK, H200, gemm_shapes, plan, representative_geometry, tile_candidates
+from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, gemm_shared_bytes
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
 
@@ -89,8 +90,24 @@ def test_circular_conv_runs_the_ordinary_conv_on_the_wrapped_input():
     assert circular.padded == Geometry.build(Family.CONV, 4, 6, (15, 5, 2), (3, 2, 2), (2, 1, 1), (0, 0, 0), batch=3,
                                              dilation=(1, 2, 1), groups=2)
     assert circular.padded.output_shape == geom.output_shape == (3, 6, 7, 3, 1)
-    assert circular.defines == {"IN_C": 4, "BLOCK": BLOCK, "IN0": 5, "P0": 5, "IN1": 3, "P1": 1, "IN2": 2, "P2": 0}
+    assert circular.defines == {"IN_C": 4, "BLOCK": BLOCK, "ELEMENT_BYTES": 4, "IN0": 5, "P0": 5, "IN1": 3, "P1": 1,
+                                "IN2": 2, "P2": 0}
+    assert circular_plan(geom, "float64").defines == {**circular.defines, "ELEMENT_BYTES": 8}
     assert (circular.pad_blocks, circular.fold_blocks) == (-(-3 * 4 * 150 // BLOCK), -(-3 * 4 * 30 // BLOCK))
+
+
+def test_the_element_type_is_a_define_of_the_plan():
+    """float32 and float64 plans differ in ELEMENT_BYTES; the float64 tiles keep their staged slices
+    within a block's 48 KB of static shared memory with 8-byte elements (some float32 tiles would not)."""
+    geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
+    single, double = plan(geom), plan(geom, dtype="float64")
+    assert (single.defines["ELEMENT_BYTES"], double.defines["ELEMENT_BYTES"]) == (4, 8)
+    assert plan(representative_geometry(Family.AVG_POOL, 2), dtype="float64").defines["ELEMENT_BYTES"] == 8
+    for shape in gemm_shapes(geom, 8).values():
+        tiles = tile_candidates(shape, H200)
+        assert tiles and all(gemm_shared_bytes(t.bm, t.bn, t.bk, 8) <= H200.shared_per_block for t in tiles)
+    single_tiles = tile_candidates(gemm_shapes(geom)["backward_weight"], H200)
+    assert [t for t in single_tiles if gemm_shared_bytes(t.bm, t.bn, t.bk, 8) > H200.shared_per_block]
 
 
 def test_generated_sources_read_like_hand_written_cuda():
@@ -111,6 +128,14 @@ def test_source_compiles_for_sm90_without_forward_spills(family, rank):
     assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
     forward = [k for k in report.kernels if k.symbol == KERNELS[(family, rank)].symbols["forward"]]
     assert forward and not forward[0].spills, forward
+
+
+@pytest.mark.parametrize(("family", "rank"), SOURCES, ids=_ids)
+def test_source_compiles_in_float64_without_spills(family, rank):
+    report = nvrtc_check.compile_source(family, rank, "sm_90", "float64")
+    assert report.error is None, report.error
+    assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
+    assert not [k for k in report.kernels if k.spills]
 
 
 # SEMANTICS §8 geometries the CUDA tape computes: a batch (a kernel argument; its bucket may pick
@@ -134,10 +159,11 @@ EXTENDED = [
 ]
 
 
+@pytest.mark.parametrize("dtype", nvrtc_check.DTYPES)
 @pytest.mark.parametrize("geom", EXTENDED, ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}"
                                                          f"_d{'x'.join(map(str, g.dilation))}_g{g.groups}")
-def test_extended_geometry_compiles_without_spills(geom):
-    report = nvrtc_check.compile_plan(geom, "sm_90")
+def test_extended_geometry_compiles_without_spills(geom, dtype):
+    report = nvrtc_check.compile_plan(geom, "sm_90", dtype)
     assert report.error is None, report.error
     assert not [k for k in report.kernels if k.spills]
 
@@ -148,9 +174,10 @@ CIRCULAR = [representative_circular_geometry(rank) for rank in sorted(CIRCULAR_K
     Geometry.build(Family.CONV, 2, 3, (4, 3, 5), (3, 3, 2), (1, 2, 1), (4, 3, 5), batch=5, circular=True)]
 
 
+@pytest.mark.parametrize("dtype", nvrtc_check.DTYPES)
 @pytest.mark.parametrize("geom", CIRCULAR, ids=lambda g: f"r{g.rank}_p{'x'.join(map(str, g.padding))}")
-def test_circular_source_compiles_without_spills(geom):
-    report = nvrtc_check.compile_circular(geom, "sm_90")
+def test_circular_source_compiles_without_spills(geom, dtype):
+    report = nvrtc_check.compile_circular(geom, "sm_90", dtype)
     assert report.error is None, report.error
     assert sorted(k.symbol for k in report.kernels) == sorted(CIRCULAR_KERNELS[geom.rank].symbols.values())
     assert not [k for k in report.kernels if k.spills]

@@ -1,6 +1,8 @@
 """Per-call host overhead of tiny ops on the CUDA tape (issue 9's host path): back-to-back calls whose GPU
 work is negligible, so the host path dominates, beside `torch.nn.functional.max_pool2d` on the same input
-and the floor CuPy itself sets; then cProfile of convgen's tiny max pools (where the time goes)."""
+and the floor CuPy itself sets; then cProfile of convgen's tiny max pools (where the time goes). The
+split (`measure_split`, no GPU needed) times the same max pools on stand-ins (suite/stand_in.py): the tape
+and validators alone, and with the CUDA backend's Python path on a CuPy that does nothing."""
 
 from __future__ import annotations
 
@@ -54,13 +56,7 @@ def tiny_ops(cupy: Any, torch: Any, convgen: Any) -> list[HostOp]:
     conv_tape, conv_out = conv2d()
     conv_seed = cupy.ones(conv_tape.shape(conv_out), cupy.float32)
     pool = f"C{channels} {height}×{width} k2 s2"
-    return [
-        HostOp(f"convgen max_pool (N-D) {pool}",
-               lambda: tape.max_pool(x, c=channels, in_spatial=(height, width), kernel=(2, 2), stride=(2, 2),
-                                     padding=(0, 0)).unwrap(), profiled=True),
-        HostOp(f"convgen max_pool2d {pool}",
-               lambda: tape.max_pool2d(x, k_h=2, k_w=2, in_h=height, in_w=width, in_c=channels,
-                                       stride=2).unwrap(), profiled=True),
+    return max_pools(tape, x, "", profiled=True) + [
         HostOp(f"torch F.max_pool2d {pool}, requires_grad", lambda: torch.nn.functional.max_pool2d(torch_leaf, 2, 2),
                baseline=True),
         HostOp(f"torch F.max_pool2d {pool}, no grad", lambda: torch.nn.functional.max_pool2d(torch_input, 2, 2)),
@@ -69,6 +65,45 @@ def tiny_ops(cupy: Any, torch: Any, convgen: Any) -> list[HostOp]:
         HostOp("convgen conv2d 4→4 8×8 k3 p1", conv2d),
         HostOp("convgen backward of conv2d 4→4 8×8", lambda: conv_tape.backward(conv_out, conv_seed).unwrap()),
     ]
+
+
+def max_pools(tape: Any, x: int, label: str, profiled: bool = False) -> list[HostOp]:
+    """convgen's two tiny max pools of node `x` (shaped POOL_INPUT) on `tape`."""
+    channels, height, width = POOL_INPUT
+    pool = f"C{channels} {height}×{width} k2 s2"
+    return [
+        HostOp(f"convgen max_pool (N-D) {pool}{label}",
+               lambda: tape.max_pool(x, c=channels, in_spatial=(height, width), kernel=(2, 2), stride=(2, 2),
+                                     padding=(0, 0)).unwrap(), profiled=profiled),
+        HostOp(f"convgen max_pool2d {pool}{label}",
+               lambda: tape.max_pool2d(x, k_h=2, k_w=2, in_h=height, in_w=width, in_c=channels,
+                                       stride=2).unwrap(), profiled=profiled),
+    ]
+
+
+def split_ops(convgen: Any) -> list[HostOp]:
+    """The max pools on a stub CPU backend (tape + validators) and on the CUDA backend over a stand-in
+    CuPy (tape + validators + the CUDA backend's Python path): what convgen's own Python costs."""
+    import numpy as np
+
+    from suite.stand_in import StandInArray, stand_in_cuda_tape, stub_cpu_tape
+
+    stub_tape, stub_x = stub_cpu_tape(convgen).leaf(np.zeros(POOL_INPUT, np.float32))
+    cuda_tape, cuda_x = stand_in_cuda_tape(convgen).leaf(StandInArray(POOL_INPUT, np.float32))
+    return (max_pools(stub_tape, stub_x, ", tape + validators (stub backend)")
+            + max_pools(cuda_tape, cuda_x, ", + CUDA backend (stand-in CuPy)"))
+
+
+def measure_split(convgen: Any, calls: int = HOST_CALLS, profile: bool = False) -> dict[str, Any]:
+    """µs per call of `split_ops` (no GPU needed), and their cProfiles with `profile`."""
+    ops = split_ops(convgen)
+    result: dict[str, Any] = {"ops": {}, "profiles": {}}
+    for op in ops:
+        result["ops"][op.name] = per_call_us(op.call, calls, lambda: None)
+        print(f"    {op.name:<72} {result['ops'][op.name]['us_per_call']:8.2f} µs per call", flush=True)
+    if profile:
+        result["profiles"] = {op.name: profile_summary(op.call, calls, lambda: None) for op in ops}
+    return result
 
 
 def per_call_us(call: Callable[[], Any], calls: int, synchronize: Callable[[], None]) -> dict[str, Any]:
@@ -132,6 +167,8 @@ def measure_host(cupy: Any, torch: Any, convgen: Any, calls: int = HOST_CALLS) -
     for op in ops:
         if op.profiled:
             result["profiles"][op.name] = profile_summary(op.call, calls, synchronize)
+    print("    where convgen's own Python goes (stand-ins, no GPU work):", flush=True)
+    result["split"] = measure_split(convgen, calls)
     return result
 
 
@@ -143,9 +180,17 @@ def format_host(host: dict[str, Any]) -> list[str]:
              f"{host['cpu']}, {host['cpu_count']} CPUs):", ""]
     lines += [f"- {name}: {entry['us_per_call']:.2f} µs" for name, entry in host["ops"].items()]
     lines += [f"- {name} / {host['baseline']}: {ratio:.2f}×" for name, ratio in host["over_baseline"].items()]
+    if "split" in host:
+        lines += ["", "The same max pools on stand-ins (convgen's own Python, no CuPy work):", ""]
+        lines += format_split(host["split"])
     for name, profile in host["profiles"].items():
         lines += ["", f"cProfile of {name} ({profile['total_us_per_op']:.1f} µs per call under the profiler), "
                       "top functions by own time, µs per call:"]
         lines += [f"  {entry['own_us_per_op']:7.2f} own {entry['cumulative_us_per_op']:7.2f} cum "
                   f"{entry['calls_per_op']:5.2f}× {entry['function']}" for entry in profile["top"]]
     return lines
+
+
+def format_split(split: dict[str, Any]) -> list[str]:
+    """One line per stand-in op: its µs per call."""
+    return [f"- {name}: {entry['us_per_call']:.2f} µs" for name, entry in split["ops"].items()]

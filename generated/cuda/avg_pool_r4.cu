@@ -8,10 +8,10 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
-    !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
+    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
+    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
+    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
     !defined(OUT3) || !defined(D3) || !defined(POOL_V)
 #error "missing a -D define (the set is listed above)"
 #endif
@@ -29,6 +29,23 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned IN_SIZE = (unsigned)(1ull * IN0 * IN1 * IN2 * IN3);
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2 * OUT3);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2 * K3);
+
+// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+#if ELEMENT_BYTES == 8
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// +inf of the element type (NVRTC has no <limits>).
+__device__ __forceinline__ real positive_infinity()
+{
+    if constexpr (sizeof(real) == 8) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    } else {
+        return __int_as_float(0x7f800000);
+    }
+}
 
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
@@ -72,14 +89,14 @@ constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN3 + V - 1) / V);
 
 // y = (sum of the in-bounds cells) / K: padded cells count as zeros (count-include-pad).
 extern "C" __global__ void avg_pool_r4_forward(
-    const float* __restrict__ x,
+    const real* __restrict__ x,
     const unsigned images,
-    float* __restrict__ y)
+    real* __restrict__ y)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
     const Slot slot = slot_of<OUT3, OUT_ROWS>(index);
-    const float* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
+    const real* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT3 + slot.first;
     unsigned rest = slot.row;
     const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
@@ -87,10 +104,10 @@ extern "C" __global__ void avg_pool_r4_forward(
     const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
-    float sum[V];
+    real sum[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        sum[v] = 0.0f;
+        sum[v] = 0;
     }
     #pragma unroll 1
     for (pos_t k0 = 0; k0 < K0; ++k0) {
@@ -112,21 +129,21 @@ extern "C" __global__ void avg_pool_r4_forward(
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
                 const unsigned src_off = src_off2;
                 [[maybe_unused]] const unsigned kappa = kappa2;
-                const float* __restrict__ line = channel + (size_t)src_off * IN3;
+                const real* __restrict__ line = channel + (size_t)src_off * IN3;
                 const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
                 if constexpr (SPAN <= MAX_SEGMENT) {
-                    float seg[SPAN];
+                    real seg[SPAN];
                     bool seg_in[SPAN];
                     #pragma unroll
                     for (unsigned s = 0; s < SPAN; ++s) {
                         seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN3;
-                        seg[s] = seg_in[s] ? __ldg(line + j_first + s) : 0.0f;
+                        seg[s] = seg_in[s] ? __ldg(line + j_first + s) : real(0);
                     }
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         #pragma unroll
                         for (unsigned k = 0; k < K_LAST; ++k) {
-                            const float value = seg[v * S_LAST + k * D_LAST];
+                            const real value = seg[v * S_LAST + k * D_LAST];
                             [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                             if (in) sum[v] += value;
                         }
@@ -137,7 +154,7 @@ extern "C" __global__ void avg_pool_r4_forward(
                     for (unsigned k = 0; k < K_LAST; ++k) {
                         const pos_t j = j_first + (pos_t)(k * D_LAST);
                         const bool in = j >= 0 && j < IN3;
-                        const float value = in ? __ldg(line + j) : 0.0f;
+                        const real value = in ? __ldg(line + j) : real(0);
                         if (in) sum[v] += value;
                     }
                 }
@@ -146,19 +163,19 @@ extern "C" __global__ void avg_pool_r4_forward(
     }
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        sum[v] /= (float)K_SIZE;
+        sum[v] /= (real)K_SIZE;
     }
     if constexpr (OUT3 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)sum[v];
+            group.v[v] = (real)sum[v];
         }
-        *reinterpret_cast<Group<float>*>(y + first_index) = group;
+        *reinterpret_cast<Group<real>*>(y + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT3) y[first_index + v] = (float)sum[v];
+            if (slot.first + v < OUT3) y[first_index + v] = (real)sum[v];
         }
     }
 
@@ -166,9 +183,9 @@ extern "C" __global__ void avg_pool_r4_forward(
 
 // dx[c, i] = (sum of g[c, o] over the windows o that cover i) / K.
 extern "C" __global__ void avg_pool_r4_backward_input(
-    const float* __restrict__ grad,
+    const real* __restrict__ grad,
     const unsigned images,
-    float* __restrict__ grad_x)
+    real* __restrict__ grad_x)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * IN_THREADS) return;
@@ -184,10 +201,10 @@ extern "C" __global__ void avg_pool_r4_backward_input(
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
-    float acc[V];
+    real acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        acc[v] = 0.0f;
+        acc[v] = 0;
     }
     const pos_t low0 = d0 + P0 - (K0 - 1) * D0;
     const pos_t first0 = low0 <= 0 ? 0 : (low0 + S0 - 1) / S0;
@@ -226,7 +243,7 @@ extern "C" __global__ void avg_pool_r4_backward_input(
                 for (unsigned s = 0; s < OUT_SPAN; ++s) {
                     const pos_t o = o_low + (pos_t)s;
                     if (o < 0 || o >= OUT3) continue;
-                    const float g = __ldg(grad + line + o);
+                    const real g = __ldg(grad + line + o);
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
@@ -240,19 +257,19 @@ extern "C" __global__ void avg_pool_r4_backward_input(
     }
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        acc[v] /= (float)K_SIZE;
+        acc[v] /= (real)K_SIZE;
     }
     if constexpr (IN3 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)acc[v];
+            group.v[v] = (real)acc[v];
         }
-        *reinterpret_cast<Group<float>*>(grad_x + first_index) = group;
+        *reinterpret_cast<Group<real>*>(grad_x + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < IN3) grad_x[first_index + v] = (float)acc[v];
+            if (slot.first + v < IN3) grad_x[first_index + v] = (real)acc[v];
         }
     }
 

@@ -6,10 +6,27 @@
 // batch are one run of channels.
 
 // Geometry arrives as -D defines (convgen.circular).
-#if !defined(IN_C) || !defined(BLOCK) || !defined(IN0) || !defined(P0) || !defined(IN1) || !defined(P1) || \
-    !defined(IN2) || !defined(P2) || !defined(IN3) || !defined(P3)
+#if !defined(IN_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || !defined(P0) || !defined(IN1) || \
+    !defined(P1) || !defined(IN2) || !defined(P2) || !defined(IN3) || !defined(P3)
 #error "missing a -D define (the set is listed above)"
 #endif
+
+// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+#if ELEMENT_BYTES == 8
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// +inf of the element type (NVRTC has no <limits>).
+__device__ __forceinline__ real positive_infinity()
+{
+    if constexpr (sizeof(real) == 8) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    } else {
+        return __int_as_float(0x7f800000);
+    }
+}
 
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
@@ -33,9 +50,9 @@ __device__ __forceinline__ unsigned thread_cell(unsigned long long cells)
 
 // xp[n, c, q] = x[n, c, (q - P) mod IN] per axis, q < IN + 2P: the circularly padded input.
 extern "C" __global__ void circular_r4_pad(
-    const float* __restrict__ x,
+    const real* __restrict__ x,
     const unsigned images,
-    float* __restrict__ padded)
+    real* __restrict__ padded)
 {
     const unsigned long long cells = (unsigned long long)images * IN_C * PAD_SIZE;
     const unsigned cell = thread_cell(cells);
@@ -72,9 +89,9 @@ extern "C" __global__ void circular_r4_pad(
 // dx[n, c, i] = sum of dxp[n, c, q] over the padded cells q that copied i (per axis q = i + P - IN, i + P, i + P + IN
 // inside [0, IN + 2P)), in ascending q: the adjoint of pad, a gather without atomics.
 extern "C" __global__ void circular_r4_fold(
-    const float* __restrict__ grad_padded,
+    const real* __restrict__ grad_padded,
     const unsigned images,
-    float* __restrict__ grad_x)
+    real* __restrict__ grad_x)
 {
     const unsigned long long cells = (unsigned long long)images * IN_C * IN_SIZE;
     const unsigned cell = thread_cell(cells);
@@ -93,8 +110,8 @@ extern "C" __global__ void circular_r4_fold(
     const unsigned first1 = i1 >= IN1 - P1 ? i1 - (IN1 - P1) : i1 + P1;
     const unsigned first2 = i2 >= IN2 - P2 ? i2 - (IN2 - P2) : i2 + P2;
     const unsigned first3 = i3 >= IN3 - P3 ? i3 - (IN3 - P3) : i3 + P3;
-    const float* __restrict__ source = grad_padded + channel * PAD_SIZE;
-    float sum = 0.0f;
+    const real* __restrict__ source = grad_padded + channel * PAD_SIZE;
+    real sum = 0;
     for (unsigned long long q0 = first0; q0 < PAD0; q0 += IN0) {
         const unsigned long long row0 = q0;
         for (unsigned long long q1 = first1; q1 < PAD1; q1 += IN1) {

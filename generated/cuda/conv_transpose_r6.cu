@@ -5,10 +5,10 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
-    !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
+    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
+    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
+    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
     !defined(OUT3) || !defined(D3) || !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || \
     !defined(OUT4) || !defined(D4) || !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || \
     !defined(OUT5) || !defined(D5) || !defined(GROUPS) || !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || \
@@ -33,14 +33,32 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2 * OUT3 * OUT4 * OUT5);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2 * K3 * K4 * K5);
 
+// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+#if ELEMENT_BYTES == 8
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// +inf of the element type (NVRTC has no <limits>).
+__device__ __forceinline__ real positive_infinity()
+{
+    if constexpr (sizeof(real) == 8) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    } else {
+        return __int_as_float(0x7f800000);
+    }
+}
+
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
-constexpr unsigned SHARED_ROW_PAD = 4;  // floats after each staged row (contract)
+constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
 
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
-// source by `convgen build`. Needs BLOCK (a define) and SHARED_ROW_PAD (printed from the contract).
+// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract) and
+// `real`, the element type (common.cuh).
 
 // Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
 __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
@@ -48,10 +66,10 @@ __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { r
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
 template <int N>
-__device__ __forceinline__ void block_sum(float (&acc)[N])
+__device__ __forceinline__ void block_sum(real (&acc)[N])
 {
     constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ float per_warp[WARPS][N];
+    __shared__ real per_warp[WARPS][N];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
         for (unsigned offset = 16; offset > 0; offset /= 2) {
@@ -85,17 +103,47 @@ __device__ __forceinline__ constexpr unsigned frag_index(unsigned t, unsigned i)
     return T >= 4 ? i / 4 * (B / (T / 4)) + t * 4 + i % 4 : t * T + i;
 }
 
+// Four consecutive elements at a 16-byte aligned address: one 16-byte access for float, two for
+// double. The __ldg variants read global memory through the read-only cache.
+__device__ __forceinline__ void load4(const float* p, float& a, float& b, float& c, float& d)
+{
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    a = q.x, b = q.y, c = q.z, d = q.w;
+}
+__device__ __forceinline__ void load4(const double* p, double& a, double& b, double& c, double& d)
+{
+    const double2 q = reinterpret_cast<const double2*>(p)[0], r = reinterpret_cast<const double2*>(p)[1];
+    a = q.x, b = q.y, c = r.x, d = r.y;
+}
+// Elements 4i .. 4i + 3 of p.
+__device__ __forceinline__ void ldg4(const float* p, size_t i, float (&v)[4])
+{
+    const float4 q = __ldg(reinterpret_cast<const float4*>(p) + i);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ __forceinline__ void ldg4(const double* p, size_t i, double (&v)[4])
+{
+    const double2 q = __ldg(reinterpret_cast<const double2*>(p) + 2 * i);
+    const double2 r = __ldg(reinterpret_cast<const double2*>(p) + 2 * i + 1);
+    v[0] = q.x, v[1] = q.y, v[2] = r.x, v[3] = r.y;
+}
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d)
+{
+    *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(double* p, double a, double b, double c, double d)
+{
+    reinterpret_cast<double2*>(p)[0] = make_double2(a, b);
+    reinterpret_cast<double2*>(p)[1] = make_double2(c, d);
+}
+
 template <unsigned B, unsigned T>
-__device__ __forceinline__ void load_fragment(const float* row, unsigned t, float (&v)[T])
+__device__ __forceinline__ void load_fragment(const real* row, unsigned t, real (&v)[T])
 {
     if constexpr (T % 4 == 0) {
 #pragma unroll
         for (unsigned g = 0; g < T / 4; ++g) {
-            const float4 q = *reinterpret_cast<const float4*>(row + frag_index<B, T>(t, 4 * g));
-            v[4 * g] = q.x;
-            v[4 * g + 1] = q.y;
-            v[4 * g + 2] = q.z;
-            v[4 * g + 3] = q.w;
+            load4(row + frag_index<B, T>(t, 4 * g), v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]);
         }
     } else {
 #pragma unroll
@@ -105,22 +153,26 @@ __device__ __forceinline__ void load_fragment(const float* row, unsigned t, floa
     }
 }
 
-// One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD floats).
+// a * b + c rounded once, in the element type.
+__device__ __forceinline__ float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
+
+// One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD elements).
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_PAD],
-                                          const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          float (&acc)[TM][TN])
+__device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          real (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned kk = 0; kk < BK; ++kk) {
-        float a[TM], b[TN];
+        real a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                acc[i][j] = fused_multiply_add(a[i], b[j], acc[i][j]);
             }
         }
     }
@@ -130,10 +182,10 @@ __device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_
 // exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
 // NaN). The rare path: not unrolled over kk, so it adds little code.
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const float (&Bs)[BK][BN + SHARED_ROW_PAD],
+__device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const real (&Bs)[BK][BN + SHARED_ROW_PAD],
                                                  const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 float (&acc)[TM][TN])
+                                                 real (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -143,14 +195,14 @@ __device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHAR
     }
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
-        float a[TM], b[TN];
+        real a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                if (bits[j] >> kk & 1u) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                if (bits[j] >> kk & 1u) acc[i][j] = fused_multiply_add(a[i], b[j], acc[i][j]);
             }
         }
     }
@@ -158,7 +210,7 @@ __device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHAR
 
 // True when one of a thread's staged A values is an inf or NaN.
 template <unsigned N>
-__device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
+__device__ __forceinline__ bool any_nonfinite(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
@@ -170,22 +222,19 @@ __device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
 template <unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
-__device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
-                                           unsigned tn, const float (&acc)[TM][TN])
+__device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
+                                           unsigned tn, const real (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + frag_index<BM, TM>(tm, i);
         if (m >= M) continue;
-        float* __restrict__ row = dest + (size_t)m * N;
+        real* __restrict__ row = dest + (size_t)m * N;
         if constexpr (TN % 4 == 0 && N % 4 == 0) {
 #pragma unroll
             for (unsigned g = 0; g < TN / 4; ++g) {
                 const unsigned n = n0 + frag_index<BN, TN>(tn, 4 * g);
-                if (n < N) {
-                    *reinterpret_cast<float4*>(row + n) =
-                        make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
-                }
+                if (n < N) store4(row + n, acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
             }
         } else {
 #pragma unroll
@@ -200,26 +249,28 @@ __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
 // `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest,
+__device__ __forceinline__ void split_sum(const real* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
-    if constexpr (COUNT % 4 == 0) {
+    if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
         if (i >= count / 4) return;
-        float4 sum = __ldg(reinterpret_cast<const float4*>(partial) + i);
+        real sum[4];
+        ldg4(partial, i, sum);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * count) + i);
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
+            real v[4];
+            ldg4(partial + s * count, i, v);
+            sum[0] += v[0];
+            sum[1] += v[1];
+            sum[2] += v[2];
+            sum[3] += v[3];
         }
-        reinterpret_cast<float4*>(dest)[i] = sum;
+        store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
         if (i >= count) return;
-        float sum = __ldg(partial + i);
+        real sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
             sum += __ldg(partial + s * count + i);
@@ -233,11 +284,11 @@ __device__ __forceinline__ void split_sum(const float* __restrict__ partial, flo
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
 extern "C" __global__ void conv_transpose_r6_forward(
-    const float* __restrict__ source,
-    const float* __restrict__ weight,
-    const float* __restrict__ bias,
+    const real* __restrict__ source,
+    const real* __restrict__ weight,
+    const real* __restrict__ bias,
     const unsigned images,
-    float* __restrict__ dest)
+    real* __restrict__ dest)
 {
     constexpr unsigned BM = FWD_BM, BN = FWD_BN, BK = FWD_BK;
     constexpr unsigned TM = FWD_TM, TN = FWD_TN, SPLIT = FWD_SPLIT;
@@ -245,8 +296,8 @@ extern "C" __global__ void conv_transpose_r6_forward(
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -385,7 +436,7 @@ extern "C" __global__ void conv_transpose_r6_forward(
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     bias += group * M;
-    float* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
+    real* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -448,7 +499,7 @@ extern "C" __global__ void conv_transpose_r6_forward(
         }
     }
 
-    float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         unsigned c0;
@@ -526,7 +577,7 @@ extern "C" __global__ void conv_transpose_r6_forward(
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
             const size_t w = ((size_t)c * M + m) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : 0.0f;
+                             ? __ldg(weight + w) : real(0);
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -554,7 +605,7 @@ extern "C" __global__ void conv_transpose_r6_forward(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? __ldg(source + (size_t)c * IN_SIZE + offset) : 0.0f;
+                                      ? __ldg(source + (size_t)c * IN_SIZE + offset) : real(0);
             }
             b_valid[col] = ok;
         }
@@ -582,11 +633,11 @@ extern "C" __global__ void conv_transpose_r6_forward(
         }
     };
 
-    float acc[TM][TN];
+    real acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + frag_index<BM, TM>(tm, i);
-        const float start = split == 0 && m < M ? __ldg(bias + m) : 0.0f;
+        const real start = split == 0 && m < M ? __ldg(bias + m) : real(0);
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -658,7 +709,7 @@ extern "C" __global__ void conv_transpose_r6_forward(
         for (unsigned i = 0; i < TM; ++i) {
             const unsigned m = m0 + frag_index<BM, TM>(tm, i);
             if (m >= M) continue;
-            float* __restrict__ row = out + (size_t)m * N;
+            real* __restrict__ row = out + (size_t)m * N;
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 if (column_in[j]) row[column[j]] = acc[i][j];
@@ -669,9 +720,9 @@ extern "C" __global__ void conv_transpose_r6_forward(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r6_forward_reduce(
-    const float* __restrict__ partial,
+    const real* __restrict__ partial,
     const unsigned images,
-    float* __restrict__ dest)
+    real* __restrict__ dest)
 {
     split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest, images);
 }
@@ -680,10 +731,10 @@ extern "C" __global__ void conv_transpose_r6_forward_reduce(
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
 extern "C" __global__ void conv_transpose_r6_backward_input(
-    const float* __restrict__ source,
-    const float* __restrict__ weight,
+    const real* __restrict__ source,
+    const real* __restrict__ weight,
     const unsigned images,
-    float* __restrict__ dest)
+    real* __restrict__ dest)
 {
     constexpr unsigned BM = BWI_BM, BN = BWI_BN, BK = BWI_BK;
     constexpr unsigned TM = BWI_TM, TN = BWI_TN, SPLIT = BWI_SPLIT;
@@ -691,8 +742,8 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -720,7 +771,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
     // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
-    float* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
+    real* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -754,7 +805,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
         base5[col] = d5 * S5 - P5;
     }
 
-    float a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         const unsigned c0 = chunk / K_SIZE * BK;
@@ -776,7 +827,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
             const size_t w = ((size_t)m * SRC_C + c) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : 0.0f;
+                             ? __ldg(weight + w) : real(0);
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -804,7 +855,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? __ldg(source + (size_t)c * OUT_SIZE + offset) : 0.0f;
+                                      ? __ldg(source + (size_t)c * OUT_SIZE + offset) : real(0);
             }
             b_valid[col] = ok;
         }
@@ -832,10 +883,10 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
         }
     };
 
-    float acc[TM][TN];
+    real acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const float start = 0.0f;
+        const real start = 0;
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -875,9 +926,9 @@ extern "C" __global__ void conv_transpose_r6_backward_input(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r6_backward_input_reduce(
-    const float* __restrict__ partial,
+    const real* __restrict__ partial,
     const unsigned images,
-    float* __restrict__ dest)
+    real* __restrict__ dest)
 {
     split_sum<(unsigned long long)IN_C * IN_SIZE, BWI_SPLIT>(partial, dest, images);
 }
@@ -886,10 +937,10 @@ extern "C" __global__ void conv_transpose_r6_backward_input_reduce(
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
 extern "C" __global__ void conv_transpose_r6_backward_weight(
-    const float* __restrict__ d_values,
-    const float* __restrict__ u_values,
+    const real* __restrict__ d_values,
+    const real* __restrict__ u_values,
     const unsigned images,
-    float* __restrict__ dest)
+    real* __restrict__ dest)
 {
     constexpr unsigned BM = BWW_BM, BN = BWW_BN, BK = BWW_BK;
     constexpr unsigned TM = BWW_TM, TN = BWW_TN, SPLIT = BWW_SPLIT;
@@ -897,8 +948,8 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) float As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) float Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M rows of D and U_C channels of U.
@@ -924,7 +975,7 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
     // This block's group; with SPLIT > 1, dest is the partial buffer [SPLIT][GROUPS * M][N].
     d_values += (size_t)group * M * REDUCTION;
     u_values += (size_t)group * U_C * OUT_SIZE;
-    float* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * N;
+    real* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * N;
     const unsigned b_k = tid % BK, b_n = tid / BK;
 
     // This thread's B columns: channel and window offset (less the padding), worked out once.
@@ -962,16 +1013,16 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
         shift5[i] = k5 * D5 - P5;
     }
 
-    float a_stage[A_LOADS], b_stage[B_LOADS];
+    real a_stage[A_LOADS], b_stage[B_LOADS];
     bool b_valid[B_LOADS];  // the staged element's window position lies in U
     auto load = [&](unsigned chunk) {
         const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
-        const float* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
+        const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK, p = p0 + e % BK;
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? __ldg(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : 0.0f;
+                             ? __ldg(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : real(0);
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -1009,7 +1060,7 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
             const pos_t j5 = d5 * S5 + shift5[i];
             ok = ok && j5 >= 0 && j5 < OUT5;
             offset = offset * OUT5 + (unsigned)j5;
-            b_stage[i] = ok ? __ldg(u_image + column_base[i] + offset) : 0.0f;
+            b_stage[i] = ok ? __ldg(u_image + column_base[i] + offset) : real(0);
             b_valid[i] = ok;
         }
     };
@@ -1038,10 +1089,10 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
         }
     };
 
-    float acc[TM][TN];
+    real acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const float start = 0.0f;
+        const real start = 0;
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -1082,21 +1133,21 @@ extern "C" __global__ void conv_transpose_r6_backward_weight(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r6_backward_weight_reduce(
-    const float* __restrict__ partial,
-    float* __restrict__ dest)
+    const real* __restrict__ partial,
+    real* __restrict__ dest)
 {
     split_sum<(unsigned long long)IN_C * (OUT_C / GROUPS) * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
 }
 
 // dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.
 extern "C" __global__ void conv_transpose_r6_backward_bias(
-    const float* __restrict__ grad,
+    const real* __restrict__ grad,
     const unsigned images,
-    float* __restrict__ bias_grad)
+    real* __restrict__ bias_grad)
 {
-    float acc[1] = {0.0f};
+    real acc[1] = {0};
     for (unsigned image = 0; image < images; ++image) {
-        const float* __restrict__ channel = grad + ((size_t)image * OUT_C + blockIdx.x) * OUT_SIZE;
+        const real* __restrict__ channel = grad + ((size_t)image * OUT_C + blockIdx.x) * OUT_SIZE;
         for (unsigned cell = threadIdx.x; cell < OUT_SIZE; cell += BLOCK) {
             acc[0] += __ldg(channel + cell);
         }

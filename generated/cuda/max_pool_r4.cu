@@ -8,10 +8,10 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
-    !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
+    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
+    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
+    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
     !defined(OUT3) || !defined(D3) || !defined(POOL_V) || !defined(ARGMAX_BYTES)
 #error "missing a -D define (the set is listed above)"
 #endif
@@ -29,6 +29,23 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned IN_SIZE = (unsigned)(1ull * IN0 * IN1 * IN2 * IN3);
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2 * OUT3);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2 * K3);
+
+// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+#if ELEMENT_BYTES == 8
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// +inf of the element type (NVRTC has no <limits>).
+__device__ __forceinline__ real positive_infinity()
+{
+    if constexpr (sizeof(real) == 8) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    } else {
+        return __int_as_float(0x7f800000);
+    }
+}
 
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
@@ -82,15 +99,15 @@ constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN3 + V - 1) / V);
 // y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN first cell stays; padded
 // cells are skipped); argmax = its flat window offset, for the backward pass.
 extern "C" __global__ void max_pool_r4_forward(
-    const float* __restrict__ x,
+    const real* __restrict__ x,
     const unsigned images,
-    float* __restrict__ y,
+    real* __restrict__ y,
     argmax_t* __restrict__ argmax)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
     const Slot slot = slot_of<OUT3, OUT_ROWS>(index);
-    const float* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
+    const real* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT3 + slot.first;
     unsigned rest = slot.row;
     const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
@@ -100,12 +117,12 @@ extern "C" __global__ void max_pool_r4_forward(
     const pos_t d0 = (pos_t)rest;
     // A window with no real cell (only with dilation) keeps -inf and the poison offset, which no
     // window cell matches: it passes no gradient.
-    float best[V];
+    real best[V];
     unsigned best_kappa[V];
     bool found[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        best[v] = -__int_as_float(0x7f800000);
+        best[v] = -positive_infinity();
         best_kappa[v] = ~0u;
         found[v] = false;
     }
@@ -129,21 +146,21 @@ extern "C" __global__ void max_pool_r4_forward(
                 const unsigned kappa2 = kappa1 * K2 + (unsigned)k2;
                 const unsigned src_off = src_off2;
                 [[maybe_unused]] const unsigned kappa = kappa2;
-                const float* __restrict__ line = channel + (size_t)src_off * IN3;
+                const real* __restrict__ line = channel + (size_t)src_off * IN3;
                 const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
                 if constexpr (SPAN <= MAX_SEGMENT) {
-                    float seg[SPAN];
+                    real seg[SPAN];
                     bool seg_in[SPAN];
                     #pragma unroll
                     for (unsigned s = 0; s < SPAN; ++s) {
                         seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN3;
-                        seg[s] = seg_in[s] ? __ldg(line + j_first + s) : 0.0f;
+                        seg[s] = seg_in[s] ? __ldg(line + j_first + s) : real(0);
                     }
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         #pragma unroll
                         for (unsigned k = 0; k < K_LAST; ++k) {
-                            const float value = seg[v * S_LAST + k * D_LAST];
+                            const real value = seg[v * S_LAST + k * D_LAST];
                             [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                             if (in && (!found[v] || value > best[v])) {
                                 best[v] = value;
@@ -158,7 +175,7 @@ extern "C" __global__ void max_pool_r4_forward(
                     for (unsigned k = 0; k < K_LAST; ++k) {
                         const pos_t j = j_first + (pos_t)(k * D_LAST);
                         const bool in = j >= 0 && j < IN3;
-                        const float value = in ? __ldg(line + j) : 0.0f;
+                        const real value = in ? __ldg(line + j) : real(0);
                         if (in && (!found[v] || value > best[v])) {
                             best[v] = value;
                             best_kappa[v] = kappa * K_LAST + k;
@@ -170,16 +187,16 @@ extern "C" __global__ void max_pool_r4_forward(
         }
     }
     if constexpr (OUT3 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)best[v];
+            group.v[v] = (real)best[v];
         }
-        *reinterpret_cast<Group<float>*>(y + first_index) = group;
+        *reinterpret_cast<Group<real>*>(y + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT3) y[first_index + v] = (float)best[v];
+            if (slot.first + v < OUT3) y[first_index + v] = (real)best[v];
         }
     }
 
@@ -201,10 +218,10 @@ extern "C" __global__ void max_pool_r4_forward(
 
 // dx[c, i] = sum of g[c, o] over the windows o that cover i and chose i in the forward pass.
 extern "C" __global__ void max_pool_r4_backward_input(
-    const float* __restrict__ grad,
+    const real* __restrict__ grad,
     const argmax_t* __restrict__ argmax,
     const unsigned images,
-    float* __restrict__ grad_x)
+    real* __restrict__ grad_x)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * IN_THREADS) return;
@@ -220,10 +237,10 @@ extern "C" __global__ void max_pool_r4_backward_input(
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
-    float acc[V];
+    real acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        acc[v] = 0.0f;
+        acc[v] = 0;
     }
     const pos_t low0 = d0 + P0 - (K0 - 1) * D0;
     const pos_t first0 = low0 <= 0 ? 0 : (low0 + S0 - 1) / S0;
@@ -263,7 +280,7 @@ extern "C" __global__ void max_pool_r4_backward_input(
                     const pos_t o = o_low + (pos_t)s;
                     if (o < 0 || o >= OUT3) continue;
                     const unsigned chosen = __ldg(argmax + line + o);
-                    const float g = __ldg(grad + line + o);
+                    const real g = __ldg(grad + line + o);
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
@@ -276,16 +293,16 @@ extern "C" __global__ void max_pool_r4_backward_input(
         }
     }
     if constexpr (IN3 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)acc[v];
+            group.v[v] = (real)acc[v];
         }
-        *reinterpret_cast<Group<float>*>(grad_x + first_index) = group;
+        *reinterpret_cast<Group<real>*>(grad_x + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < IN3) grad_x[first_index + v] = (float)acc[v];
+            if (slot.first + v < IN3) grad_x[first_index + v] = (real)acc[v];
         }
     }
 

@@ -8,10 +8,10 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(IN0) || !defined(K0) || !defined(S0) || \
-    !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || \
-    !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || \
-    !defined(OUT2) || !defined(D2) || !defined(POOL_V)
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
+    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
+    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
+    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(POOL_V)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -29,9 +29,32 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2);
 
+// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+#if ELEMENT_BYTES == 8
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// +inf of the element type (NVRTC has no <limits>).
+__device__ __forceinline__ real positive_infinity()
+{
+    if constexpr (sizeof(real) == 8) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    } else {
+        return __int_as_float(0x7f800000);
+    }
+}
+
 // A divisor for decomposing a flat index; an empty axis launches no thread, but the code that
 // would divide by it is still compiled.
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
+
+// exp and log in the element type: expf and logf for float, exp and log for double.
+__device__ __forceinline__ float exponential(float x) { return expf(x); }
+__device__ __forceinline__ double exponential(double x) { return exp(x); }
+__device__ __forceinline__ float logarithm(float x) { return logf(x); }
+__device__ __forceinline__ double logarithm(double x) { return log(x); }
 
 constexpr unsigned V = POOL_V;  // cells per thread along the last axis
 constexpr unsigned K_LAST = K2, S_LAST = S2, D_LAST = D2;
@@ -73,28 +96,29 @@ constexpr unsigned IN_THREADS = IN_C * IN_ROWS * ((IN2 + V - 1) / V);
 // window max (beta > 0) or min (beta < 0), taken in input space so that beta * v is never formed. Saves pivot and Z for
 // the backward pass.
 extern "C" __global__ void smooth_max_pool_r3_forward(
-    const float* __restrict__ x,
+    const real* __restrict__ x,
     const float beta,
     const unsigned images,
-    float* __restrict__ y,
-    float* __restrict__ pivots,
-    float* __restrict__ sums)
+    real* __restrict__ y,
+    real* __restrict__ pivots,
+    real* __restrict__ sums)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
     const Slot slot = slot_of<OUT2, OUT_ROWS>(index);
-    const float* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
+    const real* __restrict__ channel = x + (size_t)slot.channel * IN_SIZE;
     const size_t first_index = ((size_t)slot.channel * OUT_ROWS + slot.row) * OUT2 + slot.first;
     unsigned rest = slot.row;
     const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
-    const float infinity = __int_as_float(0x7f800000);
-    float pivot[V], sum[V], result[V];
+    // beta is a float (rounded so by the tape); with double elements it widens exactly.
+    const real infinity = positive_infinity();
+    real pivot[V], sum[V], result[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         pivot[v] = beta > 0.0f ? -infinity : infinity;
-        sum[v] = 0.0f;
+        sum[v] = 0;
     }
     #pragma unroll 1
     for (pos_t k0 = 0; k0 < K0; ++k0) {
@@ -111,21 +135,21 @@ extern "C" __global__ void smooth_max_pool_r3_forward(
             const unsigned src_off = src_off1;
             [[maybe_unused]] const unsigned kappa = kappa1;
             const bool inside = inside1;
-            const float* __restrict__ line = channel + (size_t)src_off * IN2;
+            const real* __restrict__ line = channel + (size_t)src_off * IN2;
             const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
             if constexpr (SPAN <= MAX_SEGMENT) {
-                float seg[SPAN];
+                real seg[SPAN];
                 bool seg_in[SPAN];
                 #pragma unroll
                 for (unsigned s = 0; s < SPAN; ++s) {
                     seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN2;
-                    seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : 0.0f;
+                    seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : real(0);
                 }
                 #pragma unroll
                 for (unsigned v = 0; v < V; ++v) {
                     #pragma unroll
                     for (unsigned k = 0; k < K_LAST; ++k) {
-                        const float value = seg[v * S_LAST + k * D_LAST];
+                        const real value = seg[v * S_LAST + k * D_LAST];
                         [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                         const bool beyond = beta > 0.0f ? value > pivot[v] : value < pivot[v];
                         pivot[v] = beyond ? value : pivot[v];
@@ -137,7 +161,7 @@ extern "C" __global__ void smooth_max_pool_r3_forward(
                 for (unsigned k = 0; k < K_LAST; ++k) {
                     const pos_t j = j_first + (pos_t)(k * D_LAST);
                     const bool in = j >= 0 && j < IN2;
-                    const float value = inside && in ? __ldg(line + j) : 0.0f;
+                    const real value = inside && in ? __ldg(line + j) : real(0);
                     const bool beyond = beta > 0.0f ? value > pivot[v] : value < pivot[v];
                     pivot[v] = beyond ? value : pivot[v];
                 }
@@ -159,23 +183,23 @@ extern "C" __global__ void smooth_max_pool_r3_forward(
             const unsigned src_off = src_off1;
             [[maybe_unused]] const unsigned kappa = kappa1;
             const bool inside = inside1;
-            const float* __restrict__ line = channel + (size_t)src_off * IN2;
+            const real* __restrict__ line = channel + (size_t)src_off * IN2;
             const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
             if constexpr (SPAN <= MAX_SEGMENT) {
-                float seg[SPAN];
+                real seg[SPAN];
                 bool seg_in[SPAN];
                 #pragma unroll
                 for (unsigned s = 0; s < SPAN; ++s) {
                     seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN2;
-                    seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : 0.0f;
+                    seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : real(0);
                 }
                 #pragma unroll
                 for (unsigned v = 0; v < V; ++v) {
                     #pragma unroll
                     for (unsigned k = 0; k < K_LAST; ++k) {
-                        const float value = seg[v * S_LAST + k * D_LAST];
+                        const real value = seg[v * S_LAST + k * D_LAST];
                         [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
-                        sum[v] += expf(beta * (value - pivot[v]));
+                        sum[v] += exponential(beta * (value - pivot[v]));
                     }
                 }
             } else {
@@ -184,55 +208,55 @@ extern "C" __global__ void smooth_max_pool_r3_forward(
                 for (unsigned k = 0; k < K_LAST; ++k) {
                     const pos_t j = j_first + (pos_t)(k * D_LAST);
                     const bool in = j >= 0 && j < IN2;
-                    const float value = inside && in ? __ldg(line + j) : 0.0f;
-                    sum[v] += expf(beta * (value - pivot[v]));
+                    const real value = inside && in ? __ldg(line + j) : real(0);
+                    sum[v] += exponential(beta * (value - pivot[v]));
                 }
             }
         }
     }
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        result[v] = pivot[v] + logf(sum[v]) / beta;
+        result[v] = pivot[v] + logarithm(sum[v]) / beta;
     }
     if constexpr (OUT2 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)result[v];
+            group.v[v] = (real)result[v];
         }
-        *reinterpret_cast<Group<float>*>(y + first_index) = group;
+        *reinterpret_cast<Group<real>*>(y + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT2) y[first_index + v] = (float)result[v];
-        }
-    }
-
-    if constexpr (OUT2 % V == 0) {
-        Group<float> group;
-#pragma unroll
-        for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)pivot[v];
-        }
-        *reinterpret_cast<Group<float>*>(pivots + first_index) = group;
-    } else {
-#pragma unroll
-        for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT2) pivots[first_index + v] = (float)pivot[v];
+            if (slot.first + v < OUT2) y[first_index + v] = (real)result[v];
         }
     }
 
     if constexpr (OUT2 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)sum[v];
+            group.v[v] = (real)pivot[v];
         }
-        *reinterpret_cast<Group<float>*>(sums + first_index) = group;
+        *reinterpret_cast<Group<real>*>(pivots + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT2) sums[first_index + v] = (float)sum[v];
+            if (slot.first + v < OUT2) pivots[first_index + v] = (real)pivot[v];
+        }
+    }
+
+    if constexpr (OUT2 % V == 0) {
+        Group<real> group;
+#pragma unroll
+        for (unsigned v = 0; v < V; ++v) {
+            group.v[v] = (real)sum[v];
+        }
+        *reinterpret_cast<Group<real>*>(sums + first_index) = group;
+    } else {
+#pragma unroll
+        for (unsigned v = 0; v < V; ++v) {
+            if (slot.first + v < OUT2) sums[first_index + v] = (real)sum[v];
         }
     }
 
@@ -240,13 +264,13 @@ extern "C" __global__ void smooth_max_pool_r3_forward(
 
 // dx[c, i] = sum over the windows o that cover i of g[c, o] * exp(beta * (x[c, i] - pivot)) / Z.
 extern "C" __global__ void smooth_max_pool_r3_backward_input(
-    const float* __restrict__ x,
-    const float* __restrict__ grad,
-    const float* __restrict__ pivots,
-    const float* __restrict__ sums,
+    const real* __restrict__ x,
+    const real* __restrict__ grad,
+    const real* __restrict__ pivots,
+    const real* __restrict__ sums,
     const float beta,
     const unsigned images,
-    float* __restrict__ grad_x)
+    real* __restrict__ grad_x)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * IN_THREADS) return;
@@ -257,18 +281,18 @@ extern "C" __global__ void smooth_max_pool_r3_backward_input(
     const pos_t d1 = (pos_t)(rest % nonzero(IN1));
     rest /= nonzero(IN1);
     const pos_t d0 = (pos_t)rest;
-    float value[V];
+    real value[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        value[v] = slot.first + v < IN2 ? __ldg(x + first_index + v) : 0.0f;
+        value[v] = slot.first + v < IN2 ? __ldg(x + first_index + v) : real(0);
     }
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
-    float acc[V];
+    real acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        acc[v] = 0.0f;
+        acc[v] = 0;
     }
     const pos_t low0 = d0 + P0 - (K0 - 1) * D0;
     const pos_t first0 = low0 <= 0 ? 0 : (low0 + S0 - 1) / S0;
@@ -297,29 +321,29 @@ extern "C" __global__ void smooth_max_pool_r3_backward_input(
             for (unsigned s = 0; s < OUT_SPAN; ++s) {
                 const pos_t o = o_low + (pos_t)s;
                 if (o < 0 || o >= OUT2) continue;
-                const float pivot = __ldg(pivots + line + o), sum = __ldg(sums + line + o);
-                const float g = __ldg(grad + line + o);
+                const real pivot = __ldg(pivots + line + o), sum = __ldg(sums + line + o);
+                const real g = __ldg(grad + line + o);
                 #pragma unroll
                 for (unsigned v = 0; v < V; ++v) {
                     const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
                     if (dk < 0 || dk >= (pos_t)K_SPAN || dk % (pos_t)D_LAST != 0) continue;
                     const pos_t k = dk / (pos_t)D_LAST;
-                    acc[v] += g * expf(beta * (value[v] - pivot)) / sum;
+                    acc[v] += g * exponential(beta * (value[v] - pivot)) / sum;
                 }
             }
         }
     }
     if constexpr (IN2 % V == 0) {
-        Group<float> group;
+        Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (float)acc[v];
+            group.v[v] = (real)acc[v];
         }
-        *reinterpret_cast<Group<float>*>(grad_x + first_index) = group;
+        *reinterpret_cast<Group<real>*>(grad_x + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < IN2) grad_x[first_index + v] = (float)acc[v];
+            if (slot.first + v < IN2) grad_x[first_index + v] = (real)acc[v];
         }
     }
 

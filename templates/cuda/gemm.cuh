@@ -1,5 +1,6 @@
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
-// source by `convgen build`. Needs BLOCK (a define) and SHARED_ROW_PAD (printed from the contract).
+// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract) and
+// `real`, the element type (common.cuh).
 
 // Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
 __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
@@ -7,10 +8,10 @@ __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { r
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
 template <int N>
-__device__ __forceinline__ void block_sum(float (&acc)[N])
+__device__ __forceinline__ void block_sum(real (&acc)[N])
 {
     constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ float per_warp[WARPS][N];
+    __shared__ real per_warp[WARPS][N];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
         for (unsigned offset = 16; offset > 0; offset /= 2) {
@@ -44,17 +45,47 @@ __device__ __forceinline__ constexpr unsigned frag_index(unsigned t, unsigned i)
     return T >= 4 ? i / 4 * (B / (T / 4)) + t * 4 + i % 4 : t * T + i;
 }
 
+// Four consecutive elements at a 16-byte aligned address: one 16-byte access for float, two for
+// double. The __ldg variants read global memory through the read-only cache.
+__device__ __forceinline__ void load4(const float* p, float& a, float& b, float& c, float& d)
+{
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    a = q.x, b = q.y, c = q.z, d = q.w;
+}
+__device__ __forceinline__ void load4(const double* p, double& a, double& b, double& c, double& d)
+{
+    const double2 q = reinterpret_cast<const double2*>(p)[0], r = reinterpret_cast<const double2*>(p)[1];
+    a = q.x, b = q.y, c = r.x, d = r.y;
+}
+// Elements 4i .. 4i + 3 of p.
+__device__ __forceinline__ void ldg4(const float* p, size_t i, float (&v)[4])
+{
+    const float4 q = __ldg(reinterpret_cast<const float4*>(p) + i);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ __forceinline__ void ldg4(const double* p, size_t i, double (&v)[4])
+{
+    const double2 q = __ldg(reinterpret_cast<const double2*>(p) + 2 * i);
+    const double2 r = __ldg(reinterpret_cast<const double2*>(p) + 2 * i + 1);
+    v[0] = q.x, v[1] = q.y, v[2] = r.x, v[3] = r.y;
+}
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d)
+{
+    *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(double* p, double a, double b, double c, double d)
+{
+    reinterpret_cast<double2*>(p)[0] = make_double2(a, b);
+    reinterpret_cast<double2*>(p)[1] = make_double2(c, d);
+}
+
 template <unsigned B, unsigned T>
-__device__ __forceinline__ void load_fragment(const float* row, unsigned t, float (&v)[T])
+__device__ __forceinline__ void load_fragment(const real* row, unsigned t, real (&v)[T])
 {
     if constexpr (T % 4 == 0) {
 #pragma unroll
         for (unsigned g = 0; g < T / 4; ++g) {
-            const float4 q = *reinterpret_cast<const float4*>(row + frag_index<B, T>(t, 4 * g));
-            v[4 * g] = q.x;
-            v[4 * g + 1] = q.y;
-            v[4 * g + 2] = q.z;
-            v[4 * g + 3] = q.w;
+            load4(row + frag_index<B, T>(t, 4 * g), v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]);
         }
     } else {
 #pragma unroll
@@ -64,22 +95,26 @@ __device__ __forceinline__ void load_fragment(const float* row, unsigned t, floa
     }
 }
 
-// One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD floats).
+// a * b + c rounded once, in the element type.
+__device__ __forceinline__ float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
+
+// One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD elements).
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_PAD],
-                                          const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          float (&acc)[TM][TN])
+__device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          real (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned kk = 0; kk < BK; ++kk) {
-        float a[TM], b[TN];
+        real a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                acc[i][j] = fused_multiply_add(a[i], b[j], acc[i][j]);
             }
         }
     }
@@ -89,10 +124,10 @@ __device__ __forceinline__ void slice_fma(const float (&As)[BK][BM + SHARED_ROW_
 // exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
 // NaN). The rare path: not unrolled over kk, so it adds little code.
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const float (&Bs)[BK][BN + SHARED_ROW_PAD],
+__device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const real (&Bs)[BK][BN + SHARED_ROW_PAD],
                                                  const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 float (&acc)[TM][TN])
+                                                 real (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -102,14 +137,14 @@ __device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHAR
     }
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
-        float a[TM], b[TN];
+        real a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                if (bits[j] >> kk & 1u) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                if (bits[j] >> kk & 1u) acc[i][j] = fused_multiply_add(a[i], b[j], acc[i][j]);
             }
         }
     }
@@ -117,7 +152,7 @@ __device__ __forceinline__ void slice_fma_masked(const float (&As)[BK][BM + SHAR
 
 // True when one of a thread's staged A values is an inf or NaN.
 template <unsigned N>
-__device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
+__device__ __forceinline__ bool any_nonfinite(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
@@ -129,22 +164,19 @@ __device__ __forceinline__ bool any_nonfinite(const float (&values)[N])
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
 template <unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
-__device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
-                                           unsigned tn, const float (&acc)[TM][TN])
+__device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
+                                           unsigned tn, const real (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + frag_index<BM, TM>(tm, i);
         if (m >= M) continue;
-        float* __restrict__ row = dest + (size_t)m * N;
+        real* __restrict__ row = dest + (size_t)m * N;
         if constexpr (TN % 4 == 0 && N % 4 == 0) {
 #pragma unroll
             for (unsigned g = 0; g < TN / 4; ++g) {
                 const unsigned n = n0 + frag_index<BN, TN>(tn, 4 * g);
-                if (n < N) {
-                    *reinterpret_cast<float4*>(row + n) =
-                        make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
-                }
+                if (n < N) store4(row + n, acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
             }
         } else {
 #pragma unroll
@@ -159,26 +191,28 @@ __device__ __forceinline__ void store_tile(float* __restrict__ dest, unsigned m0
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
 // `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const float* __restrict__ partial, float* __restrict__ dest,
+__device__ __forceinline__ void split_sum(const real* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
-    if constexpr (COUNT % 4 == 0) {
+    if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
         if (i >= count / 4) return;
-        float4 sum = __ldg(reinterpret_cast<const float4*>(partial) + i);
+        real sum[4];
+        ldg4(partial, i, sum);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(partial + s * count) + i);
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
+            real v[4];
+            ldg4(partial + s * count, i, v);
+            sum[0] += v[0];
+            sum[1] += v[1];
+            sum[2] += v[2];
+            sum[3] += v[3];
         }
-        reinterpret_cast<float4*>(dest)[i] = sum;
+        store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
         if (i >= count) return;
-        float sum = __ldg(partial + i);
+        real sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
             sum += __ldg(partial + s * count + i);

@@ -1,0 +1,106 @@
+"""Stand-ins that split the host path of a tiny op (issue 9) into the part convgen's Python costs and the
+part CuPy costs, on any machine, GPU or not: a stub CPU backend whose forward returns a preallocated
+output (the tape and the generated validators alone), and a stand-in CuPy whose allocations and kernel
+launches do next to nothing, under the real CUDA backend (the tape, the validators and the CUDA
+backend's Python path). Both only time the host path; neither computes anything."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+_C_CONTIGUOUS = types.SimpleNamespace(c_contiguous=True)
+_DEVICE_MEMORY = types.SimpleNamespace(device_id=0)
+
+
+class StandInArray:
+    """What the CUDA backend and the tape read of a CuPy array: shape, size, dtype, flags, the device."""
+
+    __slots__ = ("shape", "size", "dtype")
+    flags = _C_CONTIGUOUS
+    data = _DEVICE_MEMORY
+
+    def __init__(self, shape: Any, dtype: Any) -> None:
+        self.shape = (shape,) if type(shape) is int else tuple(shape)
+        self.size = math.prod(self.shape)
+        self.dtype = np.dtype(dtype)
+
+    def reshape(self, *shape: Any) -> StandInArray:
+        return StandInArray(shape[0] if len(shape) == 1 else shape, self.dtype)
+
+    def fill(self, value: Any) -> None:
+        pass
+
+
+class _StandInModule:
+    """A compiled module whose every function launches nothing."""
+
+    def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
+        pass
+
+    def get_function(self, symbol: str) -> Any:
+        return lambda grid, block, args, shared_mem=0: None
+
+
+def stand_in_cupy() -> types.ModuleType:
+    """A `cupy` module with what `convgen.cuda.CupyBackend` uses on its per-call path, all no-ops: one
+    device (0) reporting no attributes (the plans assume an H200), `empty`, `RawModule`."""
+    errors = {name: type(name, (RuntimeError,), {}) for name in
+              ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
+                                    CUDARuntimeError=errors["CUDARuntimeError"])
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime = runtime
+    cuda.compiler = types.SimpleNamespace(CompileException=errors["CompileException"])
+    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
+    cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
+    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={})
+    cupy = types.ModuleType("cupy")
+    cupy.cuda, cupy.ndarray, cupy.RawModule, cupy.float32 = cuda, StandInArray, _StandInModule, np.float32
+    cupy.empty = StandInArray
+    return cupy
+
+
+@contextmanager
+def _imports_as(cupy: types.ModuleType) -> Any:
+    """`import cupy` (and `cupy.cuda.compiler`) gives `cupy` inside the block; sys.modules as it was after."""
+    names = ("cupy", "cupy.cuda", "cupy.cuda.compiler")
+    before = {name: sys.modules.get(name) for name in names}
+    sys.modules.update(zip(names, (cupy, cupy.cuda, cupy.cuda.compiler)))
+    try:
+        yield
+    finally:
+        for name, module in before.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def stand_in_cuda_tape(convgen: Any) -> Any:
+    """An empty CUDA tape whose backend runs on `stand_in_cupy()` (a tape class of its own, so the
+    backend the tape caches per class is not the real one)."""
+    cupy = stand_in_cupy()
+    tape_class = type("StandInCudaTape", (convgen.cuda.Tape,), {})
+    with _imports_as(cupy):
+        return tape_class()
+
+
+def stub_cpu_tape(convgen: Any) -> Any:
+    """An empty CPU tape whose forward returns a preallocated zero output per geometry: the tape and the
+    generated validators without any compute."""
+    outputs: dict[tuple[int, ...], np.ndarray] = {}  # by output shape: a cheaper key than the geometry
+
+    class StubBackend(convgen.cpu.NumpyBackend):
+        def forward(self, geom: Any, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
+            output = outputs.get(geom.output_shape)
+            if output is None:
+                output = outputs[geom.output_shape] = np.zeros(geom.output_shape, self.dtype)
+            return output, None
+
+    return type("StubCpuTape", (convgen.cpu.Tape,), {"backend_class": StubBackend})()

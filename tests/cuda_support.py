@@ -1,0 +1,141 @@
+"""What the CUDA test modules share: the skip when there is no GPU, the poisoning tape, running an
+op forward and backward (twice, bit-identical), the closeness check against the CPU tape, and tapes
+whose plans are forced onto given tiles. Importing it skips the importing module without CuPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference
+from convgen.cuda_launch import GemmTile, ceil_div
+from convgen.geometry import MAX_RANK, Family, Geometry
+
+cupy = pytest.importorskip("cupy")
+
+
+def _has_gpu() -> bool:
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+
+
+import convgen.cpu  # noqa: E402  (after the skip: convgen.cuda needs CuPy only once a tape is made)
+import convgen.cuda  # noqa: E402
+
+
+class PoisonBackend(convgen.cuda.CupyBackend):
+    """The CUDA backend with every output filled with NaN before its kernel runs."""
+
+    poison_outputs = True
+
+
+class PoisonTape(convgen.cuda.Tape):
+    backend_class = PoisonBackend
+
+
+G = Geometry.build
+RANKS = range(1, MAX_RANK + 1)
+CASES_PER_RANK = 3  # the last one may have empty extents or channels
+
+
+def host(array):
+    return cupy.asnumpy(array) if isinstance(array, cupy.ndarray) else np.asarray(array)
+
+
+def recorded(tape, geom: Geometry, inputs):
+    """(tape, input ids, Result of the op) with `inputs` recorded as leaves."""
+    ids = []
+    for value in inputs:
+        tape, node = tape.leaf(value)
+        ids.append(node)
+    return tape, ids, reference.apply_op(tape, geom, tuple(ids))
+
+
+def run(tape, geom: Geometry, inputs, grad, *, repeat: int = 1):
+    """The op's output and the gradients of its inputs as host arrays; with repeat=2 the backward
+    runs twice and must give bit-identical gradients (SEMANTICS §4: no scheduling dependence)."""
+    tape, ids, result = recorded(tape, geom, inputs)
+    tape, out = result.unwrap()
+    runs = []
+    for _ in range(repeat):
+        grads = tape.backward(out, grad).unwrap()
+        runs.append([grads[i] for i in ids])
+    for again in runs[1:]:
+        for first, second in zip(runs[0], again):
+            assert cupy.array_equal(first, second, equal_nan=True), f"{geom}: gradients differ between two runs"
+    return host(tape.value(out)), [host(g) for g in runs[0]]
+
+
+def assert_close_to(geom: Geometry, got, ref, ref_abs, rtol: float = reference.RTOL) -> None:
+    """`got` = (output, grads) within docs/DESIGN.md's bound `rtol` of `ref`, scaled by `ref_abs` (the
+    same computation on absolute values)."""
+    names = ["output"] + [f"d{n}" for n in (("kernel", "bias", "input") if geom.family.is_conv else ("x",))]
+    refs, scales = [ref[0], *ref[1]], [ref_abs[0], *ref_abs[1]]
+    if geom.family is Family.SMOOTH_MAX_POOL:
+        # Not a sum: on |x| the result can be far smaller than on x, and float32 expf/logf err
+        # relative to the result itself, so the result joins the scale.
+        scales = [np.abs(r) + np.abs(a) for r, a in zip(refs, scales)]
+    pairs = zip(names, [got[0], *got[1]], refs, scales, strict=True)
+    failures = [f"{name}: {err}" for name, g, r, a in pairs
+                if (err := reference.close_error(g, r, a, rtol)) is not None]
+    assert not failures, f"{geom}: " + "; ".join(failures)
+
+
+RTOLS = {"float32": reference.RTOL, "float64": reference.RTOL_FLOAT64}
+
+
+def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=PoisonTape, dtype: str = "float32") -> None:
+    """Forward and gradients (twice, bit-identical) of a `dtype` CUDA tape against a `dtype` CPU tape."""
+    inputs, grad = reference.draw_inputs(rng, geom, dtype), reference.draw_grad(rng, geom, dtype)
+    got = run(tape_class(dtype=dtype), geom, inputs, grad, repeat=2)
+    assert all(array.dtype == dtype for array in (got[0], *got[1])), geom
+    ref = run(convgen.cpu.Tape(dtype=dtype), geom, inputs, grad)
+    ref_abs = run(convgen.cpu.Tape(dtype=dtype), geom, [np.abs(a) for a in inputs], np.abs(grad))
+    assert_close_to(geom, got, ref, ref_abs, RTOLS[dtype])
+
+
+# Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
+# staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
+# 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
+# divide the channels, and output rows that are and are not a multiple of 4.
+FORCED_TILES = [  # (bm, bn, tm, tn, split)
+    (4, 256, 4, 4, 1),
+    (64, 64, 4, 4, 3),
+    (32, 128, 4, 8, 2),
+    (128, 64, 8, 4, 1),
+    (16, 64, 1, 4, 5),
+    (8, 64, 2, 8, 2),
+]
+FORCED_GEOMETRY = [
+    Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
+    Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
+    Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
+]
+
+
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int):
+    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are."""
+    def choose(shape, hardware):
+        parts = max(1, min(split, shape.chunks))
+        per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
+        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1)
+    return choose
+
+
+def forced_tape(tile) -> type:
+    """A poisoning tape whose plans take `tile` (its own backend, so its own module cache)."""
+
+    class Backend(PoisonBackend):
+        tile_chooser = staticmethod(forced_chooser(*tile))
+
+    class ForcedTape(PoisonTape):
+        backend_class = Backend
+
+    return ForcedTape
+
+
+def same_error(got, expected) -> bool:
+    """The two tapes' messages agree once the tape names are swapped (`cuda: ` for `cpu: `, the
+    buffer labels), whatever detail the messages carry."""
+    return got.error.replace("cuda", "cpu").replace("CUDA", "CPU") == expected.error
