@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
+import torch_oracle
 from convgen.cuda_launch import GemmTile, ceil_div
 from convgen.geometry import MAX_RANK, Family, Geometry
 
@@ -139,3 +140,21 @@ def same_error(got, expected) -> bool:
     """The two tapes' messages agree once the tape names are swapped (`cuda: ` for `cpu: `, the
     buffer labels), whatever detail the messages carry."""
     return got.error.replace("cuda", "cpu").replace("CUDA", "CPU") == expected.error
+
+
+def check_against_torch_cuda(draw, rng: np.random.Generator, cases: int) -> None:
+    """`cases` geometries from `draw(rng)` that torch accepts, each against PyTorch's CUDA ops in
+    strict float32 (TF32 off), scaled by the CPU tape on absolute values."""
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    checked = 0
+    while checked < cases:
+        geom = draw(rng)
+        if not torch_oracle.accepts(geom):
+            continue
+        checked += 1
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        got = run(PoisonTape(), geom, inputs, grad)
+        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)

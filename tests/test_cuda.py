@@ -13,7 +13,6 @@ import math
 import numpy as np
 import pytest
 import reference
-import torch_oracle
 from convgen import cuda_launch
 from convgen.cuda_launch import H200, plan
 from convgen.geometry import Family, Geometry
@@ -27,6 +26,7 @@ from cuda_support import (
     _has_gpu,
     assert_close_to,
     check_against_cpu,
+    check_against_torch_cuda,
     cupy,
     forced_chooser,
     forced_tape,
@@ -134,20 +134,8 @@ def test_pool_offset_widths_and_long_rows() -> None:
 @pytest.mark.parametrize("rank", (1, 2, 3))
 @pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
 def test_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
-    torch = pytest.importorskip("torch")
-    torch.backends.cudnn.allow_tf32 = False  # strict float32, as the figures in docs/DESIGN.md
-    torch.backends.cuda.matmul.allow_tf32 = False
     rng = reference.case_rng("torch", family.value, rank)
-    cases = 0
-    while cases < 2:
-        geom = reference.random_geometry(rng, family, rank, budget=300)
-        if not torch_oracle.accepts(geom):
-            continue
-        cases += 1
-        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-        got = run(PoisonTape(), geom, inputs, grad)
-        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
-        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+    check_against_torch_cuda(lambda rng: reference.random_geometry(rng, family, rank, budget=300), rng, 2)
 
 
 # Degenerate geometry and rejected calls: the same Result on both tapes (ok-ness, error text).

@@ -21,6 +21,7 @@ from cuda_support import (
     _has_gpu,
     assert_close_to,
     check_against_cpu,
+    check_against_torch_cuda,
     forced_tape,
     run,
 )
@@ -163,20 +164,8 @@ def test_dilated_grouped_random_geometry_matches_cpu_tape(family: Family, rank: 
 @pytest.mark.parametrize("rank", (1, 2, 3))
 @pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
 def test_dilated_grouped_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
-    torch = pytest.importorskip("torch")
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     rng = reference.case_rng("torch dilation groups", family.value, rank)
-    cases = 0
-    while cases < 3:
-        geom = dilated_grouped_geometry(rng, family, rank)
-        if not torch_oracle.accepts(geom):
-            continue
-        cases += 1
-        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-        got = run(PoisonTape(), geom, inputs, grad)
-        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
-        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+    check_against_torch_cuda(lambda rng: dilated_grouped_geometry(rng, family, rank), rng, 3)
 
 
 DILATED_GROUPED = [
@@ -232,17 +221,5 @@ def test_dilated_pools() -> None:
 @pytest.mark.parametrize("rank", (1, 2, 3))
 @pytest.mark.parametrize("family", [f for f in Family if f is not Family.SMOOTH_MAX_POOL], ids=lambda f: f.value)
 def test_batched_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
-    torch = pytest.importorskip("torch")
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     rng = reference.case_rng("torch batch", family.value, rank)
-    cases = 0
-    while cases < 2:
-        geom = batched_geometry(rng, family, rank)
-        if not torch_oracle.accepts(geom):
-            continue
-        cases += 1
-        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-        got = run(PoisonTape(), geom, inputs, grad)
-        ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
-        assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
+    check_against_torch_cuda(lambda rng: batched_geometry(rng, family, rank), rng, 2)
