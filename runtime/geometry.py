@@ -116,12 +116,6 @@ class Geometry:
         return 1 if self.batch is None else self.batch
 
     @property
-    def is_seed(self) -> bool:
-        """True when every §8 argument is at its default: the seed's op exactly."""
-        return (self.batch is None and self.groups == 1 and not self.circular
-                and all(d == 1 for d in self.dilation) and not any(self.output_padding))
-
-    @property
     def input_shape(self) -> tuple[int, ...]:
         return self.parent_shapes[-1]
 
