@@ -38,7 +38,7 @@ from convgen.cuda_launch import (
 )
 from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry
-from suite.cases import UNBATCHED_CASES, Case
+from suite.cases import CASES, UNBATCHED_CASES, Case
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
 LAUNCHES_PER_ROUND = 20
@@ -51,7 +51,8 @@ def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
 
 def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[GemmTile]:
     """The planned tile first, then the `top` cheapest others by the cost model (one per block
-    shape, each with its best split), the CLASSIC shapes, and the planned block shape unsplit."""
+    shape, each with its best split), the CLASSIC shapes, the planned block shape unsplit, and for
+    conv-shaped stages the planned tile with A packed the other way."""
     planned = choose_tile(shape, hardware)
     best: dict[tuple[int, int, int, int], tuple[float, GemmTile]] = {}
     for tile in tile_candidates(shape, hardware):
@@ -59,14 +60,19 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[Ge
         key = block_shape(tile)
         if key not in best or cost < best[key][0]:
             best[key] = (cost, tile)
-    ranked = [tile for _, tile in sorted(best.values(), key=lambda cost_tile: cost_tile[0]) if tile != planned]
+    ranked = [dataclasses.replace(tile, packed=planned.packed)  # the others packed as the plan packs
+              for _, tile in sorted(best.values(), key=lambda cost_tile: cost_tile[0])]
+    ranked = [tile for tile in ranked if tile != planned]
     chosen = [planned, *ranked[:top]]
     for key in CLASSIC:  # the usual SGEMM shapes, whatever the model thinks of them
-        if key in best and best[key][1] not in chosen:
-            chosen.append(best[key][1])
+        classic = dataclasses.replace(best[key][1], packed=planned.packed) if key in best else None
+        if classic is not None and classic not in chosen:
+            chosen.append(classic)
     unsplit = dataclasses.replace(planned, split=1)
     if unsplit not in chosen:
         chosen.append(unsplit)
+    if shape.conv:  # A read repacked or as given, whichever the plan did not choose
+        chosen.append(dataclasses.replace(planned, packed=not planned.packed))
     return chosen
 
 
@@ -87,28 +93,34 @@ def model_us(shape: GemmShape, tile: GemmTile, hardware: Hardware = H200) -> flo
 def stage_launcher(module: Any, family: Family, symbols: dict[str, str], candidate_plan: Plan, stage: str,
                    values: dict[str, Any], cupy: Any) -> Callable[[], None]:
     """One run of `stage` as the CUDA tape makes it, its arguments taken from `values` by the roles of
-    the contract's parameters: the GEMM kernel into its output, or, when the plan splits the reduction,
-    into a partial buffer [split, *output.shape] that the reduce kernel adds up."""
-    params = STAGES[family][stage]
-    (output,) = (p.role for p in params if not p.const)
-    kernel, main = module.get_function(symbols[stage]), candidate_plan.launches[stage]
+    the contract's parameters: the weight repacked first when the plan packs it, then the GEMM kernel
+    into its output, or, when the plan splits the reduction, into a partial buffer [split, *output.shape]
+    that the reduce kernel adds up."""
+    launches = []  # (function, launch, arguments), in order
 
-    def arguments(stage_name: str, these: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(these[p.role] for p in STAGES[family][stage_name])
+    def add(stage_name: str, these: dict[str, Any]) -> None:
+        launch = candidate_plan.launches[stage_name]
+        arguments = tuple(these[p.role] for p in STAGES[family][stage_name])
+        launches.append((module.get_function(symbols[stage_name]), launch, arguments))
 
+    pack = candidate_plan.launches.get(f"{stage}_pack")
+    if pack is not None and pack.grid:
+        packed = cupy.empty_like(values["weight"])
+        add(f"{stage}_pack", {**values, "packed_weight": packed})
+        values = {**values, "weight": packed}
+    (output,) = (p.role for p in STAGES[family][stage] if not p.const)
     if candidate_plan.splits[stage] == 1:
-        args = arguments(stage, values)
-        return lambda: kernel((main.grid,), (main.block,), args, shared_mem=main.shared_bytes)
-    reduce, fold = module.get_function(symbols[f"{stage}_reduce"]), candidate_plan.launches[f"{stage}_reduce"]
-    partial = cupy.empty((candidate_plan.splits[stage], *values[output].shape), cupy.float32)
-    main_args = arguments(stage, {**values, output: partial})
-    fold_args = arguments(f"{stage}_reduce", {**values, "partial": partial})
+        add(stage, values)
+    else:
+        partial = cupy.empty((candidate_plan.splits[stage], *values[output].shape), cupy.float32)
+        add(stage, {**values, output: partial})
+        add(f"{stage}_reduce", {**values, "partial": partial})
 
-    def launch() -> None:
-        kernel((main.grid,), (main.block,), main_args, shared_mem=main.shared_bytes)
-        reduce((fold.grid,), (fold.block,), fold_args, shared_mem=fold.shared_bytes)
+    def run() -> None:
+        for function, launch, arguments in launches:
+            function((launch.grid,), (launch.block,), arguments, shared_mem=launch.shared_bytes)
 
-    return launch
+    return run
 
 
 def median_us(launch: Callable[[], None], rounds: int, cupy: Any) -> float:
@@ -176,12 +188,14 @@ def tile_row(case: Case, stage: str, tile: GemmTile, candidate_plan: Plan, plann
     """The JSON row of one candidate, before it is timed; threads and blocks as the plan launches them."""
     launch = candidate_plan.launches[stage]
     return {"case": case.name, "stage": stage, "planned": planned, "bm": tile.bm, "bn": tile.bn, "bk": tile.bk,
-            "tm": tile.tm, "tn": tile.tn, "split": tile.split, "threads": launch.block, "blocks": launch.grid}
+            "tm": tile.tm, "tn": tile.tn, "split": tile.split, "packed": tile.packed, "threads": launch.block,
+            "blocks": launch.grid}
 
 
 def row_line(row: dict[str, Any]) -> str:
     return (f"{row['case']:16s} {row['stage']:16s} {'*' if row['planned'] else ' '} bm{row['bm']:<4d} "
             f"bn{row['bn']:<4d} bk{row['bk']:<3d} tm{row['tm']} tn{row['tn']} split{row['split']:<3d} "
+            f"{'packed ' if row['packed'] else 'as-is  '}"
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 
@@ -196,14 +210,15 @@ def list_candidates(case: Case, top: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=3, help="cheapest other block shapes to time per stage")
-    parser.add_argument("--cases", default="", help="conv case names, comma-separated (default: the one-image ones)")
+    parser.add_argument("--cases", default="",
+                        help="conv case names, comma-separated, batched ones too (default: the one-image ones)")
     parser.add_argument("--json", default="", help="where to write the rows (e.g. benchmarks/results/tiles.json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
     wanted = set(filter(None, args.cases.split(",")))
-    # One-image cases only: stage_launcher passes the seed kernels' arguments, which carry no batch.
-    cases = [case for case in UNBATCHED_CASES if case.is_conv and (not wanted or case.name in wanted)]
+    default = {case.name for case in UNBATCHED_CASES}
+    cases = [case for case in CASES if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
             list_candidates(case, args.top)

@@ -56,7 +56,7 @@ class KernelSource:
 
 # The implicit-GEMM stages of the conv families -> the prefix of their tile defines (FWD_BM, ...).
 GEMM_STAGES: dict[str, str] = {'forward': 'FWD', 'backward_input': 'BWI', 'backward_weight': 'BWW'}
-TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT')
+TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'PACKED')
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
 
@@ -83,6 +83,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
     },
     Family.CONV: {
+        "forward_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
+        ),
         "forward": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
@@ -94,6 +98,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
+        ),
+        "backward_input_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "real", True, True),
@@ -123,6 +131,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
     },
     Family.CONV_TRANSPOSE: {
+        "forward_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
+        ),
         "forward": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
@@ -134,6 +146,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
+        ),
+        "backward_input_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "real", True, True),
@@ -294,8 +310,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 1): KernelSource(
         "conv_r1.cu",
         {
+            "forward_pack": "conv_r1_forward_pack",
             "forward": "conv_r1_forward",
             "forward_reduce": "conv_r1_forward_reduce",
+            "backward_input_pack": "conv_r1_backward_input_pack",
             "backward_input": "conv_r1_backward_input",
             "backward_input_reduce": "conv_r1_backward_input_reduce",
             "backward_weight": "conv_r1_backward_weight",
@@ -304,15 +322,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_PACKED",
         ),
     ),
     (Family.CONV, 2): KernelSource(
         "conv_r2.cu",
         {
+            "forward_pack": "conv_r2_forward_pack",
             "forward": "conv_r2_forward",
             "forward_reduce": "conv_r2_forward_reduce",
+            "backward_input_pack": "conv_r2_backward_input_pack",
             "backward_input": "conv_r2_backward_input",
             "backward_input_reduce": "conv_r2_backward_input_reduce",
             "backward_weight": "conv_r2_backward_weight",
@@ -321,15 +342,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 3): KernelSource(
         "conv_r3.cu",
         {
+            "forward_pack": "conv_r3_forward_pack",
             "forward": "conv_r3_forward",
             "forward_reduce": "conv_r3_forward_reduce",
+            "backward_input_pack": "conv_r3_backward_input_pack",
             "backward_input": "conv_r3_backward_input",
             "backward_input_reduce": "conv_r3_backward_input_reduce",
             "backward_weight": "conv_r3_backward_weight",
@@ -339,15 +363,17 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 4): KernelSource(
         "conv_r4.cu",
         {
+            "forward_pack": "conv_r4_forward_pack",
             "forward": "conv_r4_forward",
             "forward_reduce": "conv_r4_forward_reduce",
+            "backward_input_pack": "conv_r4_backward_input_pack",
             "backward_input": "conv_r4_backward_input",
             "backward_input_reduce": "conv_r4_backward_input_reduce",
             "backward_weight": "conv_r4_backward_weight",
@@ -357,15 +383,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 5): KernelSource(
         "conv_r5.cu",
         {
+            "forward_pack": "conv_r5_forward_pack",
             "forward": "conv_r5_forward",
             "forward_reduce": "conv_r5_forward_reduce",
+            "backward_input_pack": "conv_r5_backward_input_pack",
             "backward_input": "conv_r5_backward_input",
             "backward_input_reduce": "conv_r5_backward_input_reduce",
             "backward_weight": "conv_r5_backward_weight",
@@ -375,16 +404,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 6): KernelSource(
         "conv_r6.cu",
         {
+            "forward_pack": "conv_r6_forward_pack",
             "forward": "conv_r6_forward",
             "forward_reduce": "conv_r6_forward_reduce",
+            "backward_input_pack": "conv_r6_backward_input_pack",
             "backward_input": "conv_r6_backward_input",
             "backward_input_reduce": "conv_r6_backward_input_reduce",
             "backward_weight": "conv_r6_backward_weight",
@@ -395,15 +426,17 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 7): KernelSource(
         "conv_r7.cu",
         {
+            "forward_pack": "conv_r7_forward_pack",
             "forward": "conv_r7_forward",
             "forward_reduce": "conv_r7_forward_reduce",
+            "backward_input_pack": "conv_r7_backward_input_pack",
             "backward_input": "conv_r7_backward_input",
             "backward_input_reduce": "conv_r7_backward_input_reduce",
             "backward_weight": "conv_r7_backward_weight",
@@ -414,15 +447,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 8): KernelSource(
         "conv_r8.cu",
         {
+            "forward_pack": "conv_r8_forward_pack",
             "forward": "conv_r8_forward",
             "forward_reduce": "conv_r8_forward_reduce",
+            "backward_input_pack": "conv_r8_backward_input_pack",
             "backward_input": "conv_r8_backward_input",
             "backward_input_reduce": "conv_r8_backward_input_reduce",
             "backward_weight": "conv_r8_backward_weight",
@@ -434,15 +470,17 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
         "conv_transpose_r1.cu",
         {
+            "forward_pack": "conv_transpose_r1_forward_pack",
             "forward": "conv_transpose_r1_forward",
             "forward_reduce": "conv_transpose_r1_forward_reduce",
+            "backward_input_pack": "conv_transpose_r1_backward_input_pack",
             "backward_input": "conv_transpose_r1_backward_input",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
@@ -451,15 +489,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
         "conv_transpose_r2.cu",
         {
+            "forward_pack": "conv_transpose_r2_forward_pack",
             "forward": "conv_transpose_r2_forward",
             "forward_reduce": "conv_transpose_r2_forward_reduce",
+            "backward_input_pack": "conv_transpose_r2_backward_input_pack",
             "backward_input": "conv_transpose_r2_backward_input",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
@@ -468,15 +509,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
         "conv_transpose_r3.cu",
         {
+            "forward_pack": "conv_transpose_r3_forward_pack",
             "forward": "conv_transpose_r3_forward",
             "forward_reduce": "conv_transpose_r3_forward_reduce",
+            "backward_input_pack": "conv_transpose_r3_backward_input_pack",
             "backward_input": "conv_transpose_r3_backward_input",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
@@ -486,15 +530,17 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
         "conv_transpose_r4.cu",
         {
+            "forward_pack": "conv_transpose_r4_forward_pack",
             "forward": "conv_transpose_r4_forward",
             "forward_reduce": "conv_transpose_r4_forward_reduce",
+            "backward_input_pack": "conv_transpose_r4_backward_input_pack",
             "backward_input": "conv_transpose_r4_backward_input",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
@@ -504,15 +550,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
         "conv_transpose_r5.cu",
         {
+            "forward_pack": "conv_transpose_r5_forward_pack",
             "forward": "conv_transpose_r5_forward",
             "forward_reduce": "conv_transpose_r5_forward_reduce",
+            "backward_input_pack": "conv_transpose_r5_backward_input_pack",
             "backward_input": "conv_transpose_r5_backward_input",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
@@ -522,16 +571,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
         "conv_transpose_r6.cu",
         {
+            "forward_pack": "conv_transpose_r6_forward_pack",
             "forward": "conv_transpose_r6_forward",
             "forward_reduce": "conv_transpose_r6_forward_reduce",
+            "backward_input_pack": "conv_transpose_r6_backward_input_pack",
             "backward_input": "conv_transpose_r6_backward_input",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
@@ -542,15 +593,17 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
         "conv_transpose_r7.cu",
         {
+            "forward_pack": "conv_transpose_r7_forward_pack",
             "forward": "conv_transpose_r7_forward",
             "forward_reduce": "conv_transpose_r7_forward_reduce",
+            "backward_input_pack": "conv_transpose_r7_backward_input_pack",
             "backward_input": "conv_transpose_r7_backward_input",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
@@ -561,15 +614,18 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
         "conv_transpose_r8.cu",
         {
+            "forward_pack": "conv_transpose_r8_forward_pack",
             "forward": "conv_transpose_r8_forward",
             "forward_reduce": "conv_transpose_r8_forward_reduce",
+            "backward_input_pack": "conv_transpose_r8_backward_input_pack",
             "backward_input": "conv_transpose_r8_backward_input",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
@@ -581,8 +637,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

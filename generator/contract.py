@@ -37,7 +37,9 @@ AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 CONV_DEFINES = ("GROUPS",)
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
-TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
+# PACKED (conv-shaped stages): A is read from the weight repacked by the stage's `_pack` kernel,
+# P[group][k][src channel][dst channel], so a slice's loads are coalesced (1) or from W itself (0).
+TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "PACKED")
 # The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
 # elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
@@ -128,7 +130,7 @@ class Stage:
     @property
     def gemm(self) -> str | None:
         """The GEMM stage this kernel belongs to (itself, or the one it reduces), if any."""
-        base = self.name.removesuffix("_reduce")
+        base = self.name.removesuffix("_reduce").removesuffix("_pack")
         return base if base in GEMM_STAGES else None
 
 
@@ -139,17 +141,28 @@ def _reduce(stage: str, output: str, per_image: bool) -> Stage:
                  "Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.")
 
 
+def _pack(stage: str, layout: ConvRow) -> Stage:
+    """The weight of a conv-shaped stage repacked for coalesced A loads (launched when its PACKED is 1)."""
+    return Stage(f"{stage}_pack", (_in("weight", "weight"), _out("packed", "packed_weight")),
+                 "P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel "
+                 "fastest, so a slice of A (one k, a block of src channels) is contiguous rows.", layout)
+
+
 _BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
                    "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.")
 
+_CONV_FORWARD = ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)
+_CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)
 _CONV_STAGES = (
+    _pack("forward", _CONV_FORWARD),
     Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
           "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
-          ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)),
+          _CONV_FORWARD),
     _reduce("forward", "y", True),
+    _pack("backward_input", _CONV_BACKWARD_INPUT),
     Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
           "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
-          ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)),
+          _CONV_BACKWARD_INPUT),
     _reduce("backward_input", "grad_x", True),
     Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
           "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
@@ -158,15 +171,19 @@ _CONV_STAGES = (
     _BIAS_GRAD,
 )
 
+_TRANSPOSE_FORWARD = ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)
+_TRANSPOSE_BACKWARD_INPUT = ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)
 _CONV_TRANSPOSE_STAGES = (
+    _pack("forward", _TRANSPOSE_FORWARD),
     Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
           "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
           "each output cell gathers from the input cells whose scatter reaches it.",
-          ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)),
+          _TRANSPOSE_FORWARD),
     _reduce("forward", "y", True),
+    _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
     Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
           "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
-          ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)),
+          _TRANSPOSE_BACKWARD_INPUT),
     _reduce("backward_input", "grad_x", True),
     Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
           "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",

@@ -99,6 +99,8 @@ def circular_defines(rank: int) -> tuple[str, ...]:
 
 
 def _kind(stage: Stage) -> str:
+    if stage.name.endswith("_pack"):
+        return "pack"
     if isinstance(stage.layout, ConvRow):
         return "conv"
     if isinstance(stage.layout, WeightRow):
@@ -125,7 +127,7 @@ def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
         "kind": _kind(stage),
         "layout": stage.layout,
         "prefix": GEMM_STAGES[gemm] if gemm else "",
-        "count": _reduce_count(family, gemm) if gemm and stage.name != gemm else "",
+        "count": _reduce_count(family, gemm) if gemm and stage.name.endswith("_reduce") else "",
         "per_image": any(p.role == "images" for p in stage.params),
     }
 

@@ -266,7 +266,12 @@ class CupyBackend:
     def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
         """An implicit-GEMM stage into its output (the kernel's non-const parameter); when the plan
         splits its reduction, into a partial buffer [split, *output.shape] that the stage's reduce
-        kernel adds up in a fixed order."""
+        kernel adds up in a fixed order. A stage the plan packs reads the weight as its `_pack` kernel
+        lays it out, in a scratch buffer of the weight's size."""
+        if f"{stage}_pack" in compiled.launches:
+            packed = self._output(values["weight"].shape)
+            self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
+            values = {**values, "weight": packed}
         split = compiled.plan.splits[stage]
         if split == 1:
             self._launch(compiled, stage, values)

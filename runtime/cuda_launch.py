@@ -18,6 +18,7 @@ from convgen.generated.contract import GEMM_STAGES, KERNELS, TILE_FIELDS
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
+    PACK_MIN_MACS,
     SPLIT_WORKSPACE_BYTES,
     GemmShape,
     GemmTile,
@@ -26,13 +27,14 @@ from convgen.tile_model import (
     choose_tile,
     gemm_cost,
     gemm_shapes,
+    packs_weight,
     tile_candidates,
 )
 
-__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape",
-           "GemmTile", "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket", "ceil_div",
-           "choose_tile", "gemm_cost", "gemm_shapes", "nvrtc_options", "plan", "pool_cells_per_thread",
-           "representative_geometry", "tile_candidates"]
+__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "SPLIT_WORKSPACE_BYTES",
+           "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket",
+           "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes", "nvrtc_options", "packs_weight", "plan",
+           "pool_cells_per_thread", "representative_geometry", "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 # The tape's dtype -> the ELEMENT_BYTES define, which picks the kernels' element type (float, double).
@@ -101,9 +103,11 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_byte
     for stage, shape in gemm_shapes(geom, element_bytes).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
-        values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
+        values.update({f"{prefix}_{field}": int(getattr(tile, field.lower())) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
+        if shape.conv:
+            launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
         vector = 4 if count % 4 == 0 else 1
         reduce_blocks = _blocks(shape.outputs * count // vector)
         launches[f"{stage}_reduce"] = Launch(reduce_blocks if count and tile.split > 1 else 0)

@@ -8,6 +8,7 @@ model's ranking); each is named below with what it stands for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,6 +53,12 @@ SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves 
 BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
 MAX_BM, MAX_BN = 128, 256
 
+# Conv-shaped stages of this many multiply-adds read A from a repacked weight. Profiled on the H200
+# (conv2d N8 128->128 128²): A's loads straight from W[dst][src][k], one k per slice, touch a 32-byte
+# sector per element and kept L1 79-89% busy against 49% for the FMA pipe. Below ~2^26 (about 5 µs
+# of FMAs) the pack's extra launch is not worth it.
+PACK_MIN_MACS = 1 << 26
+
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
 ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
 HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate
@@ -73,7 +80,8 @@ SPLIT_BANDWIDTH_SHARE = 3.0e12 / 4.07e12
 @dataclass(frozen=True, slots=True)
 class GemmTile:
     """Tile of one implicit-GEMM stage: block tile bm x bn, slice depth bk, thread tile tm x tn,
-    and the number of blocks the reduction's slices are cut into."""
+    the number of blocks the reduction's slices are cut into, and (conv-shaped stages) whether A
+    is read from the weight repacked by the stage's `_pack` kernel."""
 
     bm: int
     bn: int
@@ -81,6 +89,7 @@ class GemmTile:
     tm: int
     tn: int
     split: int
+    packed: bool = False
 
     @property
     def threads(self) -> int:
@@ -288,8 +297,16 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     return cost
 
 
+def packs_weight(shape: GemmShape) -> bool:
+    """Whether a stage reads its weight repacked (a launch and a weight-sized buffer more): conv-shaped
+    stages of at least PACK_MIN_MACS multiply-adds, where A's strided loads cost L1 bandwidth the FMAs need."""
+    macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
+    return shape.conv and macs >= PACK_MIN_MACS
+
+
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     """The default chooser: the cheapest candidate by gemm_cost; ties go to fewer splits, then the
-    larger block tile, then the smaller thread tile."""
-    return min(tile_candidates(shape, hardware),
+    larger block tile, then the smaller thread tile; A repacked where packs_weight says so."""
+    best = min(tile_candidates(shape, hardware),
                key=lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn))
+    return dataclasses.replace(best, packed=packs_weight(shape))

@@ -99,14 +99,15 @@ def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=Poiso
 # Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
 # staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
 # 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
-# divide the channels, and output rows that are and are not a multiple of 4.
-FORCED_TILES = [  # (bm, bn, tm, tn, split)
-    (4, 256, 4, 4, 1),
-    (64, 64, 4, 4, 3),
-    (32, 128, 4, 8, 2),
-    (128, 64, 8, 4, 1),
-    (16, 64, 1, 4, 5),
-    (8, 64, 2, 8, 2),
+# divide the channels, output rows that are and are not a multiple of 4, and A read from the
+# weight as given and repacked by the `_pack` kernels (the last field).
+FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
+    (4, 256, 4, 4, 1, False),
+    (64, 64, 4, 4, 3, True),
+    (32, 128, 4, 8, 2, False),
+    (128, 64, 8, 4, 1, True),
+    (16, 64, 1, 4, 5, False),
+    (8, 64, 2, 8, 2, True),
 ]
 FORCED_GEOMETRY = [
     Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
@@ -115,12 +116,14 @@ FORCED_GEOMETRY = [
 ]
 
 
-def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int):
-    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are."""
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
+    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
+    (`packed` on the conv-shaped stages only: the weight stage has no pack)."""
     def choose(shape, hardware):
         parts = max(1, min(split, shape.chunks))
         per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
-        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1)
+        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
+                        packed and shape.conv)
     return choose
 
 

@@ -66,12 +66,13 @@ def test_planned_tiles_and_splits() -> None:
         check_against_cpu(geom, rng)
 
 
-@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_every_gemm_tile_shape(tile) -> None:
     tape_class = forced_tape(tile)
     rng = reference.case_rng("forced", tile)
     for geom in FORCED_GEOMETRY:
-        assert plan(geom, H200, forced_chooser(*tile)).defines["FWD_BN"] == tile[1]
+        defines = plan(geom, H200, forced_chooser(*tile)).defines
+        assert (defines["FWD_BN"], defines["FWD_PACKED"], defines["BWI_PACKED"]) == (tile[1], tile[5], tile[5])
         check_against_cpu(geom, rng, tape_class)
 
 
@@ -99,11 +100,11 @@ def test_stride_phases(geom: Geometry) -> None:
     check_against_cpu(geom, reference.case_rng("phases", geom))
 
 
-@pytest.mark.parametrize("tile", [(4, 256, 4, 4, 1), (16, 64, 1, 4, 5), (8, 64, 2, 8, 2)],
-                         ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+@pytest.mark.parametrize("tile", [(4, 256, 4, 4, 1, False), (16, 64, 1, 4, 5, True), (8, 64, 2, 8, 2, False)],
+                         ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_stride_phases_forced_tiles(tile) -> None:
-    """Several B columns or rows per thread, scalar and vector fragments, and splits that leave
-    some phases' runs empty (their slice counts differ)."""
+    """Several B columns or rows per thread, scalar and vector fragments, splits that leave some
+    phases' runs empty (their slice counts differ), and the phases' window offsets in a packed A."""
     tape_class = forced_tape(tile)
     rng = reference.case_rng("phases forced", tile)
     for geom in PHASE_GEOMETRY[2:6]:

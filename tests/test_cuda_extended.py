@@ -178,7 +178,7 @@ DILATED_GROUPED = [
 ]
 
 
-@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}".format(*t))
+@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_dilated_grouped_forced_tiles_and_splits(tile) -> None:
     """Every forced tile shape and split (the partial buffers [split][images][groups * M][N] and
     [split][groups * M][N]) through dilated, grouped and output-padded geometries."""

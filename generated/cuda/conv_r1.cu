@@ -8,9 +8,10 @@
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
     !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(GROUPS) || \
     !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || \
-    !defined(FWD_SPLIT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || \
-    !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
+    !defined(FWD_SPLIT) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
+    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || \
+    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
+    !defined(BWW_PACKED)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -273,6 +274,22 @@ __device__ __forceinline__ void split_sum(const real* __restrict__ partial, real
     }
 }
 
+// P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
+// A (one k, a block of src channels) is contiguous rows.
+extern "C" __global__ void conv_r1_forward_pack(
+    const real* __restrict__ weight,
+    real* __restrict__ packed)
+{
+    constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
+    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
+    constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
+    const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
+    const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
+    const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
+    packed[i] = __ldg(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+}
+
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
@@ -295,6 +312,8 @@ extern "C" __global__ void conv_r1_forward(
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
     constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
+    // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
+    constexpr bool PACKED = FWD_PACKED;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -342,8 +361,9 @@ extern "C" __global__ void conv_r1_forward(
         const pos_t k0 = (pos_t)rest;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
-            const size_t w = ((size_t)m * SRC_C + c) * K_SIZE + kappa;
+            const unsigned e = tid + i * THREADS;
+            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
                              ? __ldg(weight + w) : real(0);
         }
@@ -374,7 +394,7 @@ extern "C" __global__ void conv_r1_forward(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][e % BK][e / BK] = a_stage[i];
+            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -437,6 +457,22 @@ extern "C" __global__ void conv_r1_forward_reduce(
     split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest, images);
 }
 
+// P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
+// A (one k, a block of src channels) is contiguous rows.
+extern "C" __global__ void conv_r1_backward_input_pack(
+    const real* __restrict__ weight,
+    real* __restrict__ packed)
+{
+    constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
+    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
+    constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
+    const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
+    const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
+    const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
+    packed[i] = __ldg(weight + group_base + ((size_t)c * M + m) * K_SIZE + kappa);
+}
+
 // dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
@@ -458,6 +494,8 @@ extern "C" __global__ void conv_r1_backward_input(
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
     constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
+    // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
+    constexpr bool PACKED = BWI_PACKED;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -562,8 +600,9 @@ extern "C" __global__ void conv_r1_backward_input(
         kappa = kappa * K0 + (unsigned)(phi0 + SG0 * r0);
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS, m = m0 + e / BK, c = c0 + e % BK;
-            const size_t w = ((size_t)c * M + m) * K_SIZE + kappa;
+            const unsigned e = tid + i * THREADS;
+            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
                              ? __ldg(weight + w) : real(0);
         }
@@ -594,7 +633,7 @@ extern "C" __global__ void conv_r1_backward_input(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][e % BK][e / BK] = a_stage[i];
+            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -749,7 +788,8 @@ extern "C" __global__ void conv_r1_backward_weight(
         const real* __restrict__ u_image = u_values + (size_t)image * IN_C * IN_SIZE;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS, m = m0 + e / BK, p = p0 + e % BK;
+            const unsigned e = tid + i * THREADS;
+            const unsigned m = m0 + (false ? e % BM : e / BK), p = p0 + (false ? e / BM : e % BK);
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
                              ? __ldg(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : real(0);
         }
@@ -784,7 +824,7 @@ extern "C" __global__ void conv_r1_backward_weight(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][e % BK][e / BK] = a_stage[i];
+            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = a_stage[i];
         }
 #pragma unroll
         for (unsigned i = 0; i < B_LOADS; ++i) {
