@@ -205,12 +205,19 @@ def compile_sources(arch: str, dtype: str) -> None:
 @click.option("--kernel", help="Kernel extents, NxN...")
 @click.option("--stride", help="Strides, NxN...")
 @click.option("--padding", help="Paddings, NxN...")
+@click.option("--dilation", help="Dilations, NxN... (default 1).")
+@click.option("--groups", type=click.IntRange(1), default=1, show_default=True, help="Groups (conv families).")
+@click.option("--batch", type=click.IntRange(1), help="Images per call: the tiles are chosen for it.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="Element type.")
 def source(family: str, rank: int, in_c: int | None, out_c: int | None, spatial: str | None, kernel: str | None,
-           stride: str | None, padding: str | None) -> None:
+           stride: str | None, padding: str | None, dilation: str | None, groups: int, batch: int | None,
+           dtype: str) -> None:
     """Print the exact NVRTC input of one op and geometry: a .cu with its -D defines as #defines."""
     from convgen.generator import cli_cuda
 
-    cli_cuda.print_source(family, rank, in_c, out_c, spatial, kernel, stride, padding)
+    cli_cuda.print_source(family, rank, in_c, out_c, cli_cuda.SourceAxes(spatial, kernel, stride, padding, dilation),
+                          groups, batch, dtype)
 
 
 @main.command()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -68,15 +69,16 @@ def _axes(option: str, text: str | None, rank: int, default: tuple[int, ...]) ->
     return values
 
 
-def source_text(geom: Geometry) -> str:
-    """The generated source of `geom` with the plan's defines prepended, and how to compile it."""
+def source_text(geom: Geometry, dtype: str = "float32") -> str:
+    """The generated source of `geom` with the plan's defines for `dtype` prepended, and how to compile it."""
     entry = KERNELS[(geom.family, geom.rank)]
-    defines = plan(geom).defines
+    defines = plan(geom, dtype=dtype).defines
     stem = entry.source.removesuffix(".cu")
     lines = [
-        f"// {entry.source} specialised by `convgen source` for {geom.family.value}: in_c {geom.in_c}, "
-        f"out_c {geom.out_c},",
-        f"// input {geom.in_spatial}, kernel {geom.kernel}, stride {geom.stride}, padding {geom.padding}.",
+        f"// {entry.source} specialised by `convgen source` for {geom.family.value} ({dtype}): in_c {geom.in_c}, "
+        f"out_c {geom.out_c}, batch {geom.batch}, groups {geom.groups},",
+        f"// input {geom.in_spatial}, kernel {geom.kernel}, stride {geom.stride}, padding {geom.padding}, "
+        f"dilation {geom.dilation}.",
         f"// NVRTC options: {' '.join(NVRTC_OPTIONS)} plus the defines below; compile outside Python with",
         f"// nvcc {' '.join(NVRTC_OPTIONS)} -arch=sm_90 -cubin -o {stem}.cubin {stem}_specialised.cu",
         *(f"#define {name} {value}" for name, value in defines.items()),
@@ -85,17 +87,32 @@ def source_text(geom: Geometry) -> str:
     return "\n".join(lines) + (GENERATED_CUDA / entry.source).read_text(encoding="utf-8")
 
 
-def print_source(family: str, rank: int, in_c: int | None, out_c: int | None, spatial: str | None,
-                 kernel: str | None, stride: str | None, padding: str | None) -> None:
+@dataclass(frozen=True)
+class SourceAxes:
+    """The per-axis options of `convgen source` as given (None: the compile check's geometry's)."""
+
+    spatial: str | None
+    kernel: str | None
+    stride: str | None
+    padding: str | None
+    dilation: str | None
+
+
+def print_source(family: str, rank: int, in_c: int | None, out_c: int | None, axes: SourceAxes, groups: int,
+                 batch: int | None, dtype: str) -> None:
     """`convgen source`: the NVRTC input of one geometry (defaults: the compile check's)."""
     default = representative_geometry(Family(family), rank)
     in_c = default.in_c if in_c is None else in_c
     out_c = in_c if not default.family.is_conv else default.out_c if out_c is None else out_c
-    geom = Geometry.build(default.family, in_c, out_c, _axes("--in", spatial, rank, default.in_spatial),
-                          _axes("--kernel", kernel, rank, default.kernel),
-                          _axes("--stride", stride, rank, default.stride),
-                          _axes("--padding", padding, rank, default.padding), default.beta)
-    if min(geom.out_spatial) <= 0 or min(geom.kernel) <= 0 or min(geom.stride) <= 0:
+    if groups > 1 and (not default.family.is_conv or in_c % groups or out_c % groups):
+        raise click.UsageError(f"convgen source: groups={groups} needs a conv family whose in_c ({in_c}) and "
+                               f"out_c ({out_c}) it divides")
+    geom = Geometry.build(default.family, in_c, out_c, _axes("--in", axes.spatial, rank, default.in_spatial),
+                          _axes("--kernel", axes.kernel, rank, default.kernel),
+                          _axes("--stride", axes.stride, rank, default.stride),
+                          _axes("--padding", axes.padding, rank, default.padding), default.beta, batch=batch,
+                          dilation=_axes("--dilation", axes.dilation, rank, default.dilation), groups=groups)
+    if min(geom.out_spatial) <= 0 or min(geom.kernel) <= 0 or min(geom.stride) <= 0 or min(geom.dilation) <= 0:
         raise click.UsageError(f"convgen source: geometry gives output extents {geom.out_spatial}; "
-                               "kernel and stride must be positive and the output non-empty")
-    click.echo(source_text(geom), nl=False)
+                               "kernel, stride and dilation must be positive and the output non-empty")
+    click.echo(source_text(geom, dtype), nl=False)

@@ -214,6 +214,25 @@ def test_source_command_prints_a_standalone_nvrtc_input():
     assert status == bindings.nvrtcResult.NVRTC_SUCCESS
 
 
+def test_source_command_takes_the_section_8_arguments():
+    """Dilation, groups, batch and dtype reach the defines: D0/D1, GROUPS, ELEMENT_BYTES, and tiles chosen
+    for the batch (a batch of 64 packs the forward's weight, one image of this size does not)."""
+    args = ["source", "conv", "2", "--in-c", "64", "--out-c", "64", "--in", "16", "--kernel", "3", "--stride", "1",
+            "--padding", "2", "--dilation", "2x1"]
+    result = CliRunner().invoke(cli.main, [*args, "--groups", "4", "--batch", "64", "--dtype", "float64"])
+    assert result.exit_code == 0, result.output
+    for define in ("D0 2", "D1 1", "GROUPS 4", "ELEMENT_BYTES 8", "FWD_PACKED 1", "OUT0 16", "OUT1 18"):
+        assert f"#define {define}\n" in result.output
+    one_image = CliRunner().invoke(cli.main, args)
+    assert "#define FWD_PACKED 0\n" in one_image.output and "#define ELEMENT_BYTES 4\n" in one_image.output
+
+
+def test_source_command_rejects_groups_that_do_not_divide_the_channels():
+    result = CliRunner().invoke(cli.main, ["source", "conv", "2", "--in-c", "6", "--out-c", "4", "--groups", "4"])
+    assert result.exit_code == 2
+    assert "convgen source: groups=4 needs a conv family whose in_c (6) and out_c (4) it divides" in result.output
+
+
 def test_source_command_rejects_a_wrong_axis_count():
     result = CliRunner().invoke(cli.main, ["source", "max_pool", "3", "--in", "4x4"])
     assert result.exit_code == 2
