@@ -83,10 +83,6 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
     },
     Family.CONV: {
-        "forward_pack": (
-            Param("weight", "weight", "real", True, True),
-            Param("packed", "packed_weight", "real", False, True),
-        ),
         "forward": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
@@ -146,10 +142,6 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
-        ),
-        "backward_input_pack": (
-            Param("weight", "weight", "real", True, True),
-            Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "real", True, True),
@@ -310,7 +302,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 1): KernelSource(
         "conv_r1.cu",
         {
-            "forward_pack": "conv_r1_forward_pack",
             "forward": "conv_r1_forward",
             "forward_reduce": "conv_r1_forward_reduce",
             "backward_input_pack": "conv_r1_backward_input_pack",
@@ -330,7 +321,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 2): KernelSource(
         "conv_r2.cu",
         {
-            "forward_pack": "conv_r2_forward_pack",
             "forward": "conv_r2_forward",
             "forward_reduce": "conv_r2_forward_reduce",
             "backward_input_pack": "conv_r2_backward_input_pack",
@@ -350,7 +340,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 3): KernelSource(
         "conv_r3.cu",
         {
-            "forward_pack": "conv_r3_forward_pack",
             "forward": "conv_r3_forward",
             "forward_reduce": "conv_r3_forward_reduce",
             "backward_input_pack": "conv_r3_backward_input_pack",
@@ -370,7 +359,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 4): KernelSource(
         "conv_r4.cu",
         {
-            "forward_pack": "conv_r4_forward_pack",
             "forward": "conv_r4_forward",
             "forward_reduce": "conv_r4_forward_reduce",
             "backward_input_pack": "conv_r4_backward_input_pack",
@@ -391,7 +379,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 5): KernelSource(
         "conv_r5.cu",
         {
-            "forward_pack": "conv_r5_forward_pack",
             "forward": "conv_r5_forward",
             "forward_reduce": "conv_r5_forward_reduce",
             "backward_input_pack": "conv_r5_backward_input_pack",
@@ -412,7 +399,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 6): KernelSource(
         "conv_r6.cu",
         {
-            "forward_pack": "conv_r6_forward_pack",
             "forward": "conv_r6_forward",
             "forward_reduce": "conv_r6_forward_reduce",
             "backward_input_pack": "conv_r6_backward_input_pack",
@@ -433,7 +419,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 7): KernelSource(
         "conv_r7.cu",
         {
-            "forward_pack": "conv_r7_forward_pack",
             "forward": "conv_r7_forward",
             "forward_reduce": "conv_r7_forward_reduce",
             "backward_input_pack": "conv_r7_backward_input_pack",
@@ -455,7 +440,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 8): KernelSource(
         "conv_r8.cu",
         {
-            "forward_pack": "conv_r8_forward_pack",
             "forward": "conv_r8_forward",
             "forward_reduce": "conv_r8_forward_reduce",
             "backward_input_pack": "conv_r8_backward_input_pack",
@@ -480,7 +464,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r1_forward_pack",
             "forward": "conv_transpose_r1_forward",
             "forward_reduce": "conv_transpose_r1_forward_reduce",
-            "backward_input_pack": "conv_transpose_r1_backward_input_pack",
             "backward_input": "conv_transpose_r1_backward_input",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
@@ -500,7 +483,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r2_forward_pack",
             "forward": "conv_transpose_r2_forward",
             "forward_reduce": "conv_transpose_r2_forward_reduce",
-            "backward_input_pack": "conv_transpose_r2_backward_input_pack",
             "backward_input": "conv_transpose_r2_backward_input",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
@@ -520,7 +502,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r3_forward_pack",
             "forward": "conv_transpose_r3_forward",
             "forward_reduce": "conv_transpose_r3_forward_reduce",
-            "backward_input_pack": "conv_transpose_r3_backward_input_pack",
             "backward_input": "conv_transpose_r3_backward_input",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
@@ -540,7 +521,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r4_forward_pack",
             "forward": "conv_transpose_r4_forward",
             "forward_reduce": "conv_transpose_r4_forward_reduce",
-            "backward_input_pack": "conv_transpose_r4_backward_input_pack",
             "backward_input": "conv_transpose_r4_backward_input",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
@@ -561,7 +541,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r5_forward_pack",
             "forward": "conv_transpose_r5_forward",
             "forward_reduce": "conv_transpose_r5_forward_reduce",
-            "backward_input_pack": "conv_transpose_r5_backward_input_pack",
             "backward_input": "conv_transpose_r5_backward_input",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
@@ -582,7 +561,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r6_forward_pack",
             "forward": "conv_transpose_r6_forward",
             "forward_reduce": "conv_transpose_r6_forward_reduce",
-            "backward_input_pack": "conv_transpose_r6_backward_input_pack",
             "backward_input": "conv_transpose_r6_backward_input",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
@@ -603,7 +581,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r7_forward_pack",
             "forward": "conv_transpose_r7_forward",
             "forward_reduce": "conv_transpose_r7_forward_reduce",
-            "backward_input_pack": "conv_transpose_r7_backward_input_pack",
             "backward_input": "conv_transpose_r7_backward_input",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
@@ -625,7 +602,6 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r8_forward_pack",
             "forward": "conv_transpose_r8_forward",
             "forward_reduce": "conv_transpose_r8_forward_reduce",
-            "backward_input_pack": "conv_transpose_r8_backward_input_pack",
             "backward_input": "conv_transpose_r8_backward_input",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",

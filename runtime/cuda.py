@@ -232,11 +232,21 @@ class CupyBackend:
             wrapping = self._wrappings[(geom, device)] = _Wrapping(circular, functions)
         return wrapping
 
+    def _launch_stream(self) -> Any:
+        """The stream every kernel launches on: None is CuPy's current stream. A subclass may give
+        another object with a `ptr` (convgen.torch gives torch's current stream); `_output` is the
+        one place buffers come from, so a subclass can take them from another allocator too."""
+        return None
+
     def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
               args: tuple[Any, ...]) -> None:
         """One kernel launch."""
+        stream = self._launch_stream()
         try:
-            function(grid, block, args, shared_mem=shared_bytes)
+            if stream is None:
+                function(grid, block, args, shared_mem=shared_bytes)
+            else:
+                function(grid, block, args, shared_mem=shared_bytes, stream=stream)
         except self._errors as error:
             raise BackendError(f"{stage} kernel failed: {error}") from error
 

@@ -53,10 +53,13 @@ SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves 
 BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
 MAX_BM, MAX_BN = 128, 256
 
-# Conv-shaped stages of this many multiply-adds read A from a repacked weight. Profiled on the H200
-# (conv2d N8 128->128 128²): A's loads straight from W[dst][src][k], one k per slice, touch a 32-byte
-# sector per element and kept L1 79-89% busy against 49% for the FMA pipe. Below ~2^26 (about 5 µs
-# of FMAs) the pack's extra launch is not worth it.
+# Gather-form stages (the weight read src-major, W[src][dst][k]) of this many multiply-adds, whose
+# block tile stages more of A than of B (bm >= bn), read A from a repacked weight. Measured on the H200
+# (benchmarks/tile_sweep.py, 2026-11-30): the backward_input of conv2d N8 128->128 128² took 1.66 ms
+# with A read from W (L1 89% busy, the FMA pipe 38%: each A element its own 32-byte sector) and 1.33
+# ms repacked; N32 64->64 56² 0.340 -> 0.278 ms. Forwards (dst-major W[dst][src][k]) and tiles with
+# bm < bn gained nothing measurable (conv3d N8 32->32 32³: 541 -> 535 µs), so they skip the pack's
+# extra launch; so do stages under ~5 µs of FMAs.
 PACK_MIN_MACS = 1 << 26
 
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
@@ -121,6 +124,9 @@ class GemmShape:
     # Groups (SEMANTICS §8): `groups` block-diagonal GEMMs of this shape (m, n, source_c per group)
     # side by side in one output: groups times the blocks.
     groups: int = 1
+    # Conv stages: the weight is read src-major, W[src][dst][k] (the gather-form stages: conv backward_input,
+    # transpose forward), not dst-major W[dst][src][k].
+    weight_src_major: bool = False
     # Bytes of one element (the ELEMENT_BYTES define): 8 for a float64 tape, whose staged slices take
     # twice the shared memory and whose values twice the registers.
     element_bytes: int = 4
@@ -203,7 +209,7 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     k_size, rank = math.prod(geom.kernel), len(geom.kernel)
     phases = math.prod(geom.stride)
     common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c,
-              "images": geom.images, "groups": geom.groups, "element_bytes": element_bytes}
+              "images": geom.images, "groups": geom.groups, "element_bytes": element_bytes, "weight_src_major": True}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
@@ -297,11 +303,11 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     return cost
 
 
-def packs_weight(shape: GemmShape) -> bool:
-    """Whether a stage reads its weight repacked (a launch and a weight-sized buffer more): conv-shaped
-    stages of at least PACK_MIN_MACS multiply-adds, where A's strided loads cost L1 bandwidth the FMAs need."""
+def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
+    """Whether a stage with `tile` reads its weight repacked (a launch and a weight-sized buffer more):
+    see PACK_MIN_MACS."""
     macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
-    return shape.conv and macs >= PACK_MIN_MACS
+    return shape.conv and shape.weight_src_major and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
 
 
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
@@ -309,4 +315,4 @@ def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     larger block tile, then the smaller thread tile; A repacked where packs_weight says so."""
     best = min(tile_candidates(shape, hardware),
                key=lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn))
-    return dataclasses.replace(best, packed=packs_weight(shape))
+    return dataclasses.replace(best, packed=packs_weight(shape, best))

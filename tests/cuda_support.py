@@ -118,12 +118,12 @@ FORCED_GEOMETRY = [
 
 def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
-    (`packed` on the conv-shaped stages only: the weight stage has no pack)."""
+    (`packed` on the gather-form stages only: the others have no pack kernel)."""
     def choose(shape, hardware):
         parts = max(1, min(split, shape.chunks))
         per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
         return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
-                        packed and shape.conv)
+                        packed and shape.weight_src_major)
     return choose
 
 

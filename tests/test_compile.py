@@ -216,15 +216,17 @@ def test_source_command_prints_a_standalone_nvrtc_input():
 
 def test_source_command_takes_the_section_8_arguments():
     """Dilation, groups, batch and dtype reach the defines: D0/D1, GROUPS, ELEMENT_BYTES, and tiles chosen
-    for the batch (a batch of 64 packs the forward's weight, one image of this size does not)."""
+    for the batch (a batch of 64 packs the backward_input's weight, one image of this size does not)."""
     args = ["source", "conv", "2", "--in-c", "64", "--out-c", "64", "--in", "16", "--kernel", "3", "--stride", "1",
             "--padding", "2", "--dilation", "2x1"]
-    result = CliRunner().invoke(cli.main, [*args, "--groups", "4", "--batch", "64", "--dtype", "float64"])
+    result = CliRunner().invoke(cli.main, [*args, "--groups", "4", "--dtype", "float64"])
     assert result.exit_code == 0, result.output
-    for define in ("D0 2", "D1 1", "GROUPS 4", "ELEMENT_BYTES 8", "FWD_PACKED 1", "OUT0 16", "OUT1 18"):
+    for define in ("D0 2", "D1 1", "GROUPS 4", "ELEMENT_BYTES 8", "OUT0 16", "OUT1 18"):
         assert f"#define {define}\n" in result.output
+    batched = CliRunner().invoke(cli.main, [*args, "--batch", "64"])
     one_image = CliRunner().invoke(cli.main, args)
-    assert "#define FWD_PACKED 0\n" in one_image.output and "#define ELEMENT_BYTES 4\n" in one_image.output
+    assert "#define BWI_PACKED 1\n" in batched.output and "#define ELEMENT_BYTES 4\n" in batched.output
+    assert "#define BWI_PACKED 0\n" in one_image.output
 
 
 def test_source_command_rejects_groups_that_do_not_divide_the_channels():

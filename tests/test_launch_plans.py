@@ -97,7 +97,7 @@ def test_plans_set_the_defines_the_contract_lists():
 
 
 def test_an_unknown_family_stage_is_named():
-    with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward_pack, forward, forward_reduce, "):
+    with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward, forward_reduce, backward_input_pack, "):
         contract.stage(contract.Family.CONV, "forwrd")
 
 
@@ -146,18 +146,22 @@ def test_groups_are_block_diagonal_gemms_of_the_per_group_shape():
     assert grid.defines["GROUPS"] == 3 and grid.launches["forward"].grid == grouped["forward"].grid(32, 32, 1)
 
 
-def test_large_conv_stages_read_a_repacked_weight():
-    """The conv-shaped stages of a large conv read A from the weight repacked by their `_pack` kernel
-    (one thread per weight element); a small conv's stages and every weight-gradient stage do not."""
-    large = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
-    macs = 8 * 128 * 128 * 128 * 128 * 9  # images x out_c x cells x in_c x window, per stage
+def test_large_gather_stages_read_a_repacked_weight():
+    """A large gather-form stage (weight read src-major: conv backward_input, transpose forward) whose
+    tile stages more of A than of B reads A from the weight repacked by its `_pack` kernel (one thread
+    per weight element); the direct-form stages, small convs and the weight gradient do not."""
+    macs = 8 * 128 * 128 * 128 * 128 * 9  # images x dst channels x cells x src channels x window, per stage
     assert macs >= PACK_MIN_MACS
-    large_plan = plan(large)
     weight_blocks = ceil_div(128 * 128 * 9, 256)
-    for stage in ("forward", "backward_input"):
-        assert large_plan.defines[f"{GEMM_STAGES[stage]}_PACKED"] == 1
-        assert large_plan.launches[f"{stage}_pack"].grid == weight_blocks
-    assert large_plan.defines["BWW_PACKED"] == 0 and "backward_weight_pack" not in large_plan.launches
+    for family, gather in ((Family.CONV, "backward_input"), (Family.CONV_TRANSPOSE, "forward")):
+        large_plan = plan(Geometry.build(family, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8))
+        direct = "forward" if gather == "backward_input" else "backward_input"
+        prefix = GEMM_STAGES[gather]
+        assert large_plan.defines[f"{prefix}_BM"] >= large_plan.defines[f"{prefix}_BN"]
+        assert large_plan.defines[f"{prefix}_PACKED"] == 1
+        assert large_plan.launches[f"{gather}_pack"].grid == weight_blocks
+        assert large_plan.defines[f"{GEMM_STAGES[direct]}_PACKED"] == 0 and f"{direct}_pack" not in large_plan.launches
+        assert large_plan.defines["BWW_PACKED"] == 0 and "backward_weight_pack" not in large_plan.launches
     small_plan = plan(representative_geometry(Family.CONV_TRANSPOSE, 3))
-    assert (small_plan.defines["FWD_PACKED"], small_plan.defines["BWI_PACKED"]) == (0, 0)
-    assert small_plan.launches["forward_pack"].grid == small_plan.launches["backward_input_pack"].grid == 0
+    assert (small_plan.defines["FWD_PACKED"], small_plan.defines["BWI_PACKED"]) == (0, 0)  # a transpose: forward gathers
+    assert small_plan.launches["forward_pack"].grid == 0

@@ -282,22 +282,6 @@ __device__ __forceinline__ void split_sum(const real* __restrict__ partial, real
     }
 }
 
-// P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
-// A (one k, a block of src channels) is contiguous rows.
-extern "C" __global__ void conv_r7_forward_pack(
-    const real* __restrict__ weight,
-    real* __restrict__ packed)
-{
-    constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
-    constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
-    const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
-    const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
-    const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
-    packed[i] = __ldg(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-}
-
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.

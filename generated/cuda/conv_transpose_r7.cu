@@ -790,22 +790,6 @@ extern "C" __global__ void conv_transpose_r7_forward_reduce(
     split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest, images);
 }
 
-// P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
-// A (one k, a block of src channels) is contiguous rows.
-extern "C" __global__ void conv_transpose_r7_backward_input_pack(
-    const real* __restrict__ weight,
-    real* __restrict__ packed)
-{
-    constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
-    constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
-    const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
-    const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
-    const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
-    packed[i] = __ldg(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-}
-
 // dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.

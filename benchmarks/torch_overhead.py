@@ -1,0 +1,124 @@
+"""Host overhead per call of a tiny convolution ([1, 4, 8, 8] input, 3x3 kernel) through convgen.torch:
+
+- custom op: the torch.library op `convgen::conv` (what torch.compile traces),
+- autograd.Function: the eager wrapper calling the same device code (functional.py's `_Eager`),
+- functional: `convgen.torch.conv` as users call it (validation included, whichever path it takes),
+- torch: `torch.nn.functional.conv2d`, the yardstick (the issue allows 1.5x of it),
+
+forward only and forward + backward, on the CPU and (when present) on CUDA, where the cost of wrapping
+a tensor for CuPy (UnownedMemory) is set against DLPack's. The `stub` rows replace the device code with
+one that only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy
+compute of even a tiny conv hides it). Median µs per call over `--calls` back-to-back
+calls, repeated `--repeats` times. `--json` prints the rows as JSON.
+
+    python3 benchmarks/torch_overhead.py [--calls 3000] [--repeats 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from convgen.torch import devices, functional, library
+
+
+def _per_call_us(run: Callable[[], object], calls: int, repeats: int, sync: Callable[[], None]) -> float:
+    for _ in range(min(calls, 200)):  # warm-up: compiles, caches
+        run()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        sync()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def _paths(device: str) -> dict[str, Callable[..., torch.Tensor]]:
+    stride, padding, dilation = (1, 1), (1, 1), (1, 1)
+
+    def custom_op(x, w, b):
+        return library.conv(x, w, b, stride, padding, dilation, 1, False)
+
+    def autograd_function(x, w, b):
+        geom = library.conv_geometry("conv", x.shape, w.shape, stride, padding, dilation, 1, "zeros")
+        return functional._Eager.apply("conv", geom, w, b, x)
+
+    def torch_conv2d(x, w, b):
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    return {"custom op": custom_op, "autograd.Function": autograd_function,
+            "functional": lambda x, w, b: functional.conv(x, w, b, 1, 1), "torch F.conv2d": torch_conv2d}
+
+
+class _StubDevices:
+    """devices.forward/backward replaced by allocations of the right shapes, while the context is open."""
+
+    def __enter__(self) -> None:
+        self.saved = devices.forward, devices.backward
+        devices.forward = lambda op, geom, tensors: (tensors[-1].new_empty(geom.output_shape),)
+        devices.backward = lambda op, geom, tensors, saved, grad: tuple(
+            None if t is None else torch.empty_like(t) for t in tensors)
+
+    def __exit__(self, *exc: object) -> None:
+        devices.forward, devices.backward = self.saved
+
+
+def measure(device: str, calls: int, repeats: int, stub: bool = False) -> list[dict]:
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    x = torch.randn(1, 4, 8, 8, device=device, requires_grad=True)
+    w = torch.randn(4, 4, 3, 3, device=device, requires_grad=True)
+    b = torch.randn(4, device=device, requires_grad=True)
+    grad = torch.ones(1, 4, 8, 8, device=device)
+    rows = []
+    for name, path in _paths(device).items():
+        with torch.no_grad():
+            forward = _per_call_us(lambda path=path: path(x, w, b), calls, repeats, sync)
+        both = _per_call_us(lambda path=path: torch.autograd.backward(path(x, w, b), grad), calls // 2, repeats,
+                            sync)
+        rows.append({"device": device + (" stub" if stub else ""), "path": name, "forward_us": round(forward, 2),
+                     "forward_backward_us": round(both, 2)})
+    if device == "cuda" and not stub:
+        rows += _wrap_costs(calls, repeats)
+    return rows
+
+
+def _wrap_costs(calls: int, repeats: int) -> list[dict]:
+    """One tensor made visible to CuPy: the pointer wrap devices.py uses, and DLPack."""
+    import cupy
+
+    tensor = torch.randn(1, 4, 8, 8, device="cuda")
+    wraps = {"wrap: UnownedMemory": lambda: devices.as_cupy(cupy, tensor),
+             "wrap: DLPack": lambda: cupy.from_dlpack(tensor)}
+    return [{"device": "cuda", "path": name, "forward_us": round(_per_call_us(wrap, calls, repeats, lambda: None), 2),
+             "forward_backward_us": None} for name, wrap in wraps.items()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    devices_present = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = [row for device in devices_present for row in measure(device, args.calls, args.repeats)]
+    with _StubDevices():
+        rows += measure("cpu", args.calls, args.repeats, stub=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'device':<10}{'path':<22}{'forward µs':>12}{'fwd+bwd µs':>12}")
+    for row in rows:
+        both = "" if row["forward_backward_us"] is None else f"{row['forward_backward_us']:.1f}"
+        print(f"{row['device']:<10}{row['path']:<22}{row['forward_us']:>12.1f}{both:>12}")
+
+
+if __name__ == "__main__":
+    main()

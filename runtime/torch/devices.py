@@ -1,0 +1,260 @@
+"""Running one op family's forward or backward on torch tensors, given its validated `Geometry`.
+
+CPU tensors run on convgen.cpu's NumPy backend (zero copy both ways: `.numpy()` and
+`torch.from_numpy`). CUDA tensors run on convgen.cuda's CuPy backend, with everything on torch's side:
+the kernels launch on `torch.cuda.current_stream()` of the tensor's device, under that device, and
+every output and scratch buffer (split partials, the circular pad) is a `torch.empty` from torch's
+caching allocator. CuPy is imported only when a CUDA tensor comes in.
+
+Tensors in and out are in the backend's order: conv families (weight, bias, input), pools (input,);
+`forward` returns (output, *saved) with the saved state backward needs (max pool: the argmax offsets;
+smooth max: pivots and sums), `backward` one gradient per input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from convgen.backend import BackendError, OutOfMemory
+from convgen.cpu import NumpyBackend
+from convgen.cuda_launch import argmax_dtype
+from convgen.geometry import Family, Geometry
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8,
+                 "uint16": torch.uint16, "uint32": torch.uint32}
+
+
+def saved_dtypes(family: Family, device_type: str, dtype: torch.dtype, kernel_numel: int) -> tuple[torch.dtype, ...]:
+    """The dtypes of the saved state `forward` returns after the output, exactly as each backend makes
+    it: the NumPy backend keeps max pool's offsets as intp (int64, -1 for a window with no real cell)
+    and smooth max's pivots and sums in float64; the CUDA kernels keep the narrowest unsigned type
+    that holds every offset (cuda_launch.argmax_dtype) and pivots and sums in the input's dtype."""
+    on_cuda = device_type == "cuda"
+    if family is Family.MAX_POOL:
+        return (_TORCH_DTYPES[argmax_dtype(kernel_numel)] if on_cuda else torch.int64,)
+    if family is Family.SMOOTH_MAX_POOL:
+        return (dtype, dtype) if on_cuda else (torch.float64, torch.float64)
+    return ()
+
+
+def forward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """(output, *saved) of `geom` on `tensors`; an empty output computes nothing (SEMANTICS §2)."""
+    x = tensors[-1]
+    if geom.output_numel == 0:
+        shape = geom.output_shape
+        saved = saved_dtypes(geom.family, x.device.type, x.dtype, math.prod(geom.kernel))
+        return tuple(torch.zeros(shape, dtype=dtype, device=x.device) for dtype in (x.dtype, *saved))
+    return _runner(x).forward(op, geom, tensors)
+
+
+def backward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
+             grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One gradient per tensor of `tensors`, shaped like it; an empty output passes back zeros."""
+    if geom.output_numel == 0:
+        shapes = geom.parent_shapes  # a missing bias still gets its gradient, as the kernels give one
+        return tuple(grad.new_zeros(shape) for shape in shapes)
+    return _runner(grad).backward(op, geom, tensors, saved, grad)
+
+
+def _runner(tensor: torch.Tensor) -> Any:
+    if tensor.device.type == "cuda":
+        return _cuda_runner()
+    if tensor.device.type == "cpu":
+        return _CPU
+    raise RuntimeError(f"convgen.torch: tensors on {tensor.device} are not supported (cpu and cuda are)")
+
+
+def _failure(op: str, error: Exception) -> RuntimeError:
+    """A backend's failure as the RuntimeError torch users expect, naming the op."""
+    return RuntimeError(f"convgen.torch.{op}: {error}")
+
+
+class _CpuRunner:
+    """The NumPy backend on contiguous CPU tensors, one backend per dtype."""
+
+    def __init__(self) -> None:
+        self._backends = {name: NumpyBackend(name) for name in DTYPE_NAMES.values()}
+
+    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        backend = self._backends[DTYPE_NAMES[tensors[-1].dtype]]
+        try:
+            output, saved = backend.forward(geom, _host_arrays(geom, tensors))
+        except MemoryError as error:
+            raise _failure(op, OutOfMemory.of(error, geom.output_numel * tensors[-1].element_size())) from None
+        except BackendError as error:
+            raise _failure(op, error) from None
+        # The state is given back shaped like the output (batch=1 runs unbatched: see _saved_arrays).
+        state = () if saved is None else saved if isinstance(saved, tuple) else (saved,)
+        return tuple(torch.from_numpy(a.reshape(geom.output_shape)) for a in (output, *state))
+
+    def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
+                 grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        backend = self._backends[DTYPE_NAMES[grad.dtype]]
+        state = _saved_arrays(geom, saved)
+        try:
+            grads = backend.backward(geom, _host_arrays(geom, tensors), state, _numpy(grad))
+        except MemoryError as error:
+            raise _failure(op, OutOfMemory.of(error, sum(t.numel() * t.element_size() for t in tensors))) from None
+        except BackendError as error:
+            raise _failure(op, error) from None
+        return tuple(torch.from_numpy(np.ascontiguousarray(g)) for g in grads)
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().contiguous().numpy()
+
+
+def _host_arrays(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, ...]:
+    """The backend's inputs; a missing bias is zeros (the kernels always add one)."""
+    if geom.family.is_conv and tensors[1] is None:
+        return (_numpy(tensors[0]), np.zeros(geom.out_c, DTYPE_NAMES[tensors[0].dtype]), _numpy(tensors[2]))
+    return tuple(_numpy(t) for t in tensors)
+
+
+def _saved_arrays(geom: Geometry, saved: tuple[torch.Tensor, ...]) -> Any:
+    """The saved state as the NumPy backend made it: with batch=1 it ran the unbatched op, whose state
+    has no batch axis; smooth max keeps a pair, max pool one array, the others None."""
+    shape = geom.output_shape[1:] if geom.batch == 1 else geom.output_shape
+    arrays = tuple(_numpy(s).reshape(shape) for s in saved)
+    return arrays if len(arrays) > 1 else arrays[0] if arrays else None
+
+
+_CPU = _CpuRunner()
+
+
+@functools.cache
+def _cuda_runner() -> _CudaRunner:
+    return _CudaRunner()
+
+
+class _CudaCall(threading.local):
+    """What the launches and allocations of the op running on this thread use: its device and stream."""
+
+    device: torch.device | None = None
+    stream: Any = None  # an object with `ptr`, as CuPy's launch reads it
+
+
+def _cuda_backend_class() -> type:
+    """convgen.cuda's CuPy backend with torch's memory and stream (a class made once CuPy is importable)."""
+    import cupy
+    from convgen.cuda import CupyBackend
+
+    class TorchCupyBackend(CupyBackend):
+        """Outputs and scratch from torch's caching allocator; launches on the calling op's stream."""
+
+        call = _CudaCall()
+
+        def _launch_stream(self) -> Any:
+            return self.call.stream
+
+        def _output(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+            dtype = self.dtype if dtype is None else dtype
+            try:
+                tensor = torch.empty(shape, dtype=_TORCH_DTYPES[str(dtype)], device=self.call.device)
+            except torch.OutOfMemoryError:
+                raise OutOfMemory(math.prod(shape) * np.dtype(dtype).itemsize) from None
+            return as_cupy(cupy, tensor)
+
+    return TorchCupyBackend
+
+
+def as_cupy(cupy: Any, tensor: torch.Tensor) -> Any:
+    """A CuPy view of a contiguous CUDA tensor, sharing its memory and keeping it alive.
+
+    The pointer is wrapped (UnownedMemory with the device given) rather than passed through DLPack:
+    the wrap makes no CUDA call, so it is safe under CUDA graph capture, and it skips the DLPack
+    capsule and the stream handshake of `__dlpack__(stream=...)` (an event record and wait whenever
+    the consumer's stream differs), which the launch on torch's own stream does not need. The torch
+    tensor is the memory's owner, so `torch_of` gets it back for free.
+    """
+    memory = cupy.cuda.UnownedMemory(tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor,
+                                     tensor.device.index)
+    return cupy.ndarray(tuple(tensor.shape), _NUMPY_DTYPES[tensor.dtype], cupy.cuda.MemoryPointer(memory, 0))
+
+
+def torch_of(array: Any) -> torch.Tensor:
+    """The torch tensor whose memory a CuPy array made by `as_cupy` (or `_output`) views."""
+    return array.data.mem._owner
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.uint8: np.uint8,
+                 torch.uint16: np.uint16, torch.uint32: np.uint32}
+
+
+class _CudaRunner:
+    """The CuPy backend on CUDA tensors, one backend per dtype (each caches its compiled kernels per
+    geometry and device)."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self._cupy = cupy
+        backend_class = _cuda_backend_class()
+        self._call = backend_class.call
+        self._backends: dict[str, Any] = {}
+        self._backend_class = backend_class
+        self._streams: dict[tuple[int, int], Any] = {}
+
+    def _backend(self, dtype: torch.dtype) -> Any:
+        name = DTYPE_NAMES[dtype]
+        backend = self._backends.get(name)
+        if backend is None:
+            backend = self._backends[name] = self._backend_class(name)
+        return backend
+
+    def _run(self, op: str, device: torch.device, work: Any) -> Any:
+        """`work()` under `device`, with launches on torch's current stream of that device."""
+        index = device.index
+        stream_ptr = torch.cuda.current_stream(device).cuda_stream
+        stream = self._streams.get((index, stream_ptr))
+        if stream is None:
+            stream = self._streams[(index, stream_ptr)] = self._cupy.cuda.ExternalStream(stream_ptr, index)
+        call = self._call
+        call.device, call.stream = device, stream
+        try:
+            if torch.cuda.current_device() == index:
+                return work()
+            with torch.cuda.device(index):
+                return work()
+        except BackendError as error:
+            raise _failure(op, error) from None
+        finally:
+            call.device = call.stream = None
+
+    def _arrays(self, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+        cupy = self._cupy
+        if geom.family.is_conv and tensors[1] is None:
+            weight, _, x = tensors
+            bias = torch.zeros(geom.out_c, dtype=x.dtype, device=x.device)
+            tensors = (weight, bias, x)
+        return tuple(as_cupy(cupy, t.detach().contiguous()) for t in tensors)
+
+    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x = tensors[-1]
+        backend = self._backend(x.dtype)
+
+        def work() -> tuple[torch.Tensor, ...]:
+            output, saved = backend.forward(geom, self._arrays(geom, tensors))
+            state = () if saved is None else saved if isinstance(saved, tuple) else (saved,)
+            return tuple(torch_of(a) for a in (output, *state))
+
+        return self._run(op, x.device, work)
+
+    def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
+                 grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        backend = self._backend(grad.dtype)
+
+        def work() -> tuple[torch.Tensor, ...]:
+            cupy = self._cupy
+            state = tuple(as_cupy(cupy, s.contiguous()) for s in saved)
+            state = state if len(state) > 1 else state[0] if state else None
+            grads = backend.backward(geom, self._arrays(geom, tensors), state, as_cupy(cupy, grad.contiguous()))
+            return tuple(torch_of(g) for g in grads)
+
+        return self._run(op, grad.device, work)

@@ -1,0 +1,250 @@
+"""convgen.torch's functional ops against torch.nn.functional at ranks 1..3, float32 and float64, with
+batch, groups, dilation, stride, zero and circular padding, output padding and unbatched inputs: the
+outputs and the gradients of (output · r).sum() for a random r. Smooth max has no torch op: its oracle
+is logsumexp over windows built with F.pad and unfold. Also the adapter's error texts.
+
+`check` and CASES serve tests/test_torch_cuda.py too, on CUDA tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import convgen.torch as ct  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    """One functional call: `op`, the input shape and the op's keyword arguments (a conv's weight shape
+    under 'weight', its bias under 'bias')."""
+
+    op: str
+    input: tuple[int, ...]
+    kwargs: tuple[tuple[str, object], ...]
+
+    @property
+    def options(self) -> dict:
+        return dict(self.kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.op}{list(self.input)}{self.options}"
+
+
+def _conv_cases(rank: int) -> list[Case]:
+    spatial = (7, 6, 5)[:rank]
+    return [
+        Case("conv", (2, 4, *spatial), (("weight", (6, 4, *(3,) * rank)), ("bias", True), ("padding", 1))),
+        Case("conv", (3, 4, *spatial), (("weight", (6, 2, *(2,) * rank)), ("bias", True), ("stride", 2),
+                                        ("padding", 2), ("dilation", 2), ("groups", 2))),
+        Case("conv", (2, 3, *spatial), (("weight", (2, 3, *(3,) * rank)), ("bias", False),
+                                        ("padding", (1, 2, 3)[:rank]), ("padding_mode", "circular"))),
+        Case("conv", (4, *spatial), (("weight", (2, 4, *(2,) * rank)), ("bias", True), ("stride", (2, 1, 1)[:rank]),
+                                     ("dilation", (1, 2, 1)[:rank]))),
+        Case("conv_transpose", (2, 4, *(4, 3, 3)[:rank]),
+             (("weight", (4, 3, *(3,) * rank)), ("bias", True), ("stride", 2), ("padding", 1),
+              ("output_padding", 1))),
+        Case("conv_transpose", (2, 4, *(4, 3, 3)[:rank]),
+             (("weight", (4, 2, *(2,) * rank)), ("bias", False), ("stride", (1, 2, 3)[:rank]), ("dilation", 2),
+              ("groups", 2), ("output_padding", (0, 1, 1)[:rank]))),
+        Case("conv_transpose", (3, *(4, 3, 3)[:rank]), (("weight", (3, 2, *(3,) * rank)), ("bias", True),
+                                                        ("padding", 1))),
+    ]
+
+
+def _pool_cases(rank: int) -> list[Case]:
+    spatial = (8, 7, 6)[:rank]
+    kernel = (3, 2, 3)[:rank]
+    return [
+        Case("max_pool", (2, 3, *spatial), (("kernel_size", kernel), ("stride", 2), ("padding", 1))),
+        Case("max_pool", (3, *spatial), (("kernel_size", (2,) * rank), ("stride", 1), ("dilation", 2),
+                                         ("padding", 1))),
+        Case("avg_pool", (2, 3, *spatial), (("kernel_size", kernel), ("padding", 1))),
+        Case("avg_pool", (3, *spatial), (("kernel_size", (2,) * rank), ("stride", 1))),
+        Case("smooth_max_pool", (2, 3, *spatial), (("kernel_size", kernel), ("beta", 2.0), ("stride", 2),
+                                                   ("padding", 1))),
+        Case("smooth_max_pool", (3, *spatial), (("kernel_size", (2,) * rank), ("beta", -1.5), ("stride", 1),
+                                                ("dilation", 2))),
+    ]
+
+
+CASES = [case for rank in (1, 2, 3) for case in _conv_cases(rank) + _pool_cases(rank)]
+
+
+def _per_axis(value, rank: int) -> tuple[int, ...]:
+    return (value,) * rank if isinstance(value, int) else tuple(value)
+
+
+def _smooth_max_reference(x, kernel_size, beta, stride=None, padding=0, dilation=1):
+    """log Σ exp(β·v) / β over each window, padded zeros included, from torch ops (batched x)."""
+    rank = len(kernel_size)
+    stride = kernel_size if stride is None else _per_axis(stride, rank)
+    padding, dilation = _per_axis(padding, rank), _per_axis(dilation, rank)
+    x = F.pad(x, [p for p in reversed(padding) for _ in range(2)])
+    for axis, (k, s, d) in enumerate(zip(kernel_size, stride, dilation)):
+        span = d * (k - 1) + 1
+        x = x.unfold(2 + axis, span, s)[..., ::d]
+    return torch.logsumexp(beta * x.flatten(-rank), -1) / beta
+
+
+def reference(case: Case, tensors: list):
+    """torch's answer to `case` on `tensors` (input first, then weight and bias for convs)."""
+    options = {k: v for k, v in case.options.items() if k not in ("weight", "bias")}
+    x, *params = tensors
+    if case.op in ("conv", "conv_transpose"):
+        weight, bias = params[0], params[1] if len(params) > 1 else None
+        rank = weight.dim() - 2
+        if options.pop("padding_mode", "zeros") == "circular":
+            padding = _per_axis(options.pop("padding"), rank)
+            x = F.pad(x, [p for p in reversed(padding) for _ in range(2)], mode="circular")
+        return getattr(F, f"{case.op}{rank}d")(x, weight, bias, **options)
+    kernel = options["kernel_size"]
+    unbatched = x.dim() == len(kernel) + 1
+    x = x[None] if unbatched else x
+    if case.op == "smooth_max_pool":
+        out = _smooth_max_reference(x, **options)
+    elif case.op == "avg_pool":
+        out = getattr(F, f"avg_pool{len(kernel)}d")(x, **options)
+    else:
+        out = getattr(F, f"max_pool{len(kernel)}d")(x, **options)
+    return out[0] if unbatched else out
+
+
+def make_tensors(case: Case, dtype, device: str) -> list:
+    """The input, and for convs the weight and (when the case has one) the bias, as leaves."""
+    generator = torch.Generator().manual_seed(len(str(case)))
+    shapes = [case.input]
+    if "weight" in case.options:
+        weight = case.options["weight"]
+        out_channels = weight[0] if case.op == "conv" else weight[1] * case.options.get("groups", 1)
+        shapes += [weight] + ([(out_channels,)] if case.options["bias"] else [])
+    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
+            .requires_grad_() for shape in shapes]
+
+
+def call(case: Case, tensors: list):
+    options = {k: v for k, v in case.options.items() if k not in ("weight", "bias")}
+    x, *params = tensors
+    if "weight" in case.options:
+        return getattr(ct, case.op)(x, params[0], params[1] if len(params) > 1 else None, **options)
+    return getattr(ct, case.op)(x, **options)
+
+
+TOLERANCES = {torch.float32: {"rtol": 1e-4, "atol": 1e-4}, torch.float64: {"rtol": 1e-10, "atol": 1e-10}}
+
+
+def check(case: Case, dtype, device: str = "cpu", noncontiguous: bool = False) -> None:
+    """Output and gradients of convgen's op against torch's on `device` in `dtype`."""
+    tensors = make_tensors(case, dtype, device)
+    inputs = [t.transpose(0, -1).contiguous().transpose(0, -1) if noncontiguous else t for t in tensors]
+    got = call(case, inputs)
+    expected = reference(case, tensors)
+    assert got.dtype == dtype and got.device == expected.device, case
+    torch.testing.assert_close(got, expected, **TOLERANCES[dtype], msg=lambda m: f"{case}: output: {m}")
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    weights = weights.to(dtype=dtype, device=device)
+    got_grads = torch.autograd.grad((got * weights).sum(), tensors)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), tensors)
+    for index, (g, e) in enumerate(zip(got_grads, expected_grads)):
+        torch.testing.assert_close(g, e, **TOLERANCES[dtype], msg=lambda m, i=index: f"{case}: grad {i}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_against_torch(case: Case, dtype) -> None:
+    check(case, dtype)
+
+
+def test_noncontiguous_input() -> None:
+    check(_conv_cases(2)[1], torch.float64, noncontiguous=True)
+    check(_pool_cases(2)[0], torch.float64, noncontiguous=True)
+
+
+def test_int_kernel_size_reads_the_input_as_batched() -> None:
+    x = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    torch.testing.assert_close(ct.max_pool(x, 2), F.max_pool2d(x, 2))
+    torch.testing.assert_close(ct.avg_pool(x, 3, stride=1, padding=1), F.avg_pool2d(x, 3, 1, 1))
+
+
+def test_autocast_runs_in_float32() -> None:
+    x = torch.randn(2, 3, 6, 5, dtype=torch.bfloat16)
+    weight = torch.randn(4, 3, 3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ct.conv(x, weight, padding=1)
+        pooled = ct.max_pool(x, (2, 2))
+    assert out.dtype == torch.float32 and pooled.dtype == torch.float32
+    torch.testing.assert_close(out, F.conv2d(x.float(), weight, padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_empty_batch_gives_empty_output_and_zero_gradients() -> None:
+    x = torch.randn(0, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    out = ct.conv(x, weight)
+    assert out.shape == (0, 2, 3, 3)
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+X = torch.zeros(2, 4, 6, 6)
+W = torch.zeros(6, 4, 3, 3)
+
+ERRORS = [
+    (lambda: ct.conv(X, W, stride=0), ValueError, "convgen.torch.conv: stride must be > 0"),
+    (lambda: ct.conv(X, W, padding=(1, 2, 3)), ValueError,
+     "convgen.torch.conv: in_spatial, kernel, stride, padding, dilation must have the same length, got 2, 2, 2, 3, 2"),
+    (lambda: ct.conv(X, W, groups=3), ValueError,
+     "convgen.torch.conv: in_c and out_c must be divisible by groups, got in_c=4, out_c=6, groups=3"),
+    (lambda: ct.conv(X, W, padding=7, padding_mode="circular"), ValueError,
+     "convgen.torch.conv: circular padding must not exceed the input extent, got padding[0]=7, in_spatial[0]=6"),
+    (lambda: ct.conv(X, W, padding_mode="reflect"), ValueError,
+     "convgen.torch.conv: padding_mode must be 'zeros' or 'circular', got 'reflect'"),
+    (lambda: ct.conv(X, W[:, :2]), ValueError,
+     "convgen.torch.conv: weight shape (6, 2, 3, 3) does not fit an input of 4 channels with groups=1: "
+     "expected (6, 4, 3, 3) ([out_channels, in_channels / groups, *kernel])"),
+    (lambda: ct.conv(X, W[0, 0]), ValueError,
+     "convgen.torch.conv: weight must have at least 3 dimensions (channels, channels, *kernel), got 2"),
+    (lambda: ct.conv(X[0, 0], W), ValueError,
+     "convgen.torch.conv: input must have 3 (unbatched) or 4 (batched) dimensions for a weight of 4 dimensions, got 2"),
+    (lambda: ct.conv(X, W.double()), TypeError,
+     "convgen.torch.conv: weight dtype torch.float64 does not match input dtype torch.float32"),
+    (lambda: ct.conv(X.half(), W.half()), TypeError,
+     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16"),
+    (lambda: ct.conv(X, W, torch.zeros(5)), ValueError, "convgen.torch.conv: bias must have shape (6,), got (5,)"),
+    (lambda: ct.conv(X, W, torch.zeros(6, device="meta")), RuntimeError,
+     "convgen.torch.conv: bias is on meta but input is on cpu"),
+    (lambda: ct.conv(X, [[1.0]]), TypeError, "convgen.torch.conv: weight must be a torch.Tensor, got list"),
+    (lambda: ct.conv_transpose(X, W, output_padding=1), ValueError,
+     "convgen.torch.conv_transpose: output_padding[0] must be smaller than stride[0] or dilation[0], "
+     "got output_padding[0]=1, stride[0]=1, dilation[0]=1"),
+    (lambda: ct.conv_transpose(X, W), ValueError,
+     "convgen.torch.conv_transpose: weight shape (6, 4, 3, 3) does not fit an input of 4 channels with groups=1: "
+     "expected (4, 4, 3, 3) ([in_channels, out_channels / groups, *kernel])"),
+    (lambda: ct.max_pool(X, (2, 2), dilation=0), ValueError, "convgen.torch.max_pool: dilation[0] must be nonzero"),
+    (lambda: ct.max_pool(X, (2, 2, 2, 2)), ValueError,
+     "convgen.torch.max_pool: input must have 5 (unbatched) or 6 (batched) dimensions for a kernel_size of 4 axes, "
+     "got 4"),
+    (lambda: ct.max_pool(X[0, 0], 2), ValueError,
+     "convgen.torch.max_pool: an int kernel_size reads the input as batched [N, C, *S], which needs at least 3 "
+     "dimensions, got 2; pass a tuple kernel_size for an unbatched input"),
+    (lambda: ct.avg_pool(X, 2.5), TypeError,
+     "convgen.torch.avg_pool: kernel_size must be an int or a tuple of ints, got 2.5"),
+    (lambda: ct.avg_pool(X, (2, 2), stride=(1.5, 1)), ValueError,
+     "convgen.torch.avg_pool: stride[0] must be a natural number, got 1.5"),
+    (lambda: ct.smooth_max_pool(X, 2, beta=0.0), ValueError,
+     "convgen.torch.smooth_max_pool: beta must be finite and nonzero"),
+    (lambda: ct.conv(torch.zeros(1, 1, 2**32, 1, device="meta"), torch.zeros(1, 1, 1, 1, device="meta")), ValueError,
+     "convgen.torch.conv: dimension does not fit in UInt32"),
+    (lambda: ct.conv(torch.zeros(2**32, 1, device="meta"), torch.zeros(1, 2**32, 1, device="meta")), ValueError,
+     "convgen.torch.conv: tensor too large (numel does not fit in UInt32) (torch: conv: in_c=4294967296 does not fit "
+     "in UInt32)"),
+]
+
+
+@pytest.mark.parametrize(("call_op", "error", "text"), ERRORS, ids=[text for _, _, text in ERRORS])
+def test_error_texts(call_op, error, text) -> None:
+    with pytest.raises(error) as raised:
+        call_op()
+    assert str(raised.value) == text
