@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Time convgen's CUDA tape against PyTorch/cuDNN (and JAX for the 4-D conv) on the cases of
-DESIGN.md "Figures to beat" (one image) and issue 9's batched cases: float32, channels first.
+"""Time convgen's CUDA tape and its PyTorch adapter convgen.torch against PyTorch/cuDNN (and JAX for the
+4-D conv) on the cases of DESIGN.md "Figures to beat" (one image) and issue 9's batched cases: float32,
+channels first.
 
 Every case is first checked against a float64 PyTorch reference, then timed forward and
 forward+backward in two ways: (a) the call as a user makes it (CUDA events around the Python call,
@@ -9,8 +10,10 @@ or N back-to-back calls / N where a graph cannot be captured, which the output s
 with TF32 off (strict fp32) and on, and for the batched cases in bf16 channels-last too. Also
 measured: peak device memory of the op, and, in child processes, the first-call compile time (fresh
 CuPy kernel cache) and the warm-disk-cache load time; with --host, the host overhead of tiny ops.
-Prints markdown tables last (with issue 9's targets under the batched one) and writes everything to
-JSON. The parts live in suite/.
+The adapter runs on torch tensors of the same inputs, with the adapter/tape time ratio per case; it
+is skipped, with a note, where convgen.torch does not import. Prints markdown tables last (with issue
+9's targets and issue 10's adapter target under the batched one) and writes everything to JSON. The
+parts live in suite/.
 
     python benchmarks/bench.py [--quick] [--json PATH] [--cases NAME,... | --batched | --unbatched] [--host]
                                [--list]
@@ -38,9 +41,9 @@ from suite.timing import FULL, QUICK, one_line
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Time convgen's CUDA tape against PyTorch/cuDNN (and JAX for conv4d) on the cases of "
-                    "DESIGN.md 'Figures to beat' (one image) and issue 9's batched cases. Needs an NVIDIA GPU, "
-                    "CuPy, PyTorch with CUDA and convgen.",
+        description="Time convgen's CUDA tape and convgen.torch against PyTorch/cuDNN (and JAX for conv4d) on the "
+                    "cases of DESIGN.md 'Figures to beat' (one image) and issue 9's batched cases. Needs an NVIDIA "
+                    "GPU, CuPy, PyTorch with CUDA and convgen.",
         epilog="cases: " + ", ".join(f"{case.name} ({case.title})" for case in CASES))
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (under 2 minutes on an H200)")
     parser.add_argument("--json", type=Path, default=None,
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [CASES_BY_NAME[name] for name in args.case_names]
     print(f"convgen benchmark on {meta['gpu']}: {len(cases)} case(s), {'quick' if args.quick else 'full'} settings",
           flush=True)
+    if libs.adapter_skipped:
+        print(f"  adapter skipped: {libs.adapter_skipped}", flush=True)
 
     compile_runs = measure_compile_times(cases, cache_dir, settings) if cache_dir else {}
     reports = []

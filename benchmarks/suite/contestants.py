@@ -1,6 +1,6 @@
-"""The contestants: convgen's CUDA tape, PyTorch/cuDNN (strict fp32, TF32, bf16 channels-last for the
-batched cases, and the float64 reference) with the conv3d-made 4-D convolution, each a forward and a
-forward+backward call on one case's inputs."""
+"""The contestants: convgen's CUDA tape, its PyTorch adapter `convgen.torch` (issue 10), PyTorch/cuDNN
+(strict fp32, TF32, bf16 channels-last for the batched cases, and the float64 reference) with the
+conv3d-made 4-D convolution, each a forward and a forward+backward call on one case's inputs."""
 
 from __future__ import annotations
 
@@ -99,12 +99,15 @@ def convgen_op(case: Case, tape: Any, ids: dict[str, int]) -> Callable[[], Any]:
 
 @dataclass
 class Libraries:
-    """The loaded CuPy, PyTorch and convgen modules, and the L2 flush written before every user-call sample."""
+    """The loaded CuPy, PyTorch and convgen modules, the L2 flush written before every user-call sample, and
+    `convgen.torch` (None where it does not import: the adapter is then skipped, `adapter_skipped` says why)."""
 
     cupy: Any
     torch: Any
     convgen: Any
     flush_l2: Callable[[], None]
+    adapter: Any = None
+    adapter_skipped: str | None = None
 
 
 def load_libraries(program: str) -> Libraries:
@@ -132,7 +135,18 @@ def load_libraries(program: str) -> Libraries:
         sys.exit(f"{program}: convgen is not importable ({error}); install it: "
                  "python3 -m pip install --no-deps --no-build-isolation -e .")
     flush_buffer = cupy.empty(L2_FLUSH_BYTES // 4, cupy.float32)
-    return Libraries(cupy=cupy, torch=torch, convgen=convgen, flush_l2=lambda: flush_buffer.fill(0))
+    adapter, adapter_skipped = load_adapter()
+    return Libraries(cupy=cupy, torch=torch, convgen=convgen, flush_l2=lambda: flush_buffer.fill(0),
+                     adapter=adapter, adapter_skipped=adapter_skipped)
+
+
+def load_adapter() -> tuple[Any, str | None]:
+    """`convgen.torch` and None, or None and why it is skipped (the tape and PyTorch still run)."""
+    try:
+        import convgen.torch
+    except Exception as error:  # an ImportError, or whatever a torch version it does not support raises
+        return None, f"convgen.torch is not importable ({one_line(error)})"
+    return convgen.torch, None
 
 
 MODES = ("fwd", "fwd_bwd")
@@ -271,3 +285,46 @@ class TorchContestant(Contestant):
         if mode == "fwd":
             return {"y": unbatch("y", result)}
         return {f"grad_{name}": unbatch(name, grad) for name, grad in zip(self.names, result, strict=True)}
+
+
+ADAPTER = "convgen_torch"  # convgen.torch's label in the report and the JSON
+
+
+def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
+    """The `convgen.torch` call of the case, taking (x, weight, bias) or (x,) as the case has them: an
+    unbatched input stays [C, *S], which the adapter accepts as torch.nn.functional does."""
+    if case.is_conv:
+        return lambda x, weight, bias: adapter.conv(x, weight, bias, case.strides, case.paddings)
+    if case.op == "max_pool":
+        return lambda x: adapter.max_pool(x, case.kernel, case.strides, case.paddings)
+    return lambda x: adapter.smooth_max_pool(x, case.kernel, case.beta, case.strides, case.paddings)
+
+
+class AdapterContestant(Contestant):
+    """convgen.torch (issue 10) on torch copies of the same float32 inputs, every input requiring grad.
+    Forward+backward is a training step's: gradients cleared (set to None), `torch.autograd.backward`
+    with the upstream gradient, then the inputs' `.grad`. With NumPy inputs it runs on the CPU backend."""
+
+    label = ADAPTER
+
+    def __init__(self, case: Case, inputs: dict[str, Any], torch: Any, adapter: Any):
+        self.torch = torch
+        self.names = ("x", "weight", "bias") if case.is_conv else ("x",)
+        self.inputs = [torch.from_dlpack(inputs[name]).clone().requires_grad_(True) for name in self.names]
+        self.seed = torch.from_dlpack(inputs["seed"]).clone()
+        self.op = adapter_op(case, adapter)
+        self.device = TorchDevice(torch)
+
+    def forward(self) -> Any:
+        return self.op(*self.inputs)
+
+    def forward_backward(self) -> Any:
+        for tensor in self.inputs:
+            tensor.grad = None
+        self.torch.autograd.backward(self.op(*self.inputs), self.seed)
+        return tuple(tensor.grad for tensor in self.inputs)
+
+    def arrays_of(self, result: Any, mode: str) -> dict[str, Any]:
+        if mode == "fwd":
+            return {"y": result}
+        return {f"grad_{name}": grad for name, grad in zip(self.names, result, strict=True)}

@@ -1,5 +1,6 @@
-"""One case: check every contestant against the float64 PyTorch reference, then time it (user call and
-kernels, forward and forward+backward) and measure its peak memory; JAX for the 4-D case."""
+"""One case: check every contestant (the tape, convgen.torch, the PyTorch variants) against the float64
+PyTorch reference, then time it (user call and kernels, forward and forward+backward) and measure its
+peak memory; JAX for the 4-D case."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import Any
 from suite.cases import Case
 from suite.children import run_jax_children
 from suite.contestants import (
+    ADAPTER,
     MODES,
     TORCH_BF16_CHANNELS_LAST,
     TORCH_REFERENCE,
     TORCH_STRICT,
     TORCH_TF32,
+    AdapterContestant,
     Contestant,
     ConvgenContestant,
     Libraries,
@@ -41,6 +44,8 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
     reference = {name: array for outputs in by_mode.values() for name, array in outputs.items()}
     del reference_contestant, by_mode
     builders = [("convgen", partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy))]
+    if libs.adapter is not None:  # else skipped, as the run's first lines and the summary say
+        builders.append((ADAPTER, partial(AdapterContestant, case, inputs, libs.torch, libs.adapter)))
     builders += [(variant.label, partial(TorchContestant, case, inputs, libs.torch, variant))
                  for variant in torch_variants(case)]
     for label, build in builders:

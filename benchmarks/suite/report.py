@@ -15,9 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from suite.cases import REFERENCE_DATE, Case
-from suite.contestants import MODES, Libraries
+from suite.contestants import ADAPTER, MODES, Libraries
 from suite.host import format_host
-from suite.targets import check_targets, format_targets
+from suite.targets import (
+    ADAPTER_MAX_TIME_RATIO,
+    MEASURES,
+    check_adapter,
+    check_targets,
+    format_adapter_target,
+    format_targets,
+)
 from suite.timing import L2_FLUSH_BYTES, Settings, one_line
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -47,6 +54,14 @@ class CaseReport:
     def median(self, label: str, mode: str, kind: str) -> float | None:
         return self.timings.get(label, {}).get(mode, {}).get(kind, {}).get("median_ms")
 
+    def adapter_over_tape(self) -> dict[str, dict[str, float | None]]:
+        """convgen.torch time / tape time, by mode and kind (None where either is missing)."""
+        ratios: dict[str, dict[str, float | None]] = {}
+        for mode, kind in MEASURES:
+            adapter, tape = self.median(ADAPTER, mode, kind), self.median("convgen", mode, kind)
+            ratios.setdefault(mode, {})[kind] = adapter / tape if adapter and tape else None
+        return ratios
+
     def to_json(self) -> dict[str, Any]:
         case = self.case
         return {
@@ -58,6 +73,7 @@ class CaseReport:
             "floor_us": case.floor_us, "io_bytes": case.io_bytes,
             "check_rel_err": self.check, "check_threshold": MISMATCH_REL_ERR,
             "check_ok": self.check_ok(), "timings": self.timings, "bandwidth_gb_s": self.bandwidth(),
+            f"{ADAPTER}_over_convgen": self.adapter_over_tape(),
             "memory": self.memory, "compile": self.compile, "jax": self.jax or None,
             "torch_flags": self.flags, "errors": self.errors, "seconds": self.seconds,
         }
@@ -102,6 +118,7 @@ def environment(libs: Libraries, settings: Settings, argv: list[str]) -> dict[st
         "python": platform.python_version(), "numpy": __import__("numpy").__version__,
         "cupy": cupy.__version__, "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "convgen": convgen_version,
+        f"{ADAPTER}_skipped": libs.adapter_skipped,
         "git": git,
         "argv": argv, "settings": settings.__dict__, "l2_flush_bytes": L2_FLUSH_BYTES,
     }
@@ -134,8 +151,16 @@ def ratio_cell(report: CaseReport, mode: str) -> str:
                       for kind in ("call", "kernels"))
 
 
-def check_cell(report: CaseReport) -> str:
-    worst = report.worst_error("convgen")
+def adapter_ratio_cell(report: CaseReport, mode: str) -> str:
+    """convgen.torch over the tape, call / kernels, ✗ above issue 10's ADAPTER_MAX_TIME_RATIO."""
+    ratios = report.adapter_over_tape()[mode]
+    return " / ".join("—" if ratios[kind] is None else
+                      f"{ratios[kind]:.2f}" + (" ✗" if ratios[kind] > ADAPTER_MAX_TIME_RATIO else "")
+                      for kind in ("call", "kernels"))
+
+
+def check_cell(report: CaseReport, label: str = "convgen") -> str:
+    worst = report.worst_error(label)
     return "—" if worst is None else f"{worst:.0e}" + (" ok" if worst <= MISMATCH_REL_ERR else " **MISMATCH**")
 
 
@@ -161,10 +186,11 @@ def table_row(report: CaseReport) -> list[str]:
         f"{bandwidth[key]:.0f}" if key in bandwidth else "—" for key in ("convgen_kernels", "torch_strict_kernels"))
     tf32 = (timing_cell(report, "torch_tf32", "fwd"), timing_cell(report, "torch_tf32", "fwd_bwd")) \
         if case.is_conv else ("= strict", "= strict")
-    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), f"{case.floor_us:.3g}",
-            timing_cell(report, "convgen", "fwd"), timing_cell(report, "convgen", "fwd_bwd"),
-            timing_cell(report, "torch_strict", "fwd"), timing_cell(report, "torch_strict", "fwd_bwd"), *tf32,
-            ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"), gb_s, peak_cell(report), compile_cell(report)]
+    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), check_cell(report, ADAPTER),
+            f"{case.floor_us:.3g}", *(timing_cell(report, label, mode) for label in ("convgen", ADAPTER, "torch_strict")
+                                      for mode in MODES), *tf32,
+            ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"), adapter_ratio_cell(report, "fwd"),
+            adapter_ratio_cell(report, "fwd_bwd"), gb_s, peak_cell(report), compile_cell(report)]
 
 
 def batched_row(report: CaseReport) -> list[str]:
@@ -172,20 +198,23 @@ def batched_row(report: CaseReport) -> list[str]:
     bf16 channels-last and cuDNN's reference times."""
     case, reference = report.case, report.case.reference
     timings = [timing_cell(report, label, mode) for label in BATCHED_LABELS for mode in MODES]
-    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), f"{case.floor_us:.3g}", *timings,
-            ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"),
+    return [case.title + (" ⚠" if report.errors else ""), check_cell(report), check_cell(report, ADAPTER),
+            f"{case.floor_us:.3g}", *timings, ratio_cell(report, "fwd"), ratio_cell(report, "fwd_bwd"),
+            adapter_ratio_cell(report, "fwd"), adapter_ratio_cell(report, "fwd_bwd"),
             f"{reference.fwd_ms:g} / {reference.fwd_bwd_ms:g}" if reference else "—", peak_cell(report),
             compile_cell(report)]
 
 
-TABLE_HEADER = ["case", "convgen rel err", "floor fwd µs", "convgen fwd", "convgen fwd+bwd", "torch fwd",
-                "torch fwd+bwd", "torch tf32 fwd", "torch tf32 fwd+bwd", "torch/convgen fwd",
-                "torch/convgen fwd+bwd", "fwd GB/s convgen / torch", "peak MiB fwd+bwd convgen / torch",
+TABLE_HEADER = ["case", "convgen rel err", "adapter rel err", "floor fwd µs", "convgen fwd", "convgen fwd+bwd",
+                "adapter fwd", "adapter fwd+bwd", "torch fwd", "torch fwd+bwd", "torch tf32 fwd",
+                "torch tf32 fwd+bwd", "torch/convgen fwd", "torch/convgen fwd+bwd", "adapter/tape fwd",
+                "adapter/tape fwd+bwd", "fwd GB/s convgen / torch", "peak MiB fwd+bwd convgen / torch",
                 "1st call s cold / warm"]
-BATCHED_LABELS = ("convgen", "torch_strict", "torch_tf32", "torch_bf16_cl")
-BATCHED_TABLE_HEADER = ["case", "convgen rel err", "floor fwd µs", "convgen fwd", "convgen fwd+bwd", "torch fwd",
-                        "torch fwd+bwd", "torch tf32 fwd", "torch tf32 fwd+bwd", "torch bf16 CL fwd",
-                        "torch bf16 CL fwd+bwd", "torch/convgen fwd", "torch/convgen fwd+bwd",
+BATCHED_LABELS = ("convgen", ADAPTER, "torch_strict", "torch_tf32", "torch_bf16_cl")
+BATCHED_TABLE_HEADER = ["case", "convgen rel err", "adapter rel err", "floor fwd µs", "convgen fwd",
+                        "convgen fwd+bwd", "adapter fwd", "adapter fwd+bwd", "torch fwd", "torch fwd+bwd",
+                        "torch tf32 fwd", "torch tf32 fwd+bwd", "torch bf16 CL fwd", "torch bf16 CL fwd+bwd",
+                        "torch/convgen fwd", "torch/convgen fwd+bwd", "adapter/tape fwd", "adapter/tape fwd+bwd",
                         f"cuDNN ref {REFERENCE_DATE} fwd / fwd+bwd", "peak MiB fwd+bwd convgen / torch",
                         "1st call s cold / warm"]
 
@@ -213,6 +242,8 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
         print_table(BATCHED_TABLE_HEADER, [batched_row(report) for report in batched])
         print()
         print("\n".join(format_targets(batched_targets(reports))))
+        print()
+        print(format_adapter_target(adapter_target(reports)))
     print()
     print("Times in ms, `call / kernels`: call = CUDA events around the Python call (GPU idle, L2 flushed), "
           "median; kernels = CUDA-graph replay per call, median; † = no graph (back-to-back calls / N, "
@@ -222,7 +253,12 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
           "1st call = first forward + first backward in a fresh process (cold: empty CuPy kernel cache; "
           "warm: cache on disk). Batched: torch bf16 CL = bfloat16 inputs and weights in channels-last "
           "(channels_last_3d for conv3d; conv1d and conv4d have no such format and stay contiguous), autocast "
-          f"off; cuDNN ref = cuDNN strict fp32 fwd / fwd+bwd measured on the H200 on {REFERENCE_DATE}.")
+          f"off; cuDNN ref = cuDNN strict fp32 fwd / fwd+bwd measured on the H200 on {REFERENCE_DATE}. "
+          "adapter = convgen.torch (issue 10) on torch tensors of the same inputs, fwd+bwd = "
+          "torch.autograd.backward after clearing the gradients; adapter/tape = its time over the tape's, "
+          f"✗ above {ADAPTER_MAX_TIME_RATIO:g}.")
+    if meta.get(f"{ADAPTER}_skipped"):
+        print(f"- adapter not run: {meta[f'{ADAPTER}_skipped']}")
     for report in reports:
         for label in report.timings:
             for mode in MODES:
@@ -248,6 +284,11 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
 def batched_targets(reports: list[CaseReport]) -> dict[str, Any] | None:
     """Issue 9's targets over the batched cases of the run (None without any)."""
     return check_targets({report.case.name: report for report in reports if report.case.is_batched})
+
+
+def adapter_target(reports: list[CaseReport]) -> dict[str, Any] | None:
+    """Issue 10's target over the batched cases of the run (None without any)."""
+    return check_adapter({report.case.name: report for report in reports if report.case.is_batched})
 
 
 def jax_summary(jax_report: dict[str, Any]) -> str:
@@ -287,7 +328,7 @@ def write_json(path: Path, meta: dict[str, Any], reports: list[CaseReport], comp
                host: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"meta": meta, "compile_children": compile_runs, "cases": [r.to_json() for r in reports],
-                "targets": batched_targets(reports), "host": host}
+                "targets": batched_targets(reports), "adapter_target": adapter_target(reports), "host": host}
     path.write_text(json.dumps(finite_json(document), indent=1, default=str) + "\n")
 
 
