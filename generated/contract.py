@@ -57,6 +57,9 @@ class KernelSource:
 # The implicit-GEMM stages of the conv families -> the prefix of their tile defines (FWD_BM, ...).
 GEMM_STAGES: dict[str, str] = {'forward': 'FWD', 'backward_input': 'BWI', 'backward_weight': 'BWW'}
 TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'PACKED')
+# A tape's precision -> the MMA_MODE define of the conv sources: 0 FMAs in the element type, 1 one
+# TF32 tensor-core product (mma.sync), 3 three (3xTF32). Only "highest" runs in float64.
+PRECISION_MMA_MODES: dict[str, int] = {'highest': 0, 'high': 3, 'medium': 1}
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
 
@@ -312,10 +315,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_PACKED",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -332,9 +335,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -351,9 +354,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -371,8 +374,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
@@ -391,9 +394,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -411,8 +414,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
             "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
@@ -432,9 +435,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_PACKED",
+            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -453,9 +456,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -471,10 +474,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_PACKED",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -491,9 +494,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -510,9 +513,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -530,8 +533,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
@@ -550,9 +553,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -570,8 +573,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
             "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
@@ -591,9 +594,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_PACKED",
+            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -612,9 +615,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
+            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_PACKED",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

@@ -49,7 +49,8 @@ _CPP_KEYWORDS = frozenset("""
 _PYTHON_BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 # - the public attributes of the tape (convgen.tape.Tape and its backends), which would hide an op
 #   method of the same name (tests/test_spec_errors.py keeps this list complete);
-TAPE_ATTRIBUTES = frozenset({"backend_class", "backward", "dtype", "leaf", "name", "parents", "shape", "value"})
+TAPE_ATTRIBUTES = frozenset({"backend_class", "backward", "dtype", "leaf", "name", "parents", "precision", "shape",
+                             "value"})
 # - the module-level names of generated/ops.py that an op's constant (its name in capitals) could take.
 OPS_MODULE_NAMES = frozenset({"OPS"})
 

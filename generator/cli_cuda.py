@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from convgen.backend import precision_refusal
 from convgen.cuda_launch import ELEMENT_BYTES, NVRTC_OPTIONS, plan, representative_geometry
 from convgen.generated.contract import KERNELS
 from convgen.geometry import Family, Geometry
@@ -23,9 +24,10 @@ def _usage_error(message: str) -> None:
     sys.exit(2)
 
 
-def compile_sources(arch: str, dtype: str) -> None:
-    """`convgen compile`: every source in the element type `dtype` (`all`: in each), one line per
-    kernel as it is compiled, then the total."""
+def compile_sources(arch: str, dtype: str, precisions: tuple[str, ...] = ("highest",)) -> None:
+    """`convgen compile`: every source in the element type `dtype` (`all`: in each), and the conv
+    sources again in each tensor-core precision of `precisions` that the element type takes, one line
+    per kernel as it is compiled, then the total."""
     from convgen import nvrtc_check
 
     try:
@@ -34,21 +36,25 @@ def compile_sources(arch: str, dtype: str) -> None:
         _usage_error(str(error))
     dtypes = tuple(ELEMENT_BYTES) if dtype == "all" else (dtype,)
     failed = spilled = 0
-    compiles = len(nvrtc_check.source_names()) * len(dtypes)
+    conv_sources = sum(family.is_conv for family, _ in KERNELS)
+    compiles = sum(len(nvrtc_check.source_names()) + conv_sources * sum(
+        p != "highest" and precision_refusal(d, p) is None for p in precisions) for d in dtypes)
     start = time.perf_counter()
-    for report in nvrtc_check.compile_every_source(arch, dtypes):
+    for report in nvrtc_check.compile_every_source(arch, dtypes, precisions):
+        mode = report.dtype if report.precision == "highest" else f"{report.dtype}/{report.precision}"
         if report.error is not None:
             failed += 1
-            click.echo(f"FAIL {report.source} ({report.dtype})\n{report.error}")
+            click.echo(f"FAIL {report.source} ({mode})\n{report.error}")
             continue
         for kernel in report.kernels:
             spilled += kernel.spills
             mark = "  SPILLS" if kernel.spills else ""
-            click.echo(f"{kernel.symbol:<44} {report.dtype:<7} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B "
+            click.echo(f"{kernel.symbol:<44} {mode:<14} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B "
                        f"stack  {kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
         sys.stdout.flush()
     seconds = time.perf_counter() - start
-    click.echo(f"{compiles - failed}/{compiles} sources compiled ({', '.join(dtypes)}) for {arch} in {seconds:.1f} s; "
+    click.echo(f"{compiles - failed}/{compiles} sources compiled ({', '.join(dtypes)}; {', '.join(precisions)}) "
+               f"for {arch} in {seconds:.1f} s; "
                f"{failed} failed; {spilled} kernels spill")
     if failed:
         sys.exit(1)
@@ -69,10 +75,11 @@ def _axes(option: str, text: str | None, rank: int, default: tuple[int, ...]) ->
     return values
 
 
-def source_text(geom: Geometry, dtype: str = "float32") -> str:
-    """The generated source of `geom` with the plan's defines for `dtype` prepended, and how to compile it."""
+def source_text(geom: Geometry, dtype: str = "float32", precision: str = "highest") -> str:
+    """The generated source of `geom` with the plan's defines for `dtype` and `precision` prepended,
+    and how to compile it."""
     entry = KERNELS[(geom.family, geom.rank)]
-    defines = plan(geom, dtype=dtype).defines
+    defines = plan(geom, dtype=dtype, precision=precision).defines
     stem = entry.source.removesuffix(".cu")
     lines = [
         f"// {entry.source} specialised by `convgen source` for {geom.family.value} ({dtype}): in_c {geom.in_c}, "
@@ -99,7 +106,7 @@ class SourceAxes:
 
 
 def print_source(family: str, rank: int, in_c: int | None, out_c: int | None, axes: SourceAxes, groups: int,
-                 batch: int | None, dtype: str) -> None:
+                 batch: int | None, dtype: str, precision: str = "highest") -> None:
     """`convgen source`: the NVRTC input of one geometry (defaults: the compile check's)."""
     default = representative_geometry(Family(family), rank)
     in_c = default.in_c if in_c is None else in_c
@@ -115,4 +122,7 @@ def print_source(family: str, rank: int, in_c: int | None, out_c: int | None, ax
     if min(geom.out_spatial) <= 0 or min(geom.kernel) <= 0 or min(geom.stride) <= 0 or min(geom.dilation) <= 0:
         raise click.UsageError(f"convgen source: geometry gives output extents {geom.out_spatial}; "
                                "kernel, stride and dilation must be positive and the output non-empty")
-    click.echo(source_text(geom, dtype), nl=False)
+    refusal = precision_refusal(dtype, precision)
+    if refusal is not None:
+        raise click.UsageError(f"convgen source: {refusal}")
+    click.echo(source_text(geom, dtype, precision), nl=False)

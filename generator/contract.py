@@ -34,7 +34,12 @@ class Family(enum.Enum):
 COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES")
 AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 # The conv families' groups (SEMANTICS §8): block-diagonal GEMMs, one per group; 1 compiles to one GEMM.
-CONV_DEFINES = ("GROUPS",)
+# MMA_MODE: how the GEMM main loops multiply (docs/DESIGN.md, the tensor-core slice): 0 FMAs in the
+# element type, 1 one TF32 mma.sync per product, 3 three (3xTF32: big*big, big*small, small*big).
+CONV_DEFINES = ("GROUPS", "MMA_MODE")
+# A tape's precision (SEMANTICS §8) -> MMA_MODE. "highest" is the seed's contract: FMAs in the element
+# type, the only one a float64 tape takes.
+PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 # PACKED: A is read from the weight repacked by the stage's `_pack` kernel, P[group][k][src channel]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from convgen.checking import describe
+from convgen.generated.contract import PRECISION_MMA_MODES
 from convgen.geometry import Geometry
 
 
@@ -32,15 +34,32 @@ class OutOfMemory(BackendError):
 
 
 DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)
+# How the conv families' GEMMs multiply (docs/DESIGN.md, the tensor-core slice): "highest" FMAs in the
+# tape's dtype (the default, the contract), "high" 3xTF32 and "medium" TF32 tensor cores (float32 only).
+PRECISIONS = tuple(PRECISION_MMA_MODES)
+
+
+def precision_refusal(dtype: str, precision: object) -> str | None:
+    """Why a `dtype` tape cannot compute in `precision`, or None when it can."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        known = ", ".join(repr(p) for p in PRECISIONS[:-1]) + f" or {PRECISIONS[-1]!r}"
+        return f"precision must be {known}, got {describe(precision)}"
+    if PRECISION_MMA_MODES[precision] and dtype != "float32":
+        return (f"precision {precision!r} runs on TF32 tensor cores, which take float32 only; "
+                f"a {dtype} tape takes 'highest'")
+    return None
 
 
 class Backend(Protocol):
-    """A tape makes one backend per tape class and dtype: `backend_class(dtype)`, with `dtype` one of
-    DTYPES (the tape has checked it). Every array the backend stores, makes or returns has that dtype."""
+    """A tape makes one backend per tape class, dtype and precision: `backend_class(dtype, precision)`,
+    `dtype` one of DTYPES and `precision` one of PRECISIONS that the dtype takes (the tape has checked
+    both). Every array the backend stores, makes or returns has that dtype; its conv GEMMs are at least
+    as accurate as `precision` asks."""
 
     name: str  # "cpu" | "cuda": messages start `autograd: {name}: {op}: `
     buffer_label: str  # "CPU" | "CUDA": `autograd: {buffer_label} buffer size mismatch (...)`
     dtype: str  # "float32" | "float64", as given to the constructor
+    precision: str  # one of PRECISIONS, as given to the constructor
 
     def store(self, value: Any) -> Any:
         """A leaf's (or a seed's) value as this backend's array of `dtype` (copied or taken as is,

@@ -274,8 +274,11 @@ class NumpyBackend:
     buffer_label = "CPU"
     device = "cpu"
 
-    def __init__(self, dtype: str = "float32") -> None:
+    def __init__(self, dtype: str = "float32", precision: str = "highest") -> None:
         self.dtype = dtype
+        # Every precision is computed as "highest" here (exact up to one rounding): at least as accurate
+        # as any asks, so the CPU tape is the reference of each.
+        self.precision = precision
 
     def store(self, value: Any) -> np.ndarray:
         """A C-contiguous copy of `dtype`; DLPack producers are read through `np.from_dlpack`

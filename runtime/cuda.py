@@ -25,6 +25,9 @@ CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 
 # The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
 # devices are taken to sustain the same share of the boost clock they report.
 SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
+# mma.sync with TF32 operands (precision "high" and "medium") needs sm_80 or newer (CuPy gives a
+# device's capability as digits, "90").
+TENSOR_CORE_CAPABILITY = 80
 
 # Poison for outputs in the test mode: NaN, and for the argmax offsets a value no window has.
 _POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.float64): np.float64("nan"),
@@ -108,8 +111,9 @@ class CupyBackend:
     # How plans pick each GEMM stage's tile; tests/test_cuda.py forces tiles through it.
     tile_chooser: TileChooser = staticmethod(choose_tile)
 
-    def __init__(self, dtype: str = "float32") -> None:
+    def __init__(self, dtype: str = "float32", precision: str = "highest") -> None:
         self.dtype = dtype
+        self.precision = precision  # the plans' MMA_MODE (cuda_launch.plan)
         try:
             import cupy
             import cupy.cuda.compiler
@@ -199,7 +203,12 @@ class CupyBackend:
         hardware = self._hardware.get(device)
         if hardware is None:
             hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
-        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype)
+        if self.precision != "highest":
+            capability = int(self._xp.cuda.Device(device).compute_capability)
+            if capability < TENSOR_CORE_CAPABILITY:
+                raise BackendError(f"precision {self.precision!r} needs TF32 tensor cores (compute capability "
+                                   f"{TENSOR_CORE_CAPABILITY} or newer); this device's is {capability}")
+        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision)
         entry = KERNELS[(geom.family, geom.rank)]
         functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
         return _Compiled(geom, geometry_plan, functions)

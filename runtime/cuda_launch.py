@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from convgen.generated.contract import GEMM_STAGES, KERNELS, TILE_FIELDS
+from convgen.backend import PRECISIONS, precision_refusal
+from convgen.generated.contract import GEMM_STAGES, KERNELS, PRECISION_MMA_MODES, TILE_FIELDS
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
@@ -31,10 +32,11 @@ from convgen.tile_model import (
     tile_candidates,
 )
 
-__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "SPLIT_WORKSPACE_BYTES",
-           "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser", "argmax_dtype", "batch_bucket",
-           "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes", "nvrtc_options", "packs_weight", "plan",
-           "pool_cells_per_thread", "representative_geometry", "tile_candidates"]
+__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "PRECISIONS",
+           "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
+           "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
+           "nvrtc_options", "packs_weight", "plan", "pool_cells_per_thread", "representative_geometry",
+           "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 # The tape's dtype -> the ELEMENT_BYTES define, which picks the kernels' element type (float, double).
@@ -75,13 +77,14 @@ def _blocks(threads: int) -> int:
     return ceil_div(threads, BLOCK)
 
 
-def _geometry_defines(geom: Geometry, element_bytes: int) -> dict[str, int]:
+def _geometry_defines(geom: Geometry, element_bytes: int, mma: int) -> dict[str, int]:
     values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK, "ELEMENT_BYTES": element_bytes}
     for axis, axis_values in enumerate(zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding,
                                            geom.out_spatial, geom.dilation)):
         values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}", f"D{axis}"), axis_values))
     if geom.family.is_conv:
         values["GROUPS"] = geom.groups
+        values["MMA_MODE"] = mma
     return values
 
 
@@ -92,15 +95,15 @@ def batch_bucket(images: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_bytes: int) -> Plan:
-    values = _geometry_defines(geom, element_bytes)
+def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_bytes: int, mma: int) -> Plan:
+    values = _geometry_defines(geom, element_bytes, mma)
     if not geom.family.is_conv:
         return _pool_plan(geom, values)
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
-    tile_shapes = gemm_shapes(bucketed, element_bytes)
-    for stage, shape in gemm_shapes(geom, element_bytes).items():
+    tile_shapes = gemm_shapes(bucketed, element_bytes, mma)
+    for stage, shape in gemm_shapes(geom, element_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": int(getattr(tile, field.lower())) for field in TILE_FIELDS})
@@ -155,13 +158,17 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
 
 
 def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile,
-         dtype: str = "float32") -> Plan:
-    """The launch plan of `geom` on `hardware` for elements of `dtype` (the tape's), each GEMM
-    stage's tile picked by `choose_tile`; cached per (geometry but β, hardware, chooser, dtype).
-    The defines depend on the batch only through batch_bucket; the grids on the batch itself."""
+         dtype: str = "float32", precision: str = "highest") -> Plan:
+    """The launch plan of `geom` on `hardware` for elements of `dtype` (the tape's) multiplied in
+    `precision` (PRECISIONS), each GEMM stage's tile picked by `choose_tile` among the tiles of that
+    precision; cached per (geometry but β, hardware, chooser, dtype, precision). The defines depend
+    on the batch only through batch_bucket; the grids on the batch itself."""
+    refusal = precision_refusal(dtype, precision)
+    if refusal is not None:
+        raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile, ELEMENT_BYTES[dtype])
+    return _plan(geom, hardware, choose_tile, ELEMENT_BYTES[dtype], PRECISION_MMA_MODES[precision])
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convgen.backend import precision_refusal
 from convgen.circular import circular_plan, representative_circular_geometry
 from convgen.cuda_launch import ELEMENT_BYTES, nvrtc_options, plan, representative_geometry
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
@@ -79,6 +80,7 @@ class SourceReport:
     rank: int
     source: str
     dtype: str  # the element type it was compiled for
+    precision: str  # how its GEMMs multiply (cuda_launch.PRECISIONS); "highest" for every non-conv source
     error: str | None  # the NVRTC log when compilation failed
     kernels: tuple[KernelReport, ...]
     seconds: float
@@ -105,16 +107,20 @@ def _nvrtc_log(bindings: Any, program: Any) -> str:
     return log.decode(errors="replace").rstrip("\x00 \n")
 
 
-def compile_source(family: Family, rank: int, arch: str, dtype: str = "float32") -> SourceReport:
+def compile_source(family: Family, rank: int, arch: str, dtype: str = "float32",
+                   precision: str = "highest") -> SourceReport:
     """Compile one generated source to a cubin for `arch` (e.g. `sm_90`) at its representative
-    geometry, with elements of `dtype`."""
-    return compile_plan(representative_geometry(family, rank), arch, dtype)
+    geometry, with elements of `dtype` multiplied in `precision`."""
+    return compile_plan(representative_geometry(family, rank), arch, dtype, precision)
 
 
-def compile_plan(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
-    """Compile the source of `geom` with the defines of its plan for `dtype` to a cubin for `arch`."""
-    options = nvrtc_options(plan(geom, dtype=dtype))
-    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, arch, dtype)
+def compile_plan(geom: Geometry, arch: str, dtype: str = "float32", precision: str = "highest",
+                 chooser: Any = None) -> SourceReport:
+    """Compile the source of `geom` with the defines of its plan for `dtype` and `precision` (tiles
+    from `chooser`, by default the tile model's) to a cubin for `arch`."""
+    chosen = {} if chooser is None else {"choose_tile": chooser}
+    options = nvrtc_options(plan(geom, dtype=dtype, precision=precision, **chosen))
+    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, arch, dtype, precision)
 
 
 def compile_circular(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
@@ -122,7 +128,8 @@ def compile_circular(geom: Geometry, arch: str, dtype: str = "float32") -> Sourc
     return _compile(geom, CIRCULAR_KERNELS[geom.rank].source, circular_plan(geom, dtype).options, arch, dtype)
 
 
-def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str, dtype: str) -> SourceReport:
+def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str, dtype: str,
+             precision: str = "highest") -> SourceReport:
     family, rank = geom.family, geom.rank
     nvrtc_module = nvrtc()
     code = (GENERATED_CUDA / source).read_bytes()
@@ -136,8 +143,8 @@ def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str, d
         nvrtc_module.nvrtcDestroyProgram(program)
     seconds = time.perf_counter() - start
     if result != nvrtc_module.nvrtcResult.NVRTC_SUCCESS:
-        return SourceReport(family, rank, source, dtype, log or str(result), (), seconds)
-    return SourceReport(family, rank, source, dtype, None, parse_ptxas_log(log), seconds)
+        return SourceReport(family, rank, source, dtype, precision, log or str(result), (), seconds)
+    return SourceReport(family, rank, source, dtype, precision, None, parse_ptxas_log(log), seconds)
 
 
 def sources() -> list[tuple[Family, int]]:
@@ -150,11 +157,19 @@ def source_names() -> list[str]:
     return [KERNELS[key].source for key in sources()] + [CIRCULAR_KERNELS[rank].source for rank in CIRCULAR_KERNELS]
 
 
-def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES) -> Iterator[SourceReport]:
+def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
+                         precisions: tuple[str, ...] = ("highest",)) -> Iterator[SourceReport]:
     """Per element type, each family source at its representative geometry, then each
-    circular-padding source (the family of its report is conv, the op it serves)."""
+    circular-padding source (the family of its report is conv, the op it serves); then, per other
+    precision the element type takes, each conv-family source again (the others do not multiply)."""
     for dtype in dtypes:
         for family, rank in sources():
             yield compile_source(family, rank, arch, dtype)
         for rank in CIRCULAR_KERNELS:
             yield compile_circular(representative_circular_geometry(rank), arch, dtype)
+        for precision in precisions:
+            if precision == "highest" or precision_refusal(dtype, precision) is not None:
+                continue
+            for family, rank in sources():
+                if family.is_conv:
+                    yield compile_source(family, rank, arch, dtype, precision)

@@ -11,7 +11,7 @@ import math
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from convgen.backend import DTYPES, Backend, BackendError, OutOfMemory
+from convgen.backend import DTYPES, Backend, BackendError, OutOfMemory, precision_refusal
 from convgen.checking import TOO_LARGE, describe, natural
 from convgen.generated.ops import GeneratedOps
 from convgen.geometry import Geometry
@@ -69,16 +69,23 @@ class Tape(GeneratedOps):
 
     __slots__ = ("_nodes", "_count", "_backend")
     backend_class: ClassVar[type]
-    _backends: ClassVar[dict[tuple[type, str], Backend]] = {}  # one backend per tape class and dtype
+    # One backend per tape class, dtype and precision.
+    _backends: ClassVar[dict[tuple[type, str, str], Backend]] = {}
 
-    def __init__(self, *, dtype: str = "float32") -> None:
-        """An empty tape recording `dtype` values: "float32" (the contract) or "float64" (SEMANTICS §8)."""
+    def __init__(self, *, dtype: str = "float32", precision: str = "highest") -> None:
+        """An empty tape recording `dtype` values: "float32" (the contract) or "float64" (SEMANTICS §8),
+        whose convolutions multiply in `precision`: "highest" (FMAs in `dtype`, the contract), "high"
+        (3xTF32) or "medium" (TF32), the last two float32 only (docs/DESIGN.md, the tensor-core slice;
+        the CPU tape computes every precision as "highest")."""
+        name = type(self).backend_class.name
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ValueError(f"autograd: {type(self).backend_class.name}: Tape: dtype must be 'float32' or 'float64', "
-                             f"got {describe(dtype)}")
-        key = (type(self), dtype)
+            raise ValueError(f"autograd: {name}: Tape: dtype must be 'float32' or 'float64', got {describe(dtype)}")
+        refusal = precision_refusal(dtype, precision)
+        if refusal is not None:
+            raise ValueError(f"autograd: {name}: Tape: {refusal}")
+        key = (type(self), dtype, precision)
         if key not in Tape._backends:
-            Tape._backends[key] = type(self).backend_class(dtype)
+            Tape._backends[key] = type(self).backend_class(dtype, precision)
         self._backend: Backend = Tape._backends[key]
         self._nodes: list[Node] = []
         self._count = 0
@@ -100,6 +107,11 @@ class Tape(GeneratedOps):
     def dtype(self) -> str:
         """What the tape records and computes in: "float32" or "float64"."""
         return self._backend.dtype
+
+    @property
+    def precision(self) -> str:
+        """How its convolutions multiply: "highest", "high" or "medium"."""
+        return self._backend.precision
 
     def _bytes(self, elements: int) -> int:
         return elements * np.dtype(self._backend.dtype).itemsize

@@ -52,6 +52,7 @@ MAX_SPLIT = 64  # most blocks one reduction is cut into
 SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves of the SMs
 BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
 MAX_BM, MAX_BN = 128, 256
+MMA_K = 8  # reduction depth of one mma.sync.m16n8k8 (the tensor-core k step)
 
 # Gather-form stages (the weight read src-major, W[src][dst][k]) of this many multiply-adds, whose
 # block tile stages more of A than of B (bm >= bn), read A from a repacked weight. Measured on the H200
@@ -75,6 +76,12 @@ SLICE_LATENCY_CYCLES = 1000
 # tile, so it moves the estimates, not the choice.
 KERNEL_CYCLES = 10000
 SPLIT_KERNEL_CYCLES = 2000  # the launch of a split's second kernel
+# Tensor cores (not yet timed: guesses from the H200's rates, for the next sweep to fit): an
+# mma.sync.m16n8k8 TF32 (1024 multiply-adds) holds a scheduler's tensor pipe for about this many issue
+# slots (the TF32 mma.sync rate ~4x the FP32 FMA rate), and the TF32 conversion of a fragment value
+# costs this many instructions per MMA_MODE (one cvt; 3xTF32's split: cvt, sub, cvt, test, select).
+MMA_ISSUE_SLOTS = 8
+SPLIT_INSTRUCTIONS = {1: 1, 3: 5}
 # A split's partial buffer is written and read back at ~3.0 TB/s on the sweep: short kernels
 # reach about this share of the stream rate.
 SPLIT_BANDWIDTH_SHARE = 3.0e12 / 4.07e12
@@ -130,6 +137,9 @@ class GemmShape:
     # Bytes of one element (the ELEMENT_BYTES define): 8 for a float64 tape, whose staged slices take
     # twice the shared memory and whose values twice the registers.
     element_bytes: int = 4
+    # The MMA_MODE define (contract PRECISION_MMA_MODES): 0 FMAs; 1 and 3 TF32 and 3xTF32 mma.sync,
+    # whose tiles are made of whole mma tiles and k steps (mma_tile_fits, MMA_K).
+    mma: int = 0
 
     @property
     def words(self) -> int:
@@ -140,7 +150,9 @@ class GemmShape:
     def bk(self) -> int:
         if not self.conv:
             return WEIGHT_BK
-        return ceil_div(self.source_c, ceil_div(self.source_c, MAX_BK)) if self.source_c else 1
+        bk = ceil_div(self.source_c, ceil_div(self.source_c, MAX_BK)) if self.source_c else 1
+        # The tensor cores take whole k steps: channels past the source's are staged as zeros.
+        return ceil_div(bk, MMA_K) * MMA_K if self.mma else bk
 
     @property
     def columns(self) -> int:
@@ -168,21 +180,21 @@ class GemmShape:
         return ceil_div(self.reduction, WEIGHT_BK) * self.images
 
 
-def gemm_shapes(geom: Geometry, element_bytes: int = 4) -> dict[str, GemmShape]:
+def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[str, GemmShape]:
     """The three implicit GEMMs of a conv-family geometry, per stage; with groups, one group's GEMM;
-    elements of `element_bytes`."""
+    elements of `element_bytes`, multiplied as the MMA_MODE `mma` says."""
     in_size, out_size = math.prod(geom.in_spatial), math.prod(geom.out_spatial)
     k_size, rank, images, groups = math.prod(geom.kernel), len(geom.kernel), geom.images, geom.groups
     in_c, out_c = geom.in_c // groups, geom.out_c // groups
     # The weight gradient reduces over the cells of D (g for conv, x for the transpose) against U.
     d_c, u_c, d_size = (out_c, in_c, out_size) if geom.family is Family.CONV else (in_c, out_c, in_size)
-    common = {"rank": rank, "images": images, "groups": groups, "element_bytes": element_bytes}
+    common = {"rank": rank, "images": images, "groups": groups, "element_bytes": element_bytes, "mma": mma}
     direct_forward = GemmShape(m=out_c, n=out_size, conv=True, source_c=in_c, k_size=k_size, **common)
     direct_backward = GemmShape(m=in_c, n=in_size, conv=True, source_c=out_c, k_size=k_size, **common)
     if geom.family is Family.CONV:
-        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom, element_bytes)
+        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom, common)
     else:
-        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom, element_bytes), direct_backward
+        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom, common), direct_backward
     return {
         "forward": forward,
         "backward_input": backward_input,
@@ -203,13 +215,14 @@ def phase_offsets(k: int, s: int, p: int, d: int) -> tuple[int, ...]:
 
 
 def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry,
-                  element_bytes: int) -> GemmShape:
+                  shared: dict[str, int]) -> GemmShape:
     """A gather-form stage (destination cell q collects from source (q + P - k*D) / S where
-    divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather)."""
-    k_size, rank = math.prod(geom.kernel), len(geom.kernel)
+    divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather);
+    `shared`: the fields every stage of the geometry has in common."""
+    k_size = math.prod(geom.kernel)
     phases = math.prod(geom.stride)
-    common = {"m": dst_c, "n": math.prod(dst_spatial), "rank": rank, "conv": True, "source_c": src_c,
-              "images": geom.images, "groups": geom.groups, "element_bytes": element_bytes, "weight_src_major": True}
+    common = {**shared, "m": dst_c, "n": math.prod(dst_spatial), "conv": True, "source_c": src_c,
+              "weight_src_major": True}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
@@ -219,8 +232,17 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     return GemmShape(**common, k_size=ceil_div(offsets, phases), phases=phases, phase_n=phase_n)
 
 
-def _block_tiles(bk: int, conv: bool, element_bytes: int, hardware: Hardware) -> list[tuple[int, int, int, int]]:
-    """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block."""
+def mma_tile_fits(bm: int, bn: int, bk: int, tm: int, tn: int) -> bool:
+    """Whether a block tile runs on the tensor cores (gemm.cuh, tile_owner): each warp an 8tm x 4tn
+    warp tile of whole 16 x 8 mma tiles (tm, tn even), the warp tiles filling the block tile, and
+    slices of whole k steps."""
+    return tm % 2 == 0 and tn % 2 == 0 and bm % (8 * tm) == 0 and bn % (4 * tn) == 0 and bk % MMA_K == 0
+
+
+def _block_tiles(bk: int, conv: bool, element_bytes: int, mma: int,
+                 hardware: Hardware) -> list[tuple[int, int, int, int]]:
+    """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block (and, for the
+    tensor cores, that mma_tile_fits)."""
     out = []
     for tm in (1, 2, 4, 8):
         for tn in (4, 8):
@@ -228,6 +250,8 @@ def _block_tiles(bk: int, conv: bool, element_bytes: int, hardware: Hardware) ->
                 for cols in (2, 4, 8, 16, 32, 64):
                     threads, bm, bn = rows * cols, tm * rows, tn * cols
                     if threads not in BLOCK_THREADS or bm > MAX_BM or bn > MAX_BN:
+                        continue
+                    if mma and not mma_tile_fits(bm, bn, bk, tm, tn):
                         continue
                     if gemm_shared_bytes(bm, bn, bk, element_bytes) > hardware.shared_per_block:
                         continue
@@ -251,7 +275,7 @@ def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
     """Every candidate block tile of `shape` with every allowed split."""
     return [GemmTile(bm, bn, shape.bk, tm, tn, split)
-            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.element_bytes, hardware)
+            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.element_bytes, shape.mma, hardware)
             for split in _splits(shape, bm, bn, hardware)]
 
 
@@ -267,8 +291,18 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         return 0.0
     a_loads = ceil_div(bm * bk, threads)
     words = shape.words
-    fma = bk * tm * tn * words
-    lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4)) * words
+    if shape.mma:
+        # Per warp and slice: the mma.sync instructions (3xTF32 three per tile), the scalar fragment
+        # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and their conversions.
+        steps, copies = bk // MMA_K, 2 if shape.mma == 3 else 1
+        fragments = steps * (2 * tm + tn)
+        fma = steps * (tm // 2) * (tn // 2) * shape.mma * MMA_ISSUE_SLOTS + fragments * SPLIT_INSTRUCTIONS[shape.mma]
+        lds = fragments
+        tile_registers = copies * (tm * tn + 2 * tm + tn)  # accumulators (and acc_small), TF32 fragments
+    else:
+        fma = bk * tm * tn * words
+        lds = bk * ((tm // 4 if tm >= 4 else tm) + (tn // 4)) * words
+        tile_registers = words * (tm * tn + tm + tn)
     if shape.conv:
         cols = max(bn // threads, 1)
         b_rows = ceil_div(bk, max(threads // bn, 1))
@@ -284,7 +318,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
     # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
     # value takes one register more (its index or predicate).
-    registers = words * (tm * tn + tm + tn + a_loads + b_loads) + a_loads + b_loads + hoisted + BASE_REGISTERS
+    registers = tile_registers + (words + 1) * (a_loads + b_loads) + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
     shared = gemm_shared_bytes(bm, bn, bk, shape.element_bytes) + hardware.shared_reserved_per_block

@@ -7,11 +7,11 @@
 // compilable copy with them set.
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
     !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(GROUPS) || \
-    !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || \
-    !defined(FWD_SPLIT) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
-    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || \
-    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
-    !defined(BWW_PACKED)
+    !defined(MMA_MODE) || !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || \
+    !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || \
+    !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || \
+    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
+    !defined(BWW_SPLIT) || !defined(BWW_PACKED)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -98,6 +98,39 @@ __device__ __forceinline__ constexpr unsigned frag_index(unsigned t, unsigned i)
     return T >= 4 ? i / 4 * (B / (T / 4)) + t * 4 + i % 4 : t * T + i;
 }
 
+// Who owns what of the block tile, per MODE (the MMA_MODE define). FMAs (0): thread (tm, tn) of the
+// (BM / TM) x (BN / TN) thread grid owns rows frag_index<BM, TM>(tm, i) and columns frag_index<BN, TN>(tn, j).
+// Tensor cores (1, 3): warp (tm, tn) of the (BM / 8TM) x (BN / 4TN) warp grid owns an 8TM x 4TN warp tile
+// of (TM / 2) x (TN / 2) mma tiles of 16 x 8; accumulator (i, j) of a lane is element 2 (i % 2) + j % 2
+// of the C fragment of mma tile (i / 2, j / 2): row 8 (i % 2) + lane / 4, column 2 (lane % 4) + j % 2
+// (PTX ISA, mma.m16n8k8 C/D fragments). Either way a thread holds TM x TN accumulators and the block
+// has (BM / TM) * (BN / TN) threads.
+template <unsigned MODE, unsigned BN, unsigned TN>
+__device__ __forceinline__ void tile_owner(unsigned tid, unsigned& tm, unsigned& tn)
+{
+    constexpr unsigned ACROSS = MODE == 0 ? BN / TN : BN / (4 * TN);  // threads or warps along a row
+    const unsigned owner = MODE == 0 ? tid : tid / 32;
+    tm = owner / ACROSS, tn = owner % ACROSS;
+}
+template <unsigned MODE, unsigned BM, unsigned TM>
+__device__ __forceinline__ unsigned tile_row(unsigned tm, unsigned i)
+{
+    if constexpr (MODE == 0) {
+        return frag_index<BM, TM>(tm, i);
+    } else {
+        return tm * 8 * TM + i / 2 * 16 + i % 2 * 8 + threadIdx.x % 32 / 4;
+    }
+}
+template <unsigned MODE, unsigned BN, unsigned TN>
+__device__ __forceinline__ unsigned tile_col(unsigned tn, unsigned j)
+{
+    if constexpr (MODE == 0) {
+        return frag_index<BN, TN>(tn, j);
+    } else {
+        return tn * 4 * TN + j / 2 * 8 + threadIdx.x % 4 * 2 + j % 2;
+    }
+}
+
 // Four consecutive elements at a 16-byte aligned address: one 16-byte access for float, two for
 // double. The __ldg variants read global memory through the read-only cache.
 __device__ __forceinline__ void load4(const float* p, float& a, float& b, float& c, float& d)
@@ -148,6 +181,21 @@ __device__ __forceinline__ void load_fragment(const real* row, unsigned t, real 
     }
 }
 
+// A thread's T values of one staged row at its tile positions (tile_row / tile_col): the FMA fragment,
+// or in tensor-core mode the scalar elements of its C fragment positions.
+template <unsigned MODE, unsigned B, unsigned T, bool ROWS>
+__device__ __forceinline__ void load_tile_values(const real* row, unsigned t, real (&v)[T])
+{
+    if constexpr (MODE == 0) {
+        load_fragment<B, T>(row, t, v);
+    } else {
+#pragma unroll
+        for (unsigned i = 0; i < T; ++i) {
+            v[i] = row[ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i)];
+        }
+    }
+}
+
 // a * b + c rounded once, in the element type.
 __device__ __forceinline__ float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
@@ -173,10 +221,139 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
     }
 }
 
+// Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
+// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away.
+__device__ __forceinline__ unsigned to_tf32(float x)
+{
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. An
+// infinite big (x is +-inf, or rounds past the float range) gets small 0: x - big would make a NaN
+// that x itself does not ask for. A NaN x stays NaN in both.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small)
+{
+    big = to_tf32(x);
+    const float rest = x - __uint_as_float(big);
+    small = isinf(__uint_as_float(big)) ? 0u : to_tf32(rest);
+}
+
+// c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
+// a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
+// c0..c3 at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
+                                         const unsigned (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
+template <unsigned TM, unsigned TN>
+__device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsigned ni, const unsigned (&a)[4],
+                                         const unsigned (&b)[2])
+{
+    mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1], a, b);
+}
+
+// One staged slice on the tensor cores: acc += As^T Bs in k steps of 8, each warp over its warp tile
+// (tile_owner). The order of the 8 products inside an mma is the hardware's, so fragment k position t
+// may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
+// warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
+// where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
+// into acc and big*small, small*big into acc_small, a sum of terms ~2^-11 of acc's, kept apart so
+// that acc's rounding does not swallow them (added once, after the last slice: finish_products).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          float (&acc)[TM][TN], float (&acc_small)[TM][TN])
+{
+    static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
+    const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
+#pragma unroll
+    for (unsigned k0 = 0; k0 < BK; k0 += 8) {
+        const float* a_lo = As[k0 + 2 * t];  // k position t
+        const float* a_hi = As[k0 + 2 * t + 1];  // k position t + 4
+        const float* b_lo = Bs[k0 + 2 * t];
+        const float* b_hi = Bs[k0 + 2 * t + 1];
+        unsigned a_big[TM / 2][4], a_small[TM / 2][4], b_big[TN / 2][2], b_small[TN / 2][2];
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+            const float a[4] = {a_lo[row + 16 * mi], a_lo[row + 16 * mi + 8], a_hi[row + 16 * mi],
+                                a_hi[row + 16 * mi + 8]};
+#pragma unroll
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MODE == 3) {
+                    split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
+                } else {
+                    a_big[mi][r] = to_tf32(a[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned ni = 0; ni < TN / 2; ++ni) {
+            const float b[2] = {b_lo[col + 8 * ni], b_hi[col + 8 * ni]};
+#pragma unroll
+            for (unsigned r = 0; r < 2; ++r) {
+                if constexpr (MODE == 3) {
+                    split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
+                } else {
+                    b_big[ni][r] = to_tf32(b[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+#pragma unroll
+            for (unsigned ni = 0; ni < TN / 2; ++ni) {
+                if constexpr (MODE == 3) {
+                    mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
+                    mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
+                }
+                mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
+            }
+        }
+    }
+}
+
+// One staged slice by MODE: FMAs in the element type (0) or the tensor cores (1, 3).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_ROW_PAD],
+                                              const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                              real (&acc)[TM][TN], real (&acc_small)[TM][TN])
+{
+    if constexpr (MODE == 0) {
+        slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
+    } else {
+        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc, acc_small);
+    }
+}
+
+// After the last slice: 3xTF32's small products join the big ones (acc already holds the bias).
+template <unsigned MODE, unsigned TM, unsigned TN>
+__device__ __forceinline__ void finish_products(real (&acc)[TM][TN], const real (&acc_small)[TM][TN])
+{
+    if constexpr (MODE == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                acc[i][j] += acc_small[i][j];
+            }
+        }
+    }
+}
+
 // A staged slice whose A holds an inf or NaN: acc += As^T Bs over only the terms whose B element
 // exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
-// NaN). The rare path: not unrolled over kk, so it adds little code.
-template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+// NaN). The rare path: not unrolled over kk, so it adds little code; FMAs in every MODE, at the
+// accumulators' tile positions.
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARED_ROW_PAD],
                                                  const real (&Bs)[BK][BN + SHARED_ROW_PAD],
                                                  const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
@@ -186,13 +363,13 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
     unsigned bits[TN];
 #pragma unroll
     for (unsigned j = 0; j < TN; ++j) {
-        bits[j] = valid_rows[frag_index<BN, TN>(tn, j)];
+        bits[j] = valid_rows[tile_col<MODE, BN, TN>(tn, j)];
     }
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
         real a[TM], b[TN];
-        load_fragment<BM, TM>(As[kk], tm, a);
-        load_fragment<BN, TN>(Bs[kk], tn, b);
+        load_tile_values<MODE, BM, TM, true>(As[kk], tm, a);
+        load_tile_values<MODE, BN, TN, false>(Bs[kk], tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
@@ -216,25 +393,32 @@ __device__ __forceinline__ bool any_nonfinite(const real (&values)[N])
 }
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
-template <unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
+template <unsigned MODE, unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
 __device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
                                            unsigned tn, const real (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const unsigned m = m0 + frag_index<BM, TM>(tm, i);
+        const unsigned m = m0 + tile_row<MODE, BM, TM>(tm, i);
         if (m >= M) continue;
         real* __restrict__ row = dest + (size_t)m * N;
-        if constexpr (TN % 4 == 0 && N % 4 == 0) {
+        if constexpr (MODE == 0 && TN % 4 == 0 && N % 4 == 0) {
 #pragma unroll
             for (unsigned g = 0; g < TN / 4; ++g) {
                 const unsigned n = n0 + frag_index<BN, TN>(tn, 4 * g);
                 if (n < N) store4(row + n, acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
             }
+        } else if constexpr (MODE != 0 && N % 2 == 0) {
+            // Columns j, j + 1 of a C fragment are adjacent, the first even: one 8-byte store.
+#pragma unroll
+            for (unsigned g = 0; g < TN / 2; ++g) {
+                const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, 2 * g);
+                if (n < N) *reinterpret_cast<float2*>(row + n) = make_float2(acc[i][2 * g], acc[i][2 * g + 1]);
+            }
         } else {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                const unsigned n = n0 + frag_index<BN, TN>(tn, j);
+                const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, j);
                 if (n < N) row[n] = acc[i][j];
             }
         }
@@ -306,6 +490,11 @@ extern "C" __global__ void conv_transpose_r1_forward(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
+    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    constexpr unsigned MMA = MMA_MODE;
+    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
@@ -363,7 +552,8 @@ extern "C" __global__ void conv_transpose_r1_forward(
     const unsigned chunk_begin = split * per_split;
     const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
-    const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
+    unsigned tm, tn;
+    tile_owner<MMA, BN, TN>(tid, tm, tn);
     const unsigned b_row = tid / BN;
     // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
@@ -468,11 +658,22 @@ extern "C" __global__ void conv_transpose_r1_forward(
     real acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const unsigned m = m0 + frag_index<BM, TM>(tm, i);
+        const unsigned m = m0 + tile_row<MMA, BM, TM>(tm, i);
         const real start = split == 0 && m < M ? __ldg(bias + m) : real(0);
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
+        }
+    }
+    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
+    real acc_small[TM][TN];
+    if constexpr (MMA == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                acc_small[i][j] = 0;
+            }
         }
     }
     if (chunk_begin < chunk_end) {
@@ -485,18 +686,19 @@ extern "C" __global__ void conv_transpose_r1_forward(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
             nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+        // every MMA mode: the rare path stays simple).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             store_valid();
             __syncthreads();
-            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
             if (chunk + 1 < chunk_end) {
                 load(chunk + 1);
                 store(buffer ^ 1);
@@ -504,15 +706,16 @@ extern "C" __global__ void conv_transpose_r1_forward(
             __syncthreads();
         }
     }
+    finish_products<MMA>(acc, acc_small);
     if constexpr (PHASES == 1) {
-        store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
+        store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
     } else {
         // The tile's columns are cells of one phase: dst cell rho + S*u per axis, stride S apart.
         unsigned column[TN];
         bool column_in[TN];
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
-            const unsigned cell = n0 + frag_index<BN, TN>(tn, j);
+            const unsigned cell = n0 + tile_col<MMA, BN, TN>(tn, j);
             unsigned rest = cell;
             const pos_t v0 = (pos_t)rest;
             column_in[j] = cell < PHASE_N && (S0 == 1 || rho0 + S0 * v0 < OUT0);
@@ -522,7 +725,7 @@ extern "C" __global__ void conv_transpose_r1_forward(
         }
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
-            const unsigned m = m0 + frag_index<BM, TM>(tm, i);
+            const unsigned m = m0 + tile_row<MMA, BM, TM>(tm, i);
             if (m >= M) continue;
             real* __restrict__ row = out + (size_t)m * N;
 #pragma unroll
@@ -556,6 +759,11 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
+    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    constexpr unsigned MMA = MMA_MODE;
+    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
@@ -583,7 +791,8 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
     const unsigned chunk_begin = split * per_split;
     const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
-    const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
+    unsigned tm, tn;
+    tile_owner<MMA, BN, TN>(tid, tm, tn);
     const unsigned b_row = tid / BN;
     // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
@@ -665,6 +874,17 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
             acc[i][j] = start;
         }
     }
+    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
+    real acc_small[TM][TN];
+    if constexpr (MMA == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                acc_small[i][j] = 0;
+            }
+        }
+    }
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
@@ -675,18 +895,19 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
             nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+        // every MMA mode: the rare path stays simple).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             store_valid();
             __syncthreads();
-            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
             if (chunk + 1 < chunk_end) {
                 load(chunk + 1);
                 store(buffer ^ 1);
@@ -694,7 +915,8 @@ extern "C" __global__ void conv_transpose_r1_backward_input(
             __syncthreads();
         }
     }
-    store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
+    finish_products<MMA>(acc, acc_small);
+    store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
@@ -720,6 +942,11 @@ extern "C" __global__ void conv_transpose_r1_backward_weight(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
+    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    constexpr unsigned MMA = MMA_MODE;
+    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
     __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
     __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
@@ -744,7 +971,8 @@ extern "C" __global__ void conv_transpose_r1_backward_weight(
     const unsigned chunk_begin = split * per_split;
     const unsigned chunk_end = chunk_begin + per_split < chunks ? chunk_begin + per_split : chunks;
     const unsigned tid = threadIdx.x;
-    const unsigned tm = tid / (BN / TN), tn = tid % (BN / TN);
+    unsigned tm, tn;
+    tile_owner<MMA, BN, TN>(tid, tm, tn);
     // This block's group; with SPLIT > 1, dest is the partial buffer [SPLIT][GROUPS * M][N].
     d_values += (size_t)group * M * REDUCTION;
     u_values += (size_t)group * U_C * OUT_SIZE;
@@ -827,6 +1055,17 @@ extern "C" __global__ void conv_transpose_r1_backward_weight(
             acc[i][j] = start;
         }
     }
+    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
+    real acc_small[TM][TN];
+    if constexpr (MMA == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                acc_small[i][j] = 0;
+            }
+        }
+    }
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
@@ -837,19 +1076,20 @@ extern "C" __global__ void conv_transpose_r1_backward_weight(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_fma<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
             nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-        // Slice by slice without overlap, so the staged values are dead during the FMAs.
+        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+        // every MMA mode: the rare path stays simple).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             load(chunk);  // the slice is staged already; this recomputes its validity
             store_valid();
             __syncthreads();
-            slice_fma_masked<BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
             if (chunk + 1 < chunk_end) {
                 load(chunk + 1);
                 store(buffer ^ 1);
@@ -857,7 +1097,8 @@ extern "C" __global__ void conv_transpose_r1_backward_weight(
             __syncthreads();
         }
     }
-    store_tile<M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
+    finish_products<MMA>(acc, acc_small);
+    store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
