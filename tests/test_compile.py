@@ -16,6 +16,7 @@ from convgen.cuda_launch import BLOCK, H200, gemm_shapes, plan, representative_g
 from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, gemm_shared_bytes
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
+from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
@@ -138,6 +139,30 @@ def test_source_compiles_in_float64_without_spills(family, rank):
     assert not [k for k in report.kernels if k.spills]
 
 
+CONV_SOURCES = [key for key in SOURCES if key[0].is_conv]
+TENSOR_CORE_PRECISIONS = ("high", "medium")
+
+
+@pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize(("family", "rank"), CONV_SOURCES, ids=_ids)
+def test_conv_source_compiles_on_tensor_cores_without_spills(family, rank, precision):
+    """The tensor-core GEMMs (MMA_MODE 3, 1) at each conv source's representative geometry, planned tiles."""
+    report = nvrtc_check.compile_source(family, rank, "sm_90", "float32", precision)
+    assert report.error is None, report.error
+    assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
+    assert not [k for k in report.kernels if k.spills]
+
+
+@pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize("tile", MMA_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
+def test_forced_tensor_core_tiles_compile_without_spills(tile, precision):
+    """Every tile the CUDA tests force onto the tensor cores compiles (its static_asserts hold)."""
+    for geom in FORCED_GEOMETRY:
+        report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision, forced_chooser(*tile))
+        assert report.error is None, report.error
+        assert not [k for k in report.kernels if k.spills]
+
+
 # SEMANTICS §8 geometries the CUDA tape computes: a batch (a kernel argument; its bucket may pick
 # other tiles, here split stages and the batched weight gradient's longer reduction); dilation
 # (stride phases with gcd(S, D) > 1, pools with streamed rows), groups and output padding up to rank 8.
@@ -164,6 +189,26 @@ EXTENDED = [
                                                          f"_d{'x'.join(map(str, g.dilation))}_g{g.groups}")
 def test_extended_geometry_compiles_without_spills(geom, dtype):
     report = nvrtc_check.compile_plan(geom, "sm_90", dtype)
+    assert report.error is None, report.error
+    assert not [k for k in report.kernels if k.spills]
+
+
+# The batched cases of the benchmark: the tile model's tensor-core picks must not spill (its register
+# estimate once let 128x128 t8x8 3xTF32 through, at 255 registers with spills).
+BENCHMARK_CONVS = [
+    Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8),
+    Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32),
+    Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32),
+    Geometry.build(Family.CONV, 32, 32, (32,) * 3, (3,) * 3, (1,) * 3, (1,) * 3, batch=8),
+    Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8),
+]
+
+
+@pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize("geom", [g for g in EXTENDED if g.family.is_conv] + BENCHMARK_CONVS,
+                         ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}_g{g.groups}")
+def test_extended_geometry_compiles_on_tensor_cores_without_spills(geom, precision):
+    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision)
     assert report.error is None, report.error
     assert not [k for k in report.kernels if k.spills]
 

@@ -18,8 +18,6 @@ from convgen.cuda_launch import H200, plan
 from convgen.geometry import Family, Geometry
 from cuda_support import (
     CASES_PER_RANK,
-    FORCED_GEOMETRY,
-    FORCED_TILES,
     RANKS,
     G,
     PoisonTape,
@@ -34,6 +32,7 @@ from cuda_support import (
     run,
     same_error,
 )
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 

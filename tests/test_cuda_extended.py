@@ -13,8 +13,6 @@ from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from cuda_support import (
     CASES_PER_RANK,
-    FORCED_GEOMETRY,
-    FORCED_TILES,
     RANKS,
     G,
     PoisonTape,
@@ -25,6 +23,7 @@ from cuda_support import (
     forced_tape,
     run,
 )
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
