@@ -45,7 +45,7 @@ from convgen.generator.naming import (
 )
 
 LINE_WIDTH = 120  # of the generated CUDA
-HELPERS = ("common", "gemm")  # templates/cuda/<name>.cuh
+HELPERS = ("common", "mma", "gemm")  # templates/cuda/<name>.cuh
 
 FAMILY_TITLES: dict[Family, str] = {
     Family.CONV: "Convolution",

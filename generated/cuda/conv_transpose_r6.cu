@@ -57,6 +57,110 @@ __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { re
 
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
 
+// The tensor-core slice of the implicit-GEMM kernels (MMA_MODE 1 and 3; docs/DESIGN.md, the
+// tensor-core slice), inlined into each conv source by `convgen build` before gemm.cuh, whose
+// slice_product calls it. Needs SHARED_ROW_PAD (printed from the contract); float only.
+
+// Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
+// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away.
+__device__ __forceinline__ unsigned to_tf32(float x)
+{
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. An
+// infinite big (x is +-inf, or rounds past the float range) gets small 0: x - big would make a NaN
+// that x itself does not ask for. A NaN x stays NaN in both.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small)
+{
+    big = to_tf32(x);
+    const float rest = x - __uint_as_float(big);
+    small = isinf(__uint_as_float(big)) ? 0u : to_tf32(rest);
+}
+
+// c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
+// a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
+// c0..c3 at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
+                                         const unsigned (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
+template <unsigned TM, unsigned TN>
+__device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsigned ni, const unsigned (&a)[4],
+                                         const unsigned (&b)[2])
+{
+    mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1], a, b);
+}
+
+// One staged slice on the tensor cores: acc += As^T Bs in k steps of 8, each warp over its warp tile
+// (tile_owner). The order of the 8 products inside an mma is the hardware's, so fragment k position t
+// may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
+// warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
+// where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
+// into acc and big*small, small*big into acc_small, a sum of terms ~2^-11 of acc's, kept apart so
+// that acc's rounding does not swallow them (added once, after the last slice: finish_products).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          float (&acc)[TM][TN], float (&acc_small)[TM][TN])
+{
+    static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
+    const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
+#pragma unroll
+    for (unsigned k0 = 0; k0 < BK; k0 += 8) {
+        const float* a_lo = As[k0 + 2 * t];  // k position t
+        const float* a_hi = As[k0 + 2 * t + 1];  // k position t + 4
+        const float* b_lo = Bs[k0 + 2 * t];
+        const float* b_hi = Bs[k0 + 2 * t + 1];
+        unsigned a_big[TM / 2][4], a_small[TM / 2][4], b_big[TN / 2][2], b_small[TN / 2][2];
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+            const float a[4] = {a_lo[row + 16 * mi], a_lo[row + 16 * mi + 8], a_hi[row + 16 * mi],
+                                a_hi[row + 16 * mi + 8]};
+#pragma unroll
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MODE == 3) {
+                    split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
+                } else {
+                    a_big[mi][r] = to_tf32(a[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned ni = 0; ni < TN / 2; ++ni) {
+            const float b[2] = {b_lo[col + 8 * ni], b_hi[col + 8 * ni]};
+#pragma unroll
+            for (unsigned r = 0; r < 2; ++r) {
+                if constexpr (MODE == 3) {
+                    split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
+                } else {
+                    b_big[ni][r] = to_tf32(b[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+#pragma unroll
+            for (unsigned ni = 0; ni < TN / 2; ++ni) {
+                if constexpr (MODE == 3) {
+                    mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
+                    mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
+                }
+                mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
+            }
+        }
+    }
+}
+
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
 // source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract) and
 // `real`, the element type (common.cuh).
@@ -222,106 +326,6 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 acc[i][j] = fused_multiply_add(a[i], b[j], acc[i][j]);
-            }
-        }
-    }
-}
-
-// Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
-// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away.
-__device__ __forceinline__ unsigned to_tf32(float x)
-{
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. An
-// infinite big (x is +-inf, or rounds past the float range) gets small 0: x - big would make a NaN
-// that x itself does not ask for. A NaN x stays NaN in both.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small)
-{
-    big = to_tf32(x);
-    const float rest = x - __uint_as_float(big);
-    small = isinf(__uint_as_float(big)) ? 0u : to_tf32(rest);
-}
-
-// c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
-// a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
-// c0..c3 at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4).
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
-                                         const unsigned (&b)[2])
-{
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
-template <unsigned TM, unsigned TN>
-__device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsigned ni, const unsigned (&a)[4],
-                                         const unsigned (&b)[2])
-{
-    mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1], a, b);
-}
-
-// One staged slice on the tensor cores: acc += As^T Bs in k steps of 8, each warp over its warp tile
-// (tile_owner). The order of the 8 products inside an mma is the hardware's, so fragment k position t
-// may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
-// warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
-// where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
-// into acc and big*small, small*big into acc_small, a sum of terms ~2^-11 of acc's, kept apart so
-// that acc's rounding does not swallow them (added once, after the last slice: finish_products).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
-                                          const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          float (&acc)[TM][TN], float (&acc_small)[TM][TN])
-{
-    static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
-    const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
-#pragma unroll
-    for (unsigned k0 = 0; k0 < BK; k0 += 8) {
-        const float* a_lo = As[k0 + 2 * t];  // k position t
-        const float* a_hi = As[k0 + 2 * t + 1];  // k position t + 4
-        const float* b_lo = Bs[k0 + 2 * t];
-        const float* b_hi = Bs[k0 + 2 * t + 1];
-        unsigned a_big[TM / 2][4], a_small[TM / 2][4], b_big[TN / 2][2], b_small[TN / 2][2];
-#pragma unroll
-        for (unsigned mi = 0; mi < TM / 2; ++mi) {
-            const float a[4] = {a_lo[row + 16 * mi], a_lo[row + 16 * mi + 8], a_hi[row + 16 * mi],
-                                a_hi[row + 16 * mi + 8]};
-#pragma unroll
-            for (unsigned r = 0; r < 4; ++r) {
-                if constexpr (MODE == 3) {
-                    split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
-                } else {
-                    a_big[mi][r] = to_tf32(a[r]);
-                }
-            }
-        }
-#pragma unroll
-        for (unsigned ni = 0; ni < TN / 2; ++ni) {
-            const float b[2] = {b_lo[col + 8 * ni], b_hi[col + 8 * ni]};
-#pragma unroll
-            for (unsigned r = 0; r < 2; ++r) {
-                if constexpr (MODE == 3) {
-                    split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
-                } else {
-                    b_big[ni][r] = to_tf32(b[r]);
-                }
-            }
-        }
-#pragma unroll
-        for (unsigned mi = 0; mi < TM / 2; ++mi) {
-#pragma unroll
-            for (unsigned ni = 0; ni < TN / 2; ++ni) {
-                if constexpr (MODE == 3) {
-                    mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
-                    mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
-                }
-                mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
             }
         }
     }
