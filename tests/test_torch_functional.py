@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -188,6 +189,30 @@ def test_empty_batch_gives_empty_output_and_zero_gradients() -> None:
     assert torch.equal(weight.grad, torch.zeros_like(weight))
 
 
+def test_numpy_integers_are_taken_as_torch_takes_them() -> None:
+    x = torch.randn(2, 4, 7, 6, dtype=torch.float64)
+    weight = torch.randn(4, 3, 3, 2, dtype=torch.float64)
+    # groups reads the output channels off a transposed weight: a NumPy groups once read 3 of them, not 6.
+    torch.testing.assert_close(ct.conv_transpose(x, weight, groups=np.int64(2), stride=np.int64(2)),
+                               F.conv_transpose2d(x, weight, groups=2, stride=2))
+    torch.testing.assert_close(ct.conv(x, weight.transpose(0, 1).reshape(6, 2, 3, 2), groups=np.int32(2),
+                                       stride=np.int64(2), padding=[np.int64(1), 0]),
+                               F.conv2d(x, weight.transpose(0, 1).reshape(6, 2, 3, 2), groups=2, stride=2,
+                                        padding=(1, 0)))
+    torch.testing.assert_close(ct.max_pool(x, np.int64(2)), F.max_pool2d(x, 2))
+
+
+def test_meta_tensors_give_shapes_as_torch_ops_do() -> None:
+    x = torch.empty(2, 3, 9, 8, device="meta", requires_grad=True)
+    weight = torch.empty(4, 3, 3, 3, device="meta", requires_grad=True)
+    hidden = ct.conv_transpose(ct.conv(x, weight, stride=2), weight, stride=2, output_padding=1)
+    y = ct.smooth_max_pool(ct.avg_pool(ct.max_pool(hidden, 2, stride=1), 2), (2, 2), beta=2.0)
+    expected = F.avg_pool2d(F.max_pool2d(hidden, 2, stride=1), 2)
+    assert y.is_meta and y.shape == F.max_pool2d(expected, 2).shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and weight.grad.shape == weight.shape
+
+
 X = torch.zeros(2, 4, 6, 6)
 W = torch.zeros(6, 4, 3, 3)
 
@@ -211,7 +236,17 @@ ERRORS = [
     (lambda: ct.conv(X, W.double()), TypeError,
      "convgen.torch.conv: weight dtype torch.float64 does not match input dtype torch.float32"),
     (lambda: ct.conv(X.half(), W.half()), TypeError,
-     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16"),
+     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16; float16 and "
+     "bfloat16 run (in float32) only under torch.autocast"),
+    (lambda: ct.conv(X.long(), W), TypeError,
+     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.int64"),
+    (lambda: ct.conv([[1.0]], W), TypeError, "convgen.torch.conv: input must be a torch.Tensor, got list"),
+    (lambda: ct.conv_transpose(None, W), TypeError,
+     "convgen.torch.conv_transpose: input must be a torch.Tensor, got NoneType"),
+    (lambda: ct.max_pool(X.numpy(), 2), TypeError, "convgen.torch.max_pool: input must be a torch.Tensor, got ndarray"),
+    (lambda: ct.smooth_max_pool(X, 2, beta=1.0, stride=(1, 1, 1)), ValueError,
+     "convgen.torch.smooth_max_pool: in_spatial, kernel, stride, padding, dilation must have the same length, "
+     "got 2, 2, 3, 2, 2"),
     (lambda: ct.conv(X, W, torch.zeros(5)), ValueError, "convgen.torch.conv: bias must have shape (6,), got (5,)"),
     (lambda: ct.conv(X, W, torch.zeros(6, device="meta")), RuntimeError,
      "convgen.torch.conv: bias is on meta but input is on cpu"),

@@ -145,3 +145,21 @@ def test_compile_inductor_forward_and_backward() -> None:
     expected = torch.autograd.grad(step(x, w), (x, w))
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+def test_compile_dynamic_smooth_max_pool_matches_eager_over_batch_sizes() -> None:
+    """Smooth max's beta is rounded to float32 by NumPy, which dynamo cannot trace: under compile the window is
+    checked without it (a symbolic beta under dynamic=True included), and the op checks beta when it runs."""
+    torch._dynamo.reset()
+
+    def pool(x, beta):
+        return ct.smooth_max_pool(ct.smooth_max_pool(x, (2, 2, 2, 2), beta=beta, stride=1), 2, beta=-1.5)
+
+    compiled = torch.compile(pool, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch, beta in ((1, 2.0), (3, 0.5), (2, 2.0)):
+        x = _tensor(batch, 2, 4, 3, 3, 4, requires_grad=True, seed=batch)
+        got, expected = compiled(x, beta), pool(x, beta)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
+    with pytest.raises(ValueError, match="^convgen.torch.smooth_max_pool: beta must be finite and nonzero$"):
+        compiled(_tensor(2, 2, 4, 3, 3, 4), 0.0)

@@ -248,11 +248,47 @@ def test_wrong_input_names_the_layer_and_the_values(build, x_shape, message):
      "AvgPool5d: stride must be an int or a tuple of 5 ints, got (1, 2)"),
     (lambda: cnn.SmoothMaxPool4d(2.5, 1.0), TypeError,
      "SmoothMaxPool4d: kernel_size must be an int or a tuple of 4 ints, got 2.5"),
+    (lambda: cnn.Conv2d(3, 4, -1), ValueError, "Conv2d: kernel_size must be at least 1 on every axis, got -1"),
+    (lambda: cnn.Conv3d(3, 4, 3, stride=(1, 0, 1)), ValueError,
+     "Conv3d: stride must be at least 1 on every axis, got (1, 0, 1)"),
+    (lambda: cnn.ConvTranspose2d(3, 4, 3, padding=(1, -1)), ValueError,
+     "ConvTranspose2d: padding must be at least 0 on every axis, got (1, -1)"),
+    (lambda: cnn.Conv2d(3, 4, 3, dilation=0), ValueError, "Conv2d: dilation must be at least 1 on every axis, got 0"),
+    (lambda: cnn.MaxPool2d(2, stride=0), ValueError, "MaxPool2d: stride must be at least 1 on every axis, got 0"),
+    (lambda: cnn.Conv2d(3, 4, True), TypeError, "Conv2d: kernel_size must be an int or a tuple of 2 ints, got True"),
 ])
 def test_wrong_arguments_name_the_layer_and_the_values(build, error, message):
     with pytest.raises(error) as caught:
         build()
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: cnn.Conv2d(3, 4, 3)([[1.0]]), TypeError, "Conv2d: input must be a torch.Tensor, got list"),
+    (lambda: cnn.MaxPool3d(2)(None), TypeError, "MaxPool3d: input must be a torch.Tensor, got NoneType"),
+    (lambda: cnn.ConvTranspose2d(3, 4, 3, stride=2)(torch.zeros(1, 3, 4, 4), output_size=[9.0, 9]), TypeError,
+     "ConvTranspose2d: output_size must be a list or tuple of ints, got [9.0, 9]"),
+    (lambda: cnn.ConvTranspose2d(3, 4, 3, stride=2)(torch.zeros(1, 3, 4, 4), output_size="99"), TypeError,
+     "ConvTranspose2d: output_size must be a list or tuple of ints, got '99'"),
+    (lambda: cnn.Conv2d(3, 4, 3).half()(torch.zeros(1, 3, 5, 5).half()), TypeError,
+     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16; float16 and "
+     "bfloat16 run (in float32) only under torch.autocast"),
+])
+def test_wrong_calls_name_the_layer_and_the_values(call, error, message):
+    with pytest.raises(error) as caught:
+        call()
+    assert str(caught.value) == message
+
+
+def test_numpy_integer_arguments_build_the_layer_torch_builds():
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(3)
+    ours = cnn.ConvTranspose2d(np.int64(4), np.int64(6), np.int64(3), stride=(np.int64(2), 1), groups=np.int64(2))
+    theirs = torch.nn.ConvTranspose2d(4, 6, 3, stride=(2, 1), groups=2)
+    theirs.load_state_dict(ours.state_dict())
+    assert repr(ours) == repr(theirs)
+    x = torch.randn(2, 4, 5, 4)
+    torch.testing.assert_close(ours(x, output_size=[np.int64(12), 6]), theirs(x, output_size=[12, 6]))
 
 
 def test_state_dict_and_whole_module_round_trip():

@@ -11,6 +11,7 @@ float32 and the result is float32.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -23,17 +24,24 @@ Tensor = torch.Tensor
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _is_int(value: Any) -> bool:
-    return type(value) is int
+def _integer(value: Any) -> Any:
+    """An integer (int or NumPy's, not a bool) as an int, as torch takes them; anything else as given, for
+    the validator to reject by name."""
+    if type(value) is int or isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return int(value)
 
 
 def _per_axis(value: Any, rank: int) -> Any:
-    """An int broadcast to `rank` axes; a list or tuple of ints as a tuple; anything else as given, for
-    the validator to reject by name."""
-    if _is_int(value):
+    """An integer broadcast to `rank` axes; a list or tuple of integers as a tuple of ints; anything else
+    as given, for the validator to reject by name."""
+    value = _integer(value)
+    if type(value) is int:
         return (value,) * rank
-    if isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
-        return tuple(value)
+    if isinstance(value, (tuple, list)):
+        items = tuple(_integer(v) for v in value)
+        if all(type(v) is int for v in items):
+            return items
     return value
 
 
@@ -53,17 +61,28 @@ def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...
     return tuple(t.float() if t is not None and t.dtype in _AUTOCAST_DTYPES else t for t in tensors)
 
 
+def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> tuple[Tensor | None, ...]:
+    """The tensors of `named` (input first, bias may be None) after autocast, checked by _check_tensors."""
+    for name, tensor in named:
+        if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
+            raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    tensors = _autocast(*(tensor for _, tensor in named))
+    _check_tensors(op, tuple((name, tensor) for (name, _), tensor in zip(named, tensors)))
+    return tensors
+
+
 def _check_tensors(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> None:
     """Tensors of float32 or float64, all of the input's dtype and on its device."""
     input = named[0][1]
     for name, tensor in named:
-        if tensor is None and name == "bias":
+        if tensor is None:
             continue
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dtype not in devices.DTYPE_NAMES:
+            # The rule of .half() models: half precision runs, in float32, only where autocast asks for it.
+            hint = "; float16 and bfloat16 run (in float32) only under torch.autocast" \
+                if tensor.dtype in _AUTOCAST_DTYPES else ""
             raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32 or torch.float64, "
-                            f"got {tensor.dtype}")
+                            f"got {tensor.dtype}{hint}")
         if tensor.dtype != input.dtype:
             raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {input.dtype}")
         if tensor.device != input.device:
@@ -92,15 +111,15 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding_mode 'zeros' or 'circular'."""
     op = "conv"
-    input, weight, bias = _autocast(input, weight, bias)
-    _check_tensors(op, (("input", input), ("weight", weight), ("bias", bias)))
+    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)))
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
     stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
+    groups = _integer(groups)
     geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
                                  _plain(stride, padding, dilation, scalars=(groups, padding_mode)))
     _check_bias(op, bias, geom)
-    if _EAGER_FUNCTION and not torch.compiler.is_compiling():
+    if _eager(input):
         return _Eager.apply(op, geom, weight, bias, input)
     return library.conv(input, weight, bias, geom.stride, geom.padding, geom.dilation, geom.groups, geom.circular)
 
@@ -109,25 +128,27 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """N-D transposed convolution (torch.nn.functional.conv_transpose{1,2,3}d at every rank)."""
     op = "conv_transpose"
-    input, weight, bias = _autocast(input, weight, bias)
-    _check_tensors(op, (("input", input), ("weight", weight), ("bias", bias)))
+    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)))
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
     stride, padding, output_padding, dilation = (_per_axis(v, rank) for v in (stride, padding, output_padding,
                                                                              dilation))
+    groups = _integer(groups)
     geom = library.conv_transpose_geometry(op, input.shape, weight.shape, stride, padding, output_padding, dilation,
                                            groups, _plain(stride, padding, output_padding, dilation, scalars=(groups,)))
     _check_bias(op, bias, geom)
-    if _EAGER_FUNCTION and not torch.compiler.is_compiling():
+    if _eager(input):
         return _Eager.apply(op, geom, weight, bias, input)
     return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
                                   geom.groups)
 
 
 def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, stride: Any, padding: Any,
-                   dilation: Any, beta: Any = None) -> Geometry:
-    _check_tensors(op, (("input", input),))
-    if _is_int(kernel_size):
+                   dilation: Any, beta: Any = None) -> tuple[Tensor, Geometry]:
+    """The input after autocast, checked, and the pool's geometry."""
+    (input,) = _checked(op, (("input", input),))
+    kernel_size = _integer(kernel_size)
+    if type(kernel_size) is int:
         if input.dim() < 3:
             raise ValueError(f"convgen.torch.{op}: an int kernel_size reads the input as batched [N, C, *S], which "
                              f"needs at least 3 dimensions, got {input.dim()}; pass a tuple kernel_size for an "
@@ -142,24 +163,28 @@ def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, str
     stride = kernel_size if stride is None else _per_axis(stride, rank)
     padding, dilation = _per_axis(padding, rank), None if dilation is None else _per_axis(dilation, rank)
     sequences = (kernel_size, stride, padding) if dilation is None else (kernel_size, stride, padding, dilation)
-    return library.pool_geometry(op, family, input.shape, kernel_size, stride, padding, dilation, beta,
-                                 _plain(*sequences, scalars=() if beta is None else (beta,)))
+    return input, library.pool_geometry(op, family, input.shape, kernel_size, stride, padding, dilation, beta,
+                                        _plain(*sequences, scalars=() if beta is None else (beta,)))
+
+
+def _eager(input: Tensor) -> bool:
+    """Whether the call takes _Eager's path: in eager mode on real tensors (meta tensors, which carry only
+    shapes, go through the custom ops and their fakes)."""
+    return _EAGER_FUNCTION and not torch.compiler.is_compiling() and not input.is_meta
 
 
 def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """N-D max pooling (torch.nn.functional.max_pool{1,2,3}d at every rank, without ceil_mode or indices)."""
-    (input,) = _autocast(input)
-    geom = _pool_geometry("max_pool", Family.MAX_POOL, input, kernel_size, stride, padding, dilation)
-    if _EAGER_FUNCTION and not torch.compiler.is_compiling():
+    input, geom = _pool_geometry("max_pool", Family.MAX_POOL, input, kernel_size, stride, padding, dilation)
+    if _eager(input):
         return _Eager.apply("max_pool", geom, input)
     return library.max_pool(input, geom.kernel, geom.stride, geom.padding, geom.dilation)[0]
 
 
 def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """N-D average pooling, padded zeros counted (torch's count_include_pad=True, ceil_mode=False)."""
-    (input,) = _autocast(input)
-    geom = _pool_geometry("avg_pool", Family.AVG_POOL, input, kernel_size, stride, padding, None)
-    if _EAGER_FUNCTION and not torch.compiler.is_compiling():
+    input, geom = _pool_geometry("avg_pool", Family.AVG_POOL, input, kernel_size, stride, padding, None)
+    if _eager(input):
         return _Eager.apply("avg_pool", geom, input)
     return library.avg_pool(input, geom.kernel, geom.stride, geom.padding)
 
@@ -167,12 +192,16 @@ def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any =
 def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = None, padding: Any = 0,
                     dilation: Any = 1) -> Tensor:
     """N-D smooth max pooling: log Σ exp(β·x) / β over each window, padded zeros included (SEMANTICS §3)."""
-    (input,) = _autocast(input)
-    geom = _pool_geometry("smooth_max_pool", Family.SMOOTH_MAX_POOL, input, kernel_size, stride, padding, dilation,
-                          beta)
-    if _EAGER_FUNCTION and not torch.compiler.is_compiling():
+    # Under torch.compile beta may be symbolic and its float32 rounding (NumPy's) cannot be traced: the window
+    # is checked by max pool's rules, which are smooth max's without beta, and the op checks beta when it runs.
+    compiling = torch.compiler.is_compiling()
+    family, checked_beta = (Family.MAX_POOL, None) if compiling else (Family.SMOOTH_MAX_POOL, beta)
+    input, geom = _pool_geometry("smooth_max_pool", family, input, kernel_size, stride, padding, dilation,
+                                 checked_beta)
+    if _eager(input):
         return _Eager.apply("smooth_max_pool", geom, input)
-    return library.smooth_max_pool(input, geom.kernel, geom.beta, geom.stride, geom.padding, geom.dilation)[0]
+    return library.smooth_max_pool(input, geom.kernel, beta if compiling else geom.beta, geom.stride, geom.padding,
+                                   geom.dilation)[0]
 
 
 class _Eager(torch.autograd.Function):

@@ -41,7 +41,7 @@ def _geometry(op: str, check: Callable[..., Geometry | str], args: tuple[Any, ..
     # Under torch.compile dynamo traces the validator itself (shapes are known while tracing).
     checked = _validated(check, args) if cached and not torch.compiler.is_compiling() else check(*args)
     if type(checked) is str:
-        prefix = f"autograd: {_LABEL}: {op}: "
+        prefix = f"autograd: {_LABEL}: {check.__name__}: "  # smooth max's window is checked by max pool's rules
         text = checked[len(prefix):] if checked.startswith(prefix) else checked.removeprefix("autograd: ")
         raise ValueError(f"convgen.torch.{op}: {text}")
     return checked

@@ -9,6 +9,7 @@ op table's rank-generic ops (one per family), so a family added to the spec need
 from __future__ import annotations
 
 import math
+import numbers
 from typing import ClassVar
 
 import torch
@@ -19,7 +20,12 @@ from convgen.torch import functional
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer as torch takes one: an int or NumPy's, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# The smallest value of each per-axis argument: a window of at least one cell, moved by at least one.
+_SMALLEST = {"kernel_size": 1, "stride": 1, "dilation": 1, "padding": 0, "output_padding": 0}
 
 
 class _Layer(torch.nn.Module):
@@ -33,12 +39,18 @@ class _Layer(torch.nn.Module):
         return type(self).__name__
 
     def _per_axis(self, argument: str, value: object) -> tuple[int, ...]:
-        """An int broadcast to every spatial axis, or a tuple with one int per axis, as torch's _ntuple."""
+        """An int broadcast to every spatial axis, or a tuple with one int per axis, as torch's _ntuple; each at
+        least the argument's smallest value (_SMALLEST)."""
         if _is_int(value):
-            return (value,) * self.rank
-        if isinstance(value, (tuple, list)) and len(value) == self.rank and all(_is_int(v) for v in value):
-            return tuple(value)
-        raise TypeError(f"{self._name}: {argument} must be an int or a tuple of {self.rank} ints, got {value!r}")
+            values = (int(value),) * self.rank
+        elif isinstance(value, (tuple, list)) and len(value) == self.rank and all(_is_int(v) for v in value):
+            values = tuple(int(v) for v in value)
+        else:
+            raise TypeError(f"{self._name}: {argument} must be an int or a tuple of {self.rank} ints, got {value!r}")
+        smallest = _SMALLEST[argument]
+        if min(values) < smallest:
+            raise ValueError(f"{self._name}: {argument} must be at least {smallest} on every axis, got {value!r}")
+        return values
 
     def _reject_unsupported(self, argument: str, value: object, supported: object) -> None:
         """torch's options that convgen does not compute are accepted only at the value it computes."""
@@ -46,6 +58,8 @@ class _Layer(torch.nn.Module):
             raise ValueError(f"{self._name}: {argument}={value!r} is not supported, only {supported!r}")
 
     def _check_input(self, input: torch.Tensor, in_channels: int | None = None) -> None:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"{self._name}: input must be a torch.Tensor, got {type(input).__name__}")
         rank = self.rank
         if input.dim() not in (rank + 1, rank + 2):
             axes = "axis" if rank == 1 else "axes"
@@ -68,6 +82,7 @@ class _ConvLayer(_Layer):
                groups: int, bias: bool, padding_mode: str, device, dtype) -> None:
         if not _is_int(groups) or groups <= 0:
             raise ValueError(f"{self._name}: groups must be a positive integer, got {groups!r}")
+        groups = int(groups)
         for argument, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
             if not _is_int(channels) or channels <= 0:
                 raise ValueError(f"{self._name}: {argument} must be a positive integer, got {channels!r}")
@@ -75,6 +90,7 @@ class _ConvLayer(_Layer):
                 raise ValueError(
                     f"{self._name}: {argument} must be divisible by groups, got {argument}={channels}, groups={groups}"
                 )
+        in_channels, out_channels = int(in_channels), int(out_channels)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = self._per_axis("kernel_size", kernel_size)
@@ -186,6 +202,10 @@ class _ConvTranspose(_ConvLayer):
 
     def _output_padding_for(self, input: torch.Tensor, output_size: list[int]) -> tuple[int, ...]:
         """torch's `output_size`: the output_padding that gives these extents (the spatial ones, or all)."""
+        # Sizes may be SymInts: a shape read under torch.compile(dynamic=True).
+        if not isinstance(output_size, (tuple, list)) or \
+                not all(_is_int(size) or isinstance(size, torch.SymInt) for size in output_size):
+            raise TypeError(f"{self._name}: output_size must be a list or tuple of ints, got {output_size!r}")
         sizes = tuple(output_size)[-self.rank:] if len(output_size) == input.dim() else tuple(output_size)
         if len(sizes) != self.rank:
             raise ValueError(f"{self._name}: output_size must have {self.rank} or {input.dim()} elements, "
