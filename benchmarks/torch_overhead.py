@@ -45,11 +45,11 @@ def _paths(device: str) -> dict[str, Callable[..., torch.Tensor]]:
     stride, padding, dilation = (1, 1), (1, 1), (1, 1)
 
     def custom_op(x, w, b):
-        return library.conv(x, w, b, stride, padding, dilation, 1, False)
+        return library.conv(x, w, b, stride, padding, dilation, 1, False, "highest")
 
     def autograd_function(x, w, b):
         geom = library.conv_geometry("conv", x.shape, w.shape, stride, padding, dilation, 1, "zeros")
-        return functional._Eager.apply("conv", geom, w, b, x)
+        return functional._Eager.apply("conv", geom, "highest", w, b, x)
 
     def torch_conv2d(x, w, b):
         return F.conv2d(x, w, b, stride, padding, dilation)
@@ -63,8 +63,8 @@ class _StubDevices:
 
     def __enter__(self) -> None:
         self.saved = devices.forward, devices.backward
-        devices.forward = lambda op, geom, tensors: (tensors[-1].new_empty(geom.output_shape),)
-        devices.backward = lambda op, geom, tensors, saved, grad: tuple(
+        devices.forward = lambda op, geom, tensors, precision="highest": (tensors[-1].new_empty(geom.output_shape),)
+        devices.backward = lambda op, geom, tensors, saved, grad, precision="highest": tuple(
             None if t is None else torch.empty_like(t) for t in tensors)
 
     def __exit__(self, *exc: object) -> None:

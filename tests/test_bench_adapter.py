@@ -84,6 +84,20 @@ def test_forward_backward_clears_the_gradients_first():
         torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+def test_the_adapter_runs_in_the_tapes_precision_whatever_torch_says():
+    """Under torch's default TF32 switch convgen.torch would pick TF32; the contestant pins "highest"
+    while it runs, reports it, and gives the setting back."""
+    contestant = AdapterContestant(SMALL_CASES[0], host_inputs(SMALL_CASES[0]), torch, convgen.torch)
+    convgen.torch.set_float32_precision("medium")
+    try:
+        with contestant.active() as flags:
+            assert convgen.torch.precision.conv_precision(torch.float32) == "highest"
+        assert flags == {"convgen.torch float32 precision": "highest"}
+        assert convgen.torch.get_float32_precision() == "medium"
+    finally:
+        convgen.torch.set_float32_precision(None)
+
+
 class HostClockDevice:
     """suite.timing's device protocol for CPU tensors: the host clock, and no CUDA graph to capture."""
 

@@ -1,7 +1,8 @@
 """convgen.torch on CUDA tensors: the functional ops against torch's CUDA ops in strict float32 (TF32
 off) and in float64, gradcheck at rank 4, opcheck, a non-default current stream, a second device,
 CUDA graph capture of forward and backward, outputs from torch's caching allocator (not CuPy's pool),
-non-contiguous inputs and autocast. Skipped without a GPU, CuPy or torch."""
+non-contiguous inputs, autocast, and the precision of float32 convolutions under torch's TF32 switches
+and convgen's setting (issue 11's bounds against float64). Skipped without a GPU, CuPy or torch."""
 
 from __future__ import annotations
 
@@ -144,3 +145,79 @@ def test_autocast_runs_in_float32() -> None:
         pooled = ct.avg_pool(half, (2, 2))
     assert half.dtype == torch.bfloat16 and out.dtype == torch.float32 and pooled.dtype == torch.float32
     torch.testing.assert_close(out, F.conv2d(half.float(), w, padding=1), rtol=1e-4, atol=1e-4)
+
+
+# Issue 11's bounds against float64: TF32 at most 1e-3 relative, 3xTF32 within 2x of the FMA path's error
+# (taken as at least one float32 unit roundoff, as test_cuda_precision does).
+TF32_BOUND = 1e-3
+HIGH_FACTOR = 2.0
+FLOAT32_UNIT = 2.0 ** -24
+FMA_BOUND = 1e-5  # a float32 FMA conv over 288-term reductions is far inside this; TF32 is not
+
+
+def _conv_step(x, w, b):
+    """y and (dx, dw, db) of a conv2d with a fixed upstream gradient of float32 values."""
+    y = ct.conv(x, w, b, padding=1)
+    seed = torch.linspace(-1, 1, y.numel(), device=y.device, dtype=torch.float32).reshape(y.shape).to(y.dtype)
+    return (y.detach(), *torch.autograd.grad(y, (x, w, b), seed))
+
+
+def _leaves(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """x, w and b of float32 values (the float64 reference sees exactly the float32 run's inputs)."""
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    return tuple(torch.randn(shape, generator=generator, device="cuda").to(dtype).requires_grad_()
+                 for shape in ((4, 32, 24, 24), (48, 32, 3, 3), (48,)))
+
+
+def _float32_conv(allow_tf32: bool, setting: str | None) -> tuple[torch.Tensor, ...]:
+    """The step in float32, with torch's legacy switch and convgen's setting as given."""
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    ct.set_float32_precision(setting)
+    try:
+        return _conv_step(*_leaves(torch.float32))
+    finally:
+        ct.set_float32_precision(None)
+
+
+def _relative_errors(got: tuple[torch.Tensor, ...]) -> list[float]:
+    """‖got − ref‖ / ‖ref‖ of y, dx, dw and db against the float64 run on the same values."""
+    reference = _conv_step(*_leaves(torch.float64))
+    return [float((g.double() - r).norm() / r.norm()) for g, r in zip(got, reference, strict=True)]
+
+
+def test_torch_tf32_switch_runs_tf32_within_its_bound() -> None:
+    """torch's default (allow_tf32 True) gives TF32, within 1e-3 of float64 and visibly less exact than FMAs."""
+    tf32 = _relative_errors(_float32_conv(True, None))
+    fma = _relative_errors(_float32_conv(False, None))
+    assert max(tf32) <= TF32_BOUND, tf32
+    assert tf32[0] > 10 * fma[0], (tf32, fma)  # the tensor cores ran
+
+
+def test_convgen_highest_is_fma_accurate_under_torch_tf32() -> None:
+    highest = _float32_conv(True, "highest")
+    for got, strict in zip(highest, _float32_conv(False, None), strict=True):
+        assert torch.equal(got, strict)  # the FMA path, as with TF32 off
+    errors = _relative_errors(highest)
+    assert max(errors) <= FMA_BOUND, errors
+
+
+def test_convgen_high_is_within_twice_the_fma_error() -> None:
+    high = _relative_errors(_float32_conv(True, "high"))
+    fma = _relative_errors(_float32_conv(True, "highest"))
+    for name, h, f in zip(("y", "dx", "dw", "db"), high, fma, strict=True):
+        assert h <= HIGH_FACTOR * max(f, FLOAT32_UNIT), f"{name}: 3xTF32 {h:.3g} > 2 x FMA's {f:.3g}"
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cudnn, "conv"), reason="torch before 2.9: allow_tf32 only")
+def test_torch_per_operation_switch() -> None:
+    """torch.backends.cudnn.conv.fp32_precision: 'ieee' runs the FMA path, 'tf32' the TF32 one."""
+    strict = _float32_conv(False, None)
+    medium = _float32_conv(True, "medium")
+    saved = torch.backends.cudnn.conv.fp32_precision
+    try:
+        for setting, expected in (("ieee", strict), ("tf32", medium)):
+            torch.backends.cudnn.conv.fp32_precision = setting
+            got = _conv_step(*_leaves(torch.float32))
+            assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), setting
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = saved

@@ -23,15 +23,16 @@ def _tensor(*shape, dtype=torch.float64, device="cpu", requires_grad=False, seed
 
 def forward_samples(device: str = "cpu", dtype=torch.float64) -> list:
     """(op, args) of every forward op: ranks 1, 2 and 4, batched and unbatched, with groups, dilation,
-    circular padding and output padding."""
+    circular padding and output padding; the conv families in each precision."""
     t = lambda *shape, grad=True: _tensor(*shape, dtype=dtype, device=device, requires_grad=grad)  # noqa: E731
     return [
-        (OPS.conv, (t(2, 4, 7), t(6, 2, 3), t(6), [2], [1], [2], 2, False)),
-        (OPS.conv, (t(3, 5, 4), t(2, 3, 2, 2), None, [1, 1], [2, 1], [1, 1], 1, True)),
-        (OPS.conv, (t(1, 2, 3, 3, 3, 3), t(2, 2, 2, 2, 2, 2), t(2), [1, 1, 1, 1], [1, 0, 1, 0], [1] * 4, 1, False)),
-        (OPS.conv_transpose, (t(2, 4, 5), t(4, 3, 3), t(6), [2], [1], [1], [1], 2)),
+        (OPS.conv, (t(2, 4, 7), t(6, 2, 3), t(6), [2], [1], [2], 2, False, "highest")),
+        (OPS.conv, (t(3, 5, 4), t(2, 3, 2, 2), None, [1, 1], [2, 1], [1, 1], 1, True, "high")),
+        (OPS.conv, (t(1, 2, 3, 3, 3, 3), t(2, 2, 2, 2, 2, 2), t(2), [1, 1, 1, 1], [1, 0, 1, 0], [1] * 4, 1, False,
+                    "medium")),
+        (OPS.conv_transpose, (t(2, 4, 5), t(4, 3, 3), t(6), [2], [1], [1], [1], 2, "medium")),
         (OPS.conv_transpose, (t(1, 2, 2, 2, 2, 2), t(2, 3, 2, 2, 2, 2), None, [2, 1, 1, 1], [0] * 4, [1, 0, 0, 0],
-                              [1] * 4, 1)),
+                              [1] * 4, 1, "high")),
         (OPS.max_pool, (t(2, 3, 9), [3], [2], [1], [1])),
         (OPS.max_pool, (t(2, 3, 3, 3, 4), [2, 2, 2, 2], [1, 1, 1, 2], [1, 0, 0, 1], [1, 1, 1, 1])),
         (OPS.avg_pool, (t(3, 6, 5), [2, 3], [1, 2], [1, 1])),

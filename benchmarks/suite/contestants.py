@@ -313,7 +313,18 @@ class AdapterContestant(Contestant):
         self.inputs = [torch.from_dlpack(inputs[name]).clone().requires_grad_(True) for name in self.names]
         self.seed = torch.from_dlpack(inputs["seed"]).clone()
         self.op = adapter_op(case, adapter)
+        self.adapter = adapter
         self.device = TorchDevice(torch)
+
+    @contextlib.contextmanager
+    def active(self) -> Any:
+        """convgen.torch in the tape's precision ("highest"), whatever torch's TF32 switch says; reported."""
+        saved = self.adapter.get_float32_precision()
+        self.adapter.set_float32_precision("highest")
+        try:
+            yield {"convgen.torch float32 precision": "highest"}
+        finally:
+            self.adapter.set_float32_precision(saved)
 
     def forward(self) -> Any:
         return self.op(*self.inputs)

@@ -8,7 +8,9 @@ caching allocator. CuPy is imported only when a CUDA tensor comes in.
 
 Tensors in and out are in the backend's order: conv families (weight, bias, input), pools (input,);
 `forward` returns (output, *saved) with the saved state backward needs (max pool: the argmax offsets;
-smooth max: pivots and sums), `backward` one gradient per input.
+smooth max: pivots and sums), `backward` one gradient per input. `precision` (convgen.backend.PRECISIONS,
+chosen by convgen.torch.precision) is how the conv families multiply; the pools ignore it, and so does
+the NumPy backend, which computes every precision as "highest".
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from convgen.backend import BackendError, OutOfMemory
 from convgen.cpu import NumpyBackend
+from convgen.cuda import TENSOR_CORE_CAPABILITY
 from convgen.cuda_launch import argmax_dtype
 from convgen.geometry import Family, Geometry
 
@@ -43,23 +46,24 @@ def saved_dtypes(family: Family, device_type: str, dtype: torch.dtype, kernel_nu
     return ()
 
 
-def forward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def forward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
+            precision: str = "highest") -> tuple[torch.Tensor, ...]:
     """(output, *saved) of `geom` on `tensors`; an empty output computes nothing (SEMANTICS §2)."""
     x = tensors[-1]
     if geom.output_numel == 0:
         shape = geom.output_shape
         saved = saved_dtypes(geom.family, x.device.type, x.dtype, math.prod(geom.kernel))
         return tuple(torch.zeros(shape, dtype=dtype, device=x.device) for dtype in (x.dtype, *saved))
-    return _runner(x).forward(op, geom, tensors)
+    return _runner(x).forward(op, geom, tensors, precision)
 
 
 def backward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-             grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+             grad: torch.Tensor, precision: str = "highest") -> tuple[torch.Tensor, ...]:
     """One gradient per tensor of `tensors`, shaped like it; an empty output passes back zeros."""
     if geom.output_numel == 0:
         shapes = geom.parent_shapes  # a missing bias still gets its gradient, as the kernels give one
         return tuple(grad.new_zeros(shape) for shape in shapes)
-    return _runner(grad).backward(op, geom, tensors, saved, grad)
+    return _runner(grad).backward(op, geom, tensors, saved, grad, precision)
 
 
 def _runner(tensor: torch.Tensor) -> Any:
@@ -76,12 +80,14 @@ def _failure(op: str, error: Exception) -> RuntimeError:
 
 
 class _CpuRunner:
-    """The NumPy backend on contiguous CPU tensors, one backend per dtype."""
+    """The NumPy backend on contiguous CPU tensors, one backend per dtype; every precision computes as
+    "highest" there, so the precision is not looked at."""
 
     def __init__(self) -> None:
         self._backends = {name: NumpyBackend(name) for name in DTYPE_NAMES.values()}
 
-    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
+                precision: str) -> tuple[torch.Tensor, ...]:
         backend = self._backends[DTYPE_NAMES[tensors[-1].dtype]]
         try:
             output, saved = backend.forward(geom, _host_arrays(geom, tensors))
@@ -94,7 +100,7 @@ class _CpuRunner:
         return tuple(torch.from_numpy(a.reshape(geom.output_shape)) for a in (output, *state))
 
     def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-                 grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                 grad: torch.Tensor, precision: str) -> tuple[torch.Tensor, ...]:
         backend = self._backends[DTYPE_NAMES[grad.dtype]]
         state = _saved_arrays(geom, saved)
         try:
@@ -187,9 +193,19 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.uin
                  torch.uint16: np.uint16, torch.uint32: np.uint32}
 
 
+def device_precision(dtype: str, precision: str, capability: tuple[int, int]) -> str:
+    """The precision a CUDA device of compute `capability` (torch's (major, minor)) runs `precision` in
+    for `dtype` tensors: as asked, or "highest", which is at least as accurate as any, for float64 (the
+    tensor cores take float32 only) and on devices without TF32 tensor cores, where torch's own TF32
+    switches do nothing either."""
+    if dtype != "float32" or capability[0] * 10 + capability[1] < TENSOR_CORE_CAPABILITY:
+        return "highest"
+    return precision
+
+
 class _CudaRunner:
-    """The CuPy backend on CUDA tensors, one backend per dtype (each caches its compiled kernels per
-    geometry and device)."""
+    """The CuPy backend on CUDA tensors, one backend per (dtype, precision) (each caches its compiled
+    kernels per geometry and device)."""
 
     def __init__(self) -> None:
         import cupy
@@ -197,15 +213,21 @@ class _CudaRunner:
         self._cupy = cupy
         backend_class = _cuda_backend_class()
         self._call = backend_class.call
-        self._backends: dict[str, Any] = {}
+        self._backends: dict[tuple[str, str], Any] = {}
         self._backend_class = backend_class
         self._streams: dict[tuple[int, int], Any] = {}
+        self._capabilities: dict[int, tuple[int, int]] = {}
 
-    def _backend(self, dtype: torch.dtype) -> Any:
-        name = DTYPE_NAMES[dtype]
-        backend = self._backends.get(name)
+    def _backend(self, tensor: torch.Tensor, precision: str) -> Any:
+        """The backend for `tensor`'s dtype in the precision its device runs `precision` in."""
+        index = tensor.device.index
+        capability = self._capabilities.get(index)
+        if capability is None:
+            capability = self._capabilities[index] = torch.cuda.get_device_capability(tensor.device)
+        key = (DTYPE_NAMES[tensor.dtype], device_precision(DTYPE_NAMES[tensor.dtype], precision, capability))
+        backend = self._backends.get(key)
         if backend is None:
-            backend = self._backends[name] = self._backend_class(name)
+            backend = self._backends[key] = self._backend_class(*key)
         return backend
 
     def _run(self, op: str, device: torch.device, work: Any) -> Any:
@@ -235,9 +257,10 @@ class _CudaRunner:
             tensors = (weight, bias, x)
         return tuple(as_cupy(cupy, t.detach().contiguous()) for t in tensors)
 
-    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
+                precision: str) -> tuple[torch.Tensor, ...]:
         x = tensors[-1]
-        backend = self._backend(x.dtype)
+        backend = self._backend(x, precision)
 
         def work() -> tuple[torch.Tensor, ...]:
             output, saved = backend.forward(geom, self._arrays(geom, tensors))
@@ -247,8 +270,8 @@ class _CudaRunner:
         return self._run(op, x.device, work)
 
     def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-                 grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        backend = self._backend(grad.dtype)
+                 grad: torch.Tensor, precision: str) -> tuple[torch.Tensor, ...]:
+        backend = self._backend(grad, precision)
 
         def work() -> tuple[torch.Tensor, ...]:
             cupy = self._cupy

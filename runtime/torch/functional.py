@@ -6,7 +6,8 @@ The rank comes from the weight (weight.dim() - 2), from a tuple kernel_size, or 
 taken as batched [N, C, *S]: an int kernel_size cannot tell [C, *S] of rank r + 1 from [N, C, *S] of
 rank r, so pools with an int kernel_size read the input as batched (layers know their rank and pass
 tuples). Supported dtypes: float32 and float64; under autocast, float16 and bfloat16 tensors run in
-float32 and the result is float32.
+float32 and the result is float32. The convolutions' precision on float32 tensors is chosen per call by
+convgen.torch.precision (torch's TF32 switch for convolutions, or set_float32_precision).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from convgen.geometry import Family, Geometry
 from convgen.torch import devices, library
+from convgen.torch.precision import conv_precision
 
 __all__ = ["avg_pool", "conv", "conv_transpose", "max_pool", "smooth_max_pool"]
 
@@ -53,7 +55,7 @@ def _plain(*sequences: Any, scalars: tuple[Any, ...] = ()) -> bool:
 
 
 def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
-    """Under autocast, half-precision tensors as float32 (the kernels have no tensor-core path yet)."""
+    """Under autocast, half-precision tensors as float32 (the kernels have no 16-bit path yet)."""
     tensors = (input, *others)
     device_type = input.device.type
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
@@ -119,9 +121,11 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
     geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
                                  _plain(stride, padding, dilation, scalars=(groups, padding_mode)))
     _check_bias(op, bias, geom)
+    precision = conv_precision(input.dtype)
     if _eager(input):
-        return _Eager.apply(op, geom, weight, bias, input)
-    return library.conv(input, weight, bias, geom.stride, geom.padding, geom.dilation, geom.groups, geom.circular)
+        return _Eager.apply(op, geom, precision, weight, bias, input)
+    return library.conv(input, weight, bias, geom.stride, geom.padding, geom.dilation, geom.groups, geom.circular,
+                        precision)
 
 
 def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -137,10 +141,11 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
     geom = library.conv_transpose_geometry(op, input.shape, weight.shape, stride, padding, output_padding, dilation,
                                            groups, _plain(stride, padding, output_padding, dilation, scalars=(groups,)))
     _check_bias(op, bias, geom)
+    precision = conv_precision(input.dtype)
     if _eager(input):
-        return _Eager.apply(op, geom, weight, bias, input)
+        return _Eager.apply(op, geom, precision, weight, bias, input)
     return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
-                                  geom.groups)
+                                  geom.groups, precision)
 
 
 def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, stride: Any, padding: Any,
@@ -177,7 +182,7 @@ def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any =
     """N-D max pooling (torch.nn.functional.max_pool{1,2,3}d at every rank, without ceil_mode or indices)."""
     input, geom = _pool_geometry("max_pool", Family.MAX_POOL, input, kernel_size, stride, padding, dilation)
     if _eager(input):
-        return _Eager.apply("max_pool", geom, input)
+        return _Eager.apply("max_pool", geom, "highest", input)
     return library.max_pool(input, geom.kernel, geom.stride, geom.padding, geom.dilation)[0]
 
 
@@ -185,7 +190,7 @@ def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any =
     """N-D average pooling, padded zeros counted (torch's count_include_pad=True, ceil_mode=False)."""
     input, geom = _pool_geometry("avg_pool", Family.AVG_POOL, input, kernel_size, stride, padding, None)
     if _eager(input):
-        return _Eager.apply("avg_pool", geom, input)
+        return _Eager.apply("avg_pool", geom, "highest", input)
     return library.avg_pool(input, geom.kernel, geom.stride, geom.padding)
 
 
@@ -199,19 +204,20 @@ def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = 
     input, geom = _pool_geometry("smooth_max_pool", family, input, kernel_size, stride, padding, dilation,
                                  checked_beta)
     if _eager(input):
-        return _Eager.apply("smooth_max_pool", geom, input)
+        return _Eager.apply("smooth_max_pool", geom, "highest", input)
     return library.smooth_max_pool(input, geom.kernel, beta if compiling else geom.beta, geom.stride, geom.padding,
                                    geom.dilation)[0]
 
 
 class _Eager(torch.autograd.Function):
     """Eager mode's path to the same device code as the custom ops, without the dispatcher's round trip
-    through Python (see _EAGER_FUNCTION). Tensors in the backend's order: (weight, bias, input) or (input,)."""
+    through Python (see _EAGER_FUNCTION). Tensors in the backend's order: (weight, bias, input) or (input,);
+    `precision` as the custom ops take it (the pools ignore it)."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, geom: Geometry, *tensors: Tensor | None) -> Tensor:
-        output, *saved = devices.forward(op, geom, tensors)
-        ctx.op, ctx.geom = op, geom
+    def forward(ctx: Any, op: str, geom: Geometry, precision: str, *tensors: Tensor | None) -> Tensor:
+        output, *saved = devices.forward(op, geom, tensors, precision)
+        ctx.op, ctx.geom, ctx.precision = op, geom, precision
         ctx.save_for_backward(*tensors, *saved)
         return output
 
@@ -222,10 +228,10 @@ class _Eager(torch.autograd.Function):
         parents = 3 if geom.family.is_conv else 1
         stored = ctx.saved_tensors
         tensors, saved = stored[:parents], stored[parents:]
-        grads = devices.backward(ctx.op, geom, tensors, saved, grad)
+        grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision)
         if parents == 3 and tensors[1] is None:
             grads = (grads[0], None, grads[2])
-        return None, None, *grads
+        return None, None, None, *grads
 
 
 # Eager calls go through _Eager, torch.compile traces the custom ops (which have fakes). Chosen by

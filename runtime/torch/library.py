@@ -3,9 +3,12 @@ each family's backward as its own op, so `torch.compile(fullgraph=True)` traces 
 without a graph break. Every op has a fake (shapes from SEMANTICS §2, dtypes as the real kernels give
 them) and the forward ops an autograd formula that calls the backward op.
 
-The pools return their saved state as extra outputs: `max_pool` (y, argmax offsets), `smooth_max_pool`
-(y, pivots, sums); the functional API returns y alone. An input of rank+1 dimensions is one image
-[C, *S] (the geometry's batch None), rank+2 is a batch [N, C, *S].
+The conv families take the precision of their GEMMs as their last argument (convgen.torch.precision:
+"highest", "high" or "medium"; float64 and devices without TF32 tensor cores run "highest"), so
+torch.compile records the one chosen when it traced. The pools return their saved state as extra
+outputs: `max_pool` (y, argmax offsets), `smooth_max_pool` (y, pivots, sums); the functional API returns
+y alone. An input of rank+1 dimensions is one image [C, *S] (the geometry's batch None), rank+2 is a
+batch [N, C, *S].
 
 Also here: the validated geometry of a call (the generated validators, their messages turned into
 ValueErrors naming the function), which functional.py checks with before it runs an op.
@@ -22,6 +25,7 @@ import torch
 from convgen.generated import validators
 from convgen.geometry import Family, Geometry, axis_extent
 from convgen.torch import devices
+from convgen.torch.precision import check_precision
 
 Tensor = torch.Tensor
 _LABEL = "torch"  # the validators' `{device}` in `autograd: {device}: {op}: ...`
@@ -128,33 +132,39 @@ def _output_shape(family: Family, input: Tensor, channels: Any, kernel: Sequence
 
 @torch.library.custom_op("convgen::conv", mutates_args=())
 def conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int],
-         dilation: Sequence[int], groups: int, circular: bool) -> Tensor:
+         dilation: Sequence[int], groups: int, circular: bool, precision: str) -> Tensor:
+    check_precision("conv", precision)
     geom = _conv(input, weight, stride, padding, dilation, groups, circular)
-    return devices.forward("conv", geom, (weight, bias, input))[0]
+    return devices.forward("conv", geom, (weight, bias, input), precision)[0]
 
 
 @torch.library.custom_op("convgen::conv_backward", mutates_args=())
 def conv_backward(grad: Tensor, input: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
-                  dilation: Sequence[int], groups: int, circular: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  dilation: Sequence[int], groups: int, circular: bool,
+                  precision: str) -> tuple[Tensor, Tensor, Tensor]:
     """(grad of input, of weight, of bias): torch's convolution_backward order."""
+    check_precision("conv", precision)
     geom = _conv(input, weight, stride, padding, dilation, groups, circular)
-    grad_weight, grad_bias, grad_input = devices.backward("conv", geom, (weight, None, input), (), grad)
+    grad_weight, grad_bias, grad_input = devices.backward("conv", geom, (weight, None, input), (), grad, precision)
     return grad_input, grad_weight, grad_bias
 
 
 @torch.library.custom_op("convgen::conv_transpose", mutates_args=())
 def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int], padding: Sequence[int],
-                   output_padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+                   output_padding: Sequence[int], dilation: Sequence[int], groups: int, precision: str) -> Tensor:
+    check_precision("conv_transpose", precision)
     geom = _conv_transpose(input, weight, stride, padding, output_padding, dilation, groups)
-    return devices.forward("conv_transpose", geom, (weight, bias, input))[0]
+    return devices.forward("conv_transpose", geom, (weight, bias, input), precision)[0]
 
 
 @torch.library.custom_op("convgen::conv_transpose_backward", mutates_args=())
 def conv_transpose_backward(grad: Tensor, input: Tensor, weight: Tensor, stride: Sequence[int],
                             padding: Sequence[int], output_padding: Sequence[int], dilation: Sequence[int],
-                            groups: int) -> tuple[Tensor, Tensor, Tensor]:
+                            groups: int, precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    check_precision("conv_transpose", precision)
     geom = _conv_transpose(input, weight, stride, padding, output_padding, dilation, groups)
-    grad_weight, grad_bias, grad_input = devices.backward("conv_transpose", geom, (weight, None, input), (), grad)
+    grad_weight, grad_bias, grad_input = devices.backward("conv_transpose", geom, (weight, None, input), (), grad,
+                                                          precision)
     return grad_input, grad_weight, grad_bias
 
 
@@ -204,13 +214,13 @@ def smooth_max_pool_backward(grad: Tensor, input: Tensor, pivots: Tensor, sums: 
 
 
 @conv.register_fake
-def _(input, weight, bias, stride, padding, dilation, groups, circular):
+def _(input, weight, bias, stride, padding, dilation, groups, circular, precision):
     return input.new_empty(_output_shape(Family.CONV, input, weight.shape[0], weight.shape[2:], stride, padding,
                                          dilation))
 
 
 @conv_transpose.register_fake
-def _(input, weight, bias, stride, padding, output_padding, dilation, groups):
+def _(input, weight, bias, stride, padding, output_padding, dilation, groups, precision):
     return input.new_empty(_output_shape(Family.CONV_TRANSPOSE, input, weight.shape[1] * groups, weight.shape[2:],
                                          stride, padding, dilation, output_padding))
 
