@@ -42,10 +42,11 @@ CONV_DEFINES = ("GROUPS", "MMA_MODE")
 PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
-# PACKED: A is read from the weight repacked by the stage's `_pack` kernel, P[group][k][src channel]
-# [dst channel], so a slice's loads are coalesced (1), or from W itself (0). Only the gather-form
-# stages, which read W src-major, have a pack kernel; the others' PACKED is always 0.
-TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "PACKED")
+TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
+# <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (the gather-form stages, which read
+# W src-major): A is read from the weight repacked as P[group][k][src channel][dst channel], so a
+# slice's loads are coalesced (1), or from W itself (0).
+PACKED_FIELD = "PACKED"
 # The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
 # elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
@@ -56,6 +57,12 @@ SHARED_BUFFERS = 2
 def tile_defines(stage: str) -> tuple[str, ...]:
     """`FWD_BM`, ...: the tile defines of one GEMM stage."""
     return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in TILE_FIELDS)
+
+
+def packed_define(family: Family, stage: str) -> str | None:
+    """`BWI_PACKED`, ...: the define of a GEMM stage of `family` that has a `_pack` kernel, else None."""
+    has_pack = any(s.name == f"{stage}_pack" for s in FAMILY_STAGES[family])
+    return f"{GEMM_STAGES[stage]}_{PACKED_FIELD}" if has_pack else None
 
 
 def pool_defines(family: Family) -> tuple[str, ...]:

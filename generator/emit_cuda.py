@@ -23,6 +23,7 @@ from convgen.generator.contract import (
     FAMILY_STAGES,
     GEMM_STAGES,
     MAX_RANK,
+    PACKED_FIELD,
     PRECISION_MMA_MODES,
     RANKS,
     SHARED_BUFFERS,
@@ -32,6 +33,7 @@ from convgen.generator.contract import (
     Family,
     Stage,
     WeightRow,
+    packed_define,
     pool_defines,
     tile_defines,
 )
@@ -88,7 +90,8 @@ def source_defines(family: Family, rank: int) -> tuple[str, ...]:
     """Every -D define a source of `family` and `rank` checks for, in the launcher's order."""
     axes = tuple(f"{name}{axis}" for axis in range(rank) for name in AXIS_DEFINES)
     if family.is_conv:
-        extra = (*CONV_DEFINES, *(name for gemm in GEMM_STAGES for name in tile_defines(gemm)))
+        extra = (*CONV_DEFINES, *(name for gemm in GEMM_STAGES
+                                  for name in (*tile_defines(gemm), packed_define(family, gemm)) if name))
     else:
         extra = pool_defines(family)
     return (*COMMON_DEFINES, *axes, *extra)
@@ -128,6 +131,7 @@ def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
         "kind": _kind(stage),
         "layout": stage.layout,
         "prefix": GEMM_STAGES[gemm] if gemm else "",
+        "packed_define": (packed_define(family, gemm) if gemm else None) or "",
         "count": _reduce_count(family, gemm) if gemm and stage.name.endswith("_reduce") else "",
         "per_image": any(p.role == "images" for p in stage.params),
     }
@@ -180,6 +184,7 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         gemm_stages=GEMM_STAGES,
         precision_mma_modes=PRECISION_MMA_MODES,
         tile_fields=TILE_FIELDS,
+        packed_field=repr(PACKED_FIELD),
         shared_row_pad=SHARED_ROW_PAD,
         shared_buffers=SHARED_BUFFERS,
         stages={family: FAMILY_STAGES[family] for family in used},

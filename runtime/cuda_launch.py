@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.backend import PRECISIONS, precision_refusal
-from convgen.generated.contract import GEMM_STAGES, KERNELS, PRECISION_MMA_MODES, TILE_FIELDS
+from convgen.generated.contract import GEMM_STAGES, KERNELS, PACKED_FIELD, PRECISION_MMA_MODES, TILE_FIELDS
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
@@ -106,10 +106,11 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_byte
     for stage, shape in gemm_shapes(geom, element_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
-        values.update({f"{prefix}_{field}": int(getattr(tile, field.lower())) for field in TILE_FIELDS})
+        values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
-        if shape.weight_src_major:  # the stages with a `_pack` kernel
+        if shape.weight_src_major:  # the stages with a `_pack` kernel (contract: packed_define)
+            values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
         vector = 4 if count % 4 == 0 else 1
         reduce_blocks = _blocks(shape.outputs * count // vector)

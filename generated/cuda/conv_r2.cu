@@ -9,10 +9,9 @@
     !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
     !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(GROUPS) || !defined(MMA_MODE) || \
     !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || \
-    !defined(FWD_SPLIT) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
-    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || \
-    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
-    !defined(BWW_PACKED)
+    !defined(FWD_SPLIT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -491,7 +490,7 @@ extern "C" __global__ void conv_r2_forward(
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
     constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
-    constexpr bool PACKED = FWD_PACKED;
+    constexpr bool PACKED = false;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;

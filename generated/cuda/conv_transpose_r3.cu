@@ -11,8 +11,8 @@
     !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || \
     !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || \
     !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
-    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_PACKED)
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || \
+    !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -858,7 +858,7 @@ extern "C" __global__ void conv_transpose_r3_backward_input(
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
     constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
-    constexpr bool PACKED = BWI_PACKED;
+    constexpr bool PACKED = false;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
