@@ -112,9 +112,9 @@ def test_every_tensor_core_tile_shape(tile) -> None:
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
 @pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
 def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str) -> None:
-    """An inf or NaN in A (weights, upstream gradient) takes the masked FMA path and skips padding;
-    an inf in B (the input, which the split meets) gives inf, not the NaN of inf − inf: exactly the
-    cells the CPU tape makes nonfinite are, with the same signs."""
+    """An inf or NaN in A (weights, upstream gradient) or in B (the input) takes the masked FMA path:
+    padding skipped, inf · finite = inf (not the NaN of a split's inf − inf). Exactly the cells the CPU
+    tape makes nonfinite are, with the same signs."""
     rng = reference.case_rng("nonfinite precision", family.value, precision)
     geom = Geometry.build(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
     weight, bias, x = reference.draw_inputs(rng, geom)

@@ -65,22 +65,22 @@ constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contr
 // slice_product calls it. Needs SHARED_ROW_PAD (printed from the contract); float only.
 
 // Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
-// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away.
+// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away
+// (cvt.rna.tf32.f32). The staged values reaching here are finite and below 0x7f7ff000 in magnitude (the
+// main loop sends the others down the rare path: rare_value), and for those adding half a TF32 unit to
+// the bits and cutting is that rounding exactly: two integer operations, where cvt.rna's own guards
+// for inf and NaN cost four.
 __device__ __forceinline__ unsigned to_tf32(float x)
 {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tf32) : "f"(x));
-    return tf32;
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
-// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. An
-// infinite big (x is +-inf, or rounds past the float range) gets small 0: x - big would make a NaN
-// that x itself does not ask for. A NaN x stays NaN in both.
+// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. x - big
+// is exact (Sterbenz) and finite, since big is (x has no overflowing rounding: see to_tf32).
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small)
 {
     big = to_tf32(x);
-    const float rest = x - __uint_as_float(big);
-    small = isinf(__uint_as_float(big)) ? 0u : to_tf32(rest);
+    small = to_tf32(x - __uint_as_float(big));
 }
 
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
@@ -393,16 +393,48 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
     }
 }
 
-// True when one of a thread's staged A values is an inf or NaN.
-template <unsigned N>
-__device__ __forceinline__ bool any_nonfinite(const real (&values)[N])
+// Whether a staged value sends its slice down the rare path: an inf or NaN (SEMANTICS §3 skips the
+// terms of padding, which 0 * inf would poison). The tensor-core modes also send values whose TF32
+// rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
+// integer arithmetic that is exact only for the values left (slice_mma).
+template <unsigned MODE>
+__device__ __forceinline__ bool rare_value(real x)
+{
+    if constexpr (MODE == 0) {
+        return !isfinite(x);
+    } else {
+        return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
+    }
+}
+template <unsigned MODE, unsigned N>
+__device__ __forceinline__ bool any_rare(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
     for (unsigned i = 0; i < N; ++i) {
-        found = found || !isfinite(values[i]);
+        found = found || rare_value<MODE>(values[i]);
     }
     return found;
+}
+template <unsigned MODE, unsigned R, unsigned N>
+__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
+{
+    bool found = false;
+#pragma unroll
+    for (unsigned r = 0; r < R; ++r) {
+        found = found || any_rare<MODE>(values[r]);
+    }
+    return found;
+}
+// A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
+template <unsigned MODE, unsigned NA, typename BStage>
+__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
+{
+    if constexpr (MODE == 0) {
+        return any_rare<MODE>(a);
+    } else {
+        return any_rare<MODE>(a) || any_rare<MODE>(b);
+    }
 }
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.
@@ -947,8 +979,8 @@ extern "C" __global__ void conv_transpose_r8_forward(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
-        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
         for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
@@ -956,7 +988,7 @@ extern "C" __global__ void conv_transpose_r8_forward(
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
-            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
@@ -1243,8 +1275,8 @@ extern "C" __global__ void conv_transpose_r8_backward_input(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
-        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
         for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
@@ -1252,7 +1284,7 @@ extern "C" __global__ void conv_transpose_r8_backward_input(
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
-            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
@@ -1487,8 +1519,8 @@ extern "C" __global__ void conv_transpose_r8_backward_weight(
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
         store(0);
-        // Block-uniform: the staged slice's A holds an inf or NaN somewhere.
-        bool nonfinite = __syncthreads_or(any_nonfinite(a_stage));
+        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
         for (; chunk < chunk_end && !nonfinite; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
@@ -1496,7 +1528,7 @@ extern "C" __global__ void conv_transpose_r8_backward_weight(
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
             slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
             if (more) store(buffer ^ 1);
-            nonfinite = __syncthreads_or(more && any_nonfinite(a_stage));
+            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).

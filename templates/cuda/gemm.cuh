@@ -227,16 +227,48 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
     }
 }
 
-// True when one of a thread's staged A values is an inf or NaN.
-template <unsigned N>
-__device__ __forceinline__ bool any_nonfinite(const real (&values)[N])
+// Whether a staged value sends its slice down the rare path: an inf or NaN (SEMANTICS §3 skips the
+// terms of padding, which 0 * inf would poison). The tensor-core modes also send values whose TF32
+// rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
+// integer arithmetic that is exact only for the values left (slice_mma).
+template <unsigned MODE>
+__device__ __forceinline__ bool rare_value(real x)
+{
+    if constexpr (MODE == 0) {
+        return !isfinite(x);
+    } else {
+        return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
+    }
+}
+template <unsigned MODE, unsigned N>
+__device__ __forceinline__ bool any_rare(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
     for (unsigned i = 0; i < N; ++i) {
-        found = found || !isfinite(values[i]);
+        found = found || rare_value<MODE>(values[i]);
     }
     return found;
+}
+template <unsigned MODE, unsigned R, unsigned N>
+__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
+{
+    bool found = false;
+#pragma unroll
+    for (unsigned r = 0; r < R; ++r) {
+        found = found || any_rare<MODE>(values[r]);
+    }
+    return found;
+}
+// A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
+template <unsigned MODE, unsigned NA, typename BStage>
+__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
+{
+    if constexpr (MODE == 0) {
+        return any_rare<MODE>(a);
+    } else {
+        return any_rare<MODE>(a) || any_rare<MODE>(b);
+    }
 }
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only.

@@ -3,22 +3,22 @@
 // slice_product calls it. Needs SHARED_ROW_PAD (printed from the contract); float only.
 
 // Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
-// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away.
+// accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away
+// (cvt.rna.tf32.f32). The staged values reaching here are finite and below 0x7f7ff000 in magnitude (the
+// main loop sends the others down the rare path: rare_value), and for those adding half a TF32 unit to
+// the bits and cutting is that rounding exactly: two integer operations, where cvt.rna's own guards
+// for inf and NaN cost four.
 __device__ __forceinline__ unsigned to_tf32(float x)
 {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(tf32) : "f"(x));
-    return tf32;
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
-// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. An
-// infinite big (x is +-inf, or rounds past the float range) gets small 0: x - big would make a NaN
-// that x itself does not ask for. A NaN x stays NaN in both.
+// 3xTF32's split: x = big + small + O(2^-22 |x|), big and small TF32, each rounded to nearest. x - big
+// is exact (Sterbenz) and finite, since big is (x has no overflowing rounding: see to_tf32).
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small)
 {
     big = to_tf32(x);
-    const float rest = x - __uint_as_float(big);
-    small = isinf(__uint_as_float(big)) ? 0u : to_tf32(rest);
+    small = to_tf32(x - __uint_as_float(big));
 }
 
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
