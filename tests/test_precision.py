@@ -1,6 +1,6 @@
 """The precision of the conv GEMMs without a GPU: the tape's argument and its errors, the plans'
 MMA_MODE define and tensor-core tiles, the ownership of the block tile by the mma fragments
-(gemm.cuh's formulas, replayed) and the `convgen source` option."""
+(gemm.cuh's formulas, replayed), mma.cuh's TF32 rounding (replayed) and the `convgen source` option."""
 
 from __future__ import annotations
 
@@ -160,3 +160,48 @@ def test_source_command_takes_the_precision() -> None:
     assert result.exit_code == 2
     assert ("convgen source: precision 'medium' runs on TF32 tensor cores, which take float32 only; a float64 tape "
             "takes 'highest'") in result.output
+
+
+# mma.cuh rounds a fragment value to TF32 as (bits + 0x1000) & 0xffffe000, for finite values below
+# 0x7f7ff000 in magnitude (the main loop sends the others down the rare path). Checked here against
+# round-to-nearest, ties away, to 10 stored mantissa bits, computed in float64 from the value.
+TF32_FAST_LIMIT = 0x7F7FF000
+
+
+def tf32_fast(bits: np.ndarray) -> np.ndarray:
+    return ((bits.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+
+
+def tf32_nearest_ties_away(x: np.ndarray) -> np.ndarray:
+    magnitude = np.abs(x.astype(np.float64))
+    exponent = np.maximum(np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0))), -126.0)
+    unit = np.exp2(exponent - 10)  # the TF32 spacing at |x| (subnormals: 2^-136)
+    return np.sign(x) * np.floor(magnitude / unit + 0.5) * unit
+
+
+def test_the_fast_tf32_rounding_is_round_to_nearest_ties_away() -> None:
+    rng = np.random.default_rng(20261130)
+    magnitudes = rng.integers(0, TF32_FAST_LIMIT, 2_000_000, dtype=np.uint32)
+    # Ties, the carries into the exponent, subnormals, zero and the largest value the fast path takes.
+    edges = np.array([0, 1, 0x1000, 0x0FFF, 0x1FFF, 0x2000 | 0x1000, 0x007FF000, 0x007FFFFF, 0x00800000,
+                      0x3F800FFF, 0x3F801000, 0x3FFFF000, 0x3FFFEFFF, 0x7F7FEFFF, TF32_FAST_LIMIT - 1], np.uint32)
+    magnitudes = np.concatenate([magnitudes, edges])
+    bits = np.concatenate([magnitudes, magnitudes | np.uint32(0x80000000)])
+    x = bits.view(np.float32)
+    rounded = tf32_fast(bits).view(np.float32)
+    assert np.all(np.isfinite(rounded))
+    np.testing.assert_array_equal(rounded.astype(np.float64), tf32_nearest_ties_away(x))
+    # The split: x - big is exact in float32, and x = big + small to within 2^-22 |x|.
+    big = rounded
+    rest = x - big
+    np.testing.assert_array_equal(rest.astype(np.float64), x.astype(np.float64) - big.astype(np.float64))
+    small = tf32_fast(rest.view(np.uint32)).view(np.float32)
+    error = np.abs(x.astype(np.float64) - big.astype(np.float64) - small.astype(np.float64))
+    # (half the TF32 spacing of the rest; for a subnormal rest that is 2^-137)
+    assert np.all(error <= np.abs(x.astype(np.float64)) * 2.0**-22 + 2.0**-137)
+
+
+def test_the_fast_tf32_rounding_overflows_from_its_limit_on() -> None:
+    # Why the limit: from 0x7f7ff000 on the rounding carries into the exponent's all-ones (inf).
+    assert tf32_fast(np.array([TF32_FAST_LIMIT - 1], np.uint32)).view(np.float32)[0] < np.inf
+    assert tf32_fast(np.array([TF32_FAST_LIMIT], np.uint32)).view(np.float32)[0] == np.inf
