@@ -7,16 +7,18 @@ Every case is first checked against a float64 PyTorch reference, then timed forw
 forward+backward in two ways: (a) the call as a user makes it (CUDA events around the Python call,
 GPU idle and L2 flushed before it, median of many) and (b) the kernels alone (CUDA-graph replay,
 or N back-to-back calls / N where a graph cannot be captured, which the output says). PyTorch runs
-with TF32 off (strict fp32) and on, and for the batched cases in bf16 channels-last too. Also
+with TF32 off (strict fp32) and on, and for the batched cases in bf16 channels-last too; on the batched
+cases convgen's tape also runs in its tensor-core precisions "high" (3xTF32) and "medium" (TF32), issue 11,
+with their errors, targets and share of the TF32 tensor-core peak. Also
 measured: peak device memory of the op, and, in child processes, the first-call compile time (fresh
 CuPy kernel cache) and the warm-disk-cache load time; with --host, the host overhead of tiny ops.
 The adapter runs on torch tensors of the same inputs, with the adapter/tape time ratio per case; it
 is skipped, with a note, where convgen.torch does not import. Prints markdown tables last (with issue
-9's targets and issue 10's adapter target under the batched one) and writes everything to JSON. The
-parts live in suite/.
+9's targets and issue 10's adapter target under the batched one, then issue 11's precision table and
+targets) and writes everything to JSON. The parts live in suite/.
 
     python benchmarks/bench.py [--quick] [--json PATH] [--cases NAME,... | --batched | --unbatched] [--host]
-                               [--list]
+                               [--precisions highest,high,medium] [--list]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from suite.children import compile_child, jax_child, measure_compile_times
 from suite.contestants import load_libraries
 from suite.host import HOST_CALLS, measure_host
 from suite.measure import release_memory, run_case
+from suite.precision import TAPE_PRECISIONS, parse_precisions
 from suite.report import CaseReport, default_json_path, environment, print_summary, write_json
 from suite.timing import FULL, QUICK, one_line
 
@@ -55,6 +58,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                            help=f"only the {len(BATCHED_CASES)} batched cases (issue 9; with the targets check)")
     selection.add_argument("--unbatched", action="store_true",
                            help=f"only the {len(UNBATCHED_CASES)} one-image cases (DESIGN.md 'Figures to beat')")
+    parser.add_argument("--precisions", default=",".join(TAPE_PRECISIONS),
+                        help="comma-separated precisions of convgen's tape to run on the batched cases (issue 11; "
+                             f"default: {','.join(TAPE_PRECISIONS)}): 'highest' (fp32 FMA) is the contestant "
+                             "convgen, 'high' (3xTF32) convgen_high, 'medium' (TF32) convgen_medium; the one-image "
+                             "cases run 'highest' only")
     parser.add_argument("--host", action="store_true",
                         help=f"after the cases, the host overhead of tiny ops ({HOST_CALLS} back-to-back max pools "
                              "on a 4×4 input, convgen against torch, and cProfile), also in the JSON")
@@ -75,6 +83,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES_BY_NAME)}")
     args.case_names = names
+    try:
+        args.precisions = parse_precisions(args.precisions)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -98,11 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir = tempfile.mkdtemp(prefix="convgen-bench-kernel-cache-")
         os.environ["CUPY_CACHE_DIR"] = cache_dir
     libs = load_libraries("bench.py")
-    meta = environment(libs, settings, argv)
+    meta = environment(libs, settings, argv) | {"precisions": list(args.precisions)}
     json_path = args.json or default_json_path()
     cases = [CASES_BY_NAME[name] for name in args.case_names]
-    print(f"convgen benchmark on {meta['gpu']}: {len(cases)} case(s), {'quick' if args.quick else 'full'} settings",
-          flush=True)
+    print(f"convgen benchmark on {meta['gpu']}: {len(cases)} case(s), {'quick' if args.quick else 'full'} settings, "
+          f"tape precisions {', '.join(args.precisions)} (batched cases; one image: highest)", flush=True)
     if libs.adapter_skipped:
         print(f"  adapter skipped: {libs.adapter_skipped}", flush=True)
 
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, case in enumerate(cases, 1):
         print(f"[{index}/{len(cases)}] {case.name}: {case.title} (floor {case.floor_us:.3g} µs)", flush=True)
         try:
-            report = run_case(case, libs, settings)
+            report = run_case(case, libs, settings, args.precisions)
         except Exception as error:
             report = CaseReport(case)
             report.error("case", error)

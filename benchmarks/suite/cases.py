@@ -127,14 +127,17 @@ class Case:
         return 4 * (math.prod(self.input_shape) + self.geometry.output_numel)
 
     @property
+    def multiply_adds(self) -> int:
+        """The forward's GEMM size in multiply-adds: every output cell sums in_c × kernel products (0 for a pool)."""
+        return self.geometry.output_numel * self.in_c * math.prod(self.kernel) if self.is_conv else 0
+
+    @property
     def floor_us(self) -> float:
         """DESIGN.md's physical floor of the forward: fp32 FMA rate or HBM bandwidth, whichever binds."""
         moved = self.io_bytes
-        flops = 0
         if self.is_conv:
             moved += 4 * (math.prod(self.weight_shape) + self.out_c)
-            flops = 2 * self.geometry.output_numel * self.in_c * math.prod(self.kernel)
-        return 1e6 * max(flops / FP32_FMA_FLOPS, moved / HBM_BYTES_PER_S)
+        return 1e6 * max(2 * self.multiply_adds / FP32_FMA_FLOPS, moved / HBM_BYTES_PER_S)
 
     @property
     def graph_copies(self) -> int:

@@ -1,6 +1,6 @@
-"""The contestants: convgen's CUDA tape, its PyTorch adapter `convgen.torch` (issue 10), PyTorch/cuDNN
-(strict fp32, TF32, bf16 channels-last for the batched cases, and the float64 reference) with the
-conv3d-made 4-D convolution, each a forward and a forward+backward call on one case's inputs."""
+"""The contestants: convgen's CUDA tape (in each precision of issue 11), its PyTorch adapter `convgen.torch`
+(issue 10), PyTorch/cuDNN (strict fp32, TF32, bf16 channels-last for the batched cases, and the float64
+reference) with the conv3d-made 4-D convolution, each a forward and a forward+backward call on one case's inputs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from suite.cases import Case
+from suite.precision import DEFAULT_PRECISION, convgen_label
 from suite.timing import L2_FLUSH_BYTES, CupyDevice, TorchDevice, one_line
 
 INPUT_SEED = 20260601
@@ -172,12 +173,13 @@ class Contestant:
 
 
 class ConvgenContestant(Contestant):
-    """convgen's CUDA tape, leaves recorded once; every call records on that (unchanged) tape."""
+    """convgen's CUDA tape in `precision` (issue 11), labelled as `convgen_label` says; leaves recorded once,
+    every call records on that (unchanged) tape."""
 
-    label = "convgen"
-
-    def __init__(self, case: Case, inputs: dict[str, Any], convgen: Any, cupy: Any):
-        tape = convgen.cuda.Tape()
+    def __init__(self, case: Case, inputs: dict[str, Any], convgen: Any, cupy: Any,
+                 precision: str = DEFAULT_PRECISION):
+        self.label = convgen_label(precision)
+        tape = convgen.cuda.Tape(precision=precision)
         self.ids: dict[str, int] = {}
         for name in ("weight", "bias", "x") if case.is_conv else ("x",):
             tape, self.ids[name] = tape.leaf(inputs[name])

@@ -1,15 +1,17 @@
-"""One case: check every contestant (the tape, convgen.torch, the PyTorch variants) against the float64
-PyTorch reference, then time it (user call and kernels, forward and forward+backward) and measure its
-peak memory; JAX for the 4-D case."""
+"""One case: check every contestant (the tape in each precision, convgen.torch, the PyTorch variants) against
+the float64 PyTorch reference, then time it (user call and kernels, forward and forward+backward) and measure
+its peak memory; JAX for the 4-D case."""
 
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from suite.cases import Case
+from suite.cells import fmt_pair
 from suite.children import run_jax_children
 from suite.contestants import (
     ADAPTER,
@@ -26,11 +28,13 @@ from suite.contestants import (
     TorchVariant,
     make_device_inputs,
 )
-from suite.report import MISMATCH_REL_ERR, CaseReport, fmt_pair
+from suite.precision import TAPE_PRECISIONS, case_precisions, convgen_label
+from suite.report import MISMATCH_REL_ERR, CaseReport
 from suite.timing import Settings, relative_error, time_kernels, time_user_calls
 
 
-def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
+def run_case(case: Case, libs: Libraries, settings: Settings,
+             precisions: tuple[str, ...] = TAPE_PRECISIONS) -> CaseReport:
     report = CaseReport(case)
     started = time.perf_counter()
     try:
@@ -43,12 +47,7 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
         by_mode = eager_outputs(reference_contestant, "float64 reference", report)
     reference = {name: array for outputs in by_mode.values() for name, array in outputs.items()}
     del reference_contestant, by_mode
-    builders = [("convgen", partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy))]
-    if libs.adapter is not None:  # else skipped, as the run's first lines and the summary say
-        builders.append((ADAPTER, partial(AdapterContestant, case, inputs, libs.torch, libs.adapter)))
-    builders += [(variant.label, partial(TorchContestant, case, inputs, libs.torch, variant))
-                 for variant in torch_variants(case)]
-    for label, build in builders:
+    for label, build in contestant_builders(case, inputs, libs, precisions):
         try:
             contestant = build()
         except Exception as error:
@@ -61,6 +60,20 @@ def run_case(case: Case, libs: Libraries, settings: Settings) -> CaseReport:
         report.jax = run_jax_children(case, inputs, reference, settings, libs.cupy.asnumpy)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def contestant_builders(case: Case, inputs: dict[str, Any], libs: Libraries,
+                        precisions: tuple[str, ...]) -> list[tuple[str, Callable[[], Contestant]]]:
+    """Each contestant's label and constructor, in the order they run: the tape in every precision the case
+    takes, the adapter where it imports, the PyTorch variants."""
+    builders: list[tuple[str, Callable[[], Contestant]]] = [
+        (convgen_label(precision), partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy, precision))
+        for precision in case_precisions(case, precisions)]
+    if libs.adapter is not None:  # else skipped, as the run's first lines and the summary say
+        builders.append((ADAPTER, partial(AdapterContestant, case, inputs, libs.torch, libs.adapter)))
+    builders += [(variant.label, partial(TorchContestant, case, inputs, libs.torch, variant))
+                 for variant in torch_variants(case)]
+    return builders
 
 
 def torch_variants(case: Case) -> list[TorchVariant]:

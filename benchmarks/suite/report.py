@@ -15,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from suite.cases import REFERENCE_DATE, Case
+from suite.cells import fmt_pair, ratio_cell, timing_cell
 from suite.contestants import ADAPTER, MODES, Libraries
 from suite.host import format_host
+from suite.precision import peak_fractions
+from suite.precision_table import PRECISION_TABLE_HEADER, precision_note, precision_rows
 from suite.targets import (
     ADAPTER_MAX_TIME_RATIO,
     MEASURES,
     check_adapter,
+    check_precisions,
     check_targets,
     format_adapter_target,
+    format_precision_targets,
     format_targets,
 )
 from suite.timing import L2_FLUSH_BYTES, Settings, one_line
@@ -73,7 +78,7 @@ class CaseReport:
             "floor_us": case.floor_us, "io_bytes": case.io_bytes,
             "check_rel_err": self.check, "check_threshold": MISMATCH_REL_ERR,
             "check_ok": self.check_ok(), "timings": self.timings, "bandwidth_gb_s": self.bandwidth(),
-            f"{ADAPTER}_over_convgen": self.adapter_over_tape(),
+            f"{ADAPTER}_over_convgen": self.adapter_over_tape(), "tensor_core_peak_fraction": peak_fractions(self),
             "memory": self.memory, "compile": self.compile, "jax": self.jax or None,
             "torch_flags": self.flags, "errors": self.errors, "seconds": self.seconds,
         }
@@ -122,33 +127,6 @@ def environment(libs: Libraries, settings: Settings, argv: list[str]) -> dict[st
         "git": git,
         "argv": argv, "settings": settings.__dict__, "l2_flush_bytes": L2_FLUSH_BYTES,
     }
-
-
-def fmt_ms(ms: float | None) -> str:
-    if ms is None:
-        return "—"
-    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
-
-
-def fmt_pair(call: float | None, kernels: float | None, mark: str = "") -> str:
-    return f"{fmt_ms(call)} / {fmt_ms(kernels)}{mark}"
-
-
-def fmt_ratio(numerator: float | None, denominator: float | None) -> str:
-    return f"{numerator / denominator:.2f}" if numerator and denominator else "—"
-
-
-def timing_cell(report: CaseReport, label: str, mode: str) -> str:
-    """`call / kernels` ms, † where the kernels could not be timed by graph replay."""
-    kernels = report.timings.get(label, {}).get(mode, {}).get("kernels", {})
-    mark = "†" if kernels.get("method", "").startswith("back-to-back") else ""
-    return fmt_pair(report.median(label, mode, "call"), report.median(label, mode, "kernels"), mark)
-
-
-def ratio_cell(report: CaseReport, mode: str) -> str:
-    """PyTorch strict over convgen, call / kernels: above 1 means convgen is faster."""
-    return " / ".join(fmt_ratio(report.median("torch_strict", mode, kind), report.median("convgen", mode, kind))
-                      for kind in ("call", "kernels"))
 
 
 def adapter_ratio_cell(report: CaseReport, mode: str) -> str:
@@ -241,9 +219,16 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
         print("\n### Batched (issue 9), as PyTorch users train\n")
         print_table(BATCHED_TABLE_HEADER, [batched_row(report) for report in batched])
         print()
-        print("\n".join(format_targets(batched_targets(reports))))
+        by_case = batched_by_name(batched)
+        print("\n".join(format_targets(check_targets(by_case))))
         print()
-        print(format_adapter_target(adapter_target(reports)))
+        print(format_adapter_target(check_adapter(by_case)))
+        print("\n### Tensor-core precisions (issue 11)\n")
+        print_table(PRECISION_TABLE_HEADER, [row for report in batched for row in precision_rows(report)])
+        print()
+        print(precision_note())
+        print()
+        print("\n".join(format_precision_targets(check_precisions(by_case))))
     print()
     print("Times in ms, `call / kernels`: call = CUDA events around the Python call (GPU idle, L2 flushed), "
           "median; kernels = CUDA-graph replay per call, median; † = no graph (back-to-back calls / N, "
@@ -281,14 +266,9 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
         print("\n".join(format_host(host)))
 
 
-def batched_targets(reports: list[CaseReport]) -> dict[str, Any] | None:
-    """Issue 9's targets over the batched cases of the run (None without any)."""
-    return check_targets({report.case.name: report for report in reports if report.case.is_batched})
-
-
-def adapter_target(reports: list[CaseReport]) -> dict[str, Any] | None:
-    """Issue 10's target over the batched cases of the run (None without any)."""
-    return check_adapter({report.case.name: report for report in reports if report.case.is_batched})
+def batched_by_name(reports: list[CaseReport]) -> dict[str, CaseReport]:
+    """The batched cases' reports by case name: what the targets of issues 9, 10 and 11 are checked on."""
+    return {report.case.name: report for report in reports if report.case.is_batched}
 
 
 def jax_summary(jax_report: dict[str, Any]) -> str:
@@ -327,8 +307,10 @@ def default_json_path() -> Path:
 def write_json(path: Path, meta: dict[str, Any], reports: list[CaseReport], compile_runs: dict[str, Any],
                host: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    batched = batched_by_name(reports)
     document = {"meta": meta, "compile_children": compile_runs, "cases": [r.to_json() for r in reports],
-                "targets": batched_targets(reports), "adapter_target": adapter_target(reports), "host": host}
+                "targets": check_targets(batched), "adapter_target": check_adapter(batched),
+                "precision_targets": check_precisions(batched), "host": host}
     path.write_text(json.dumps(finite_json(document), indent=1, default=str) + "\n")
 
 

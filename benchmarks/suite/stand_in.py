@@ -49,7 +49,8 @@ class _StandInModule:
 
 def stand_in_cupy() -> types.ModuleType:
     """A `cupy` module with what `convgen.cuda.CupyBackend` uses on its per-call path, all no-ops: one
-    device (0) reporting no attributes (the plans assume an H200), `empty`, `RawModule`."""
+    device (0) reporting no attributes (the plans assume an H200) and the H200's compute capability (which
+    the tensor-core precisions need), `empty`, `RawModule`."""
     errors = {name: type(name, (RuntimeError,), {}) for name in
               ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
@@ -59,7 +60,7 @@ def stand_in_cupy() -> types.ModuleType:
     cuda.compiler = types.SimpleNamespace(CompileException=errors["CompileException"])
     cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
-    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={})
+    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
     cupy = types.ModuleType("cupy")
     cupy.cuda, cupy.ndarray, cupy.RawModule, cupy.float32 = cuda, StandInArray, _StandInModule, np.float32
     cupy.empty = StandInArray
@@ -82,13 +83,13 @@ def _imports_as(cupy: types.ModuleType) -> Any:
                 sys.modules[name] = module
 
 
-def stand_in_cuda_tape(convgen: Any) -> Any:
-    """An empty CUDA tape whose backend runs on `stand_in_cupy()` (a tape class of its own, so the
-    backend the tape caches per class is not the real one)."""
+def stand_in_cuda_tape(convgen: Any, precision: str = "highest") -> Any:
+    """An empty CUDA tape in `precision` whose backend runs on `stand_in_cupy()` (a tape class of its own,
+    so the backend the tape caches per class is not the real one)."""
     cupy = stand_in_cupy()
     tape_class = type("StandInCudaTape", (convgen.cuda.Tape,), {})
     with _imports_as(cupy):
-        return tape_class()
+        return tape_class(precision=precision)
 
 
 def stub_cpu_tape(convgen: Any) -> Any:

@@ -1,0 +1,49 @@
+"""Issue 11's table: per batched case, convgen's tape in each precision that ran next to cuDNN strict fp32,
+TF32 and bf16 channels-last: times, torch strict over each, the rel err against float64 and, for the
+tensor-core precisions, the share of the H200's TF32 tensor-core peak their kernels reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from suite.cells import ratio_cell, timing_cell
+from suite.precision import H200_TF32_DENSE_FLOPS, TAPE_LABELS, TF32_MMA_PER_MULTIPLY_ADD, peak_fractions
+
+PRECISION_TABLE_LABELS = (*TAPE_LABELS, "torch_strict", "torch_tf32", "torch_bf16_cl")
+PRECISION_TABLE_HEADER = ["case", "contestant", "fwd", "fwd+bwd", "torch/this fwd", "torch/this fwd+bwd",
+                          "rel err (worst output)", "TC peak fwd / fwd+bwd"]
+
+
+def error_cell(report: Any, label: str) -> str:
+    """The contestant's largest rel err against float64 over the case's outputs, and which output it is."""
+    errors = report.check.get(label)
+    if not errors:
+        return "—"
+    worst = max(errors, key=errors.get)
+    return f"{errors[worst]:.1e} {worst}"
+
+
+def peak_cell(fractions: dict[str, float | None] | None) -> str:
+    """Share of the TF32 tensor-core peak, fwd / fwd+bwd; — for a contestant without tensor-core count."""
+    if fractions is None:
+        return "—"
+    return " / ".join("—" if fraction is None else f"{fraction:.1%}" for fraction in fractions.values())
+
+
+def precision_rows(report: Any) -> list[list[str]]:
+    """One row per contestant of PRECISION_TABLE_LABELS that was measured on the case (PRECISION_TABLE_HEADER)."""
+    fractions = peak_fractions(report)
+    return [[report.case.title, label, timing_cell(report, label, "fwd"), timing_cell(report, label, "fwd_bwd"),
+             ratio_cell(report, "fwd", label), ratio_cell(report, "fwd_bwd", label), error_cell(report, label),
+             peak_cell(fractions.get(label))]
+            for label in PRECISION_TABLE_LABELS if label in report.timings or label in report.check]
+
+
+def precision_note() -> str:
+    """What the table's columns mean, printed under it."""
+    products = ", ".join(f"{count} in {precision}" for precision, count in TF32_MMA_PER_MULTIPLY_ADD.items())
+    return ("convgen = the tape in 'highest' (fp32 FMA), convgen_high = 'high' (3xTF32), convgen_medium = "
+            "'medium' (TF32); torch/this = torch strict time over the row's, call / kernels. TC peak = the "
+            f"kernels' TF32 mma rate (mma products per multiply-add: {products}; multiply-adds of the case's "
+            "GEMM, 3× for fwd+bwd; 2 flops each) over the H200's dense TF32 tensor-core peak, "
+            f"{H200_TF32_DENSE_FLOPS / 1e12:g} TFLOP/s (datasheet: 989 TFLOPS with sparsity).")
