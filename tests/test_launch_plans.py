@@ -29,6 +29,7 @@ from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import phase_offsets
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
     (Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3)),
@@ -166,3 +167,27 @@ def test_large_gather_stages_read_a_repacked_weight():
     small_plan = plan(representative_geometry(Family.CONV_TRANSPOSE, 3))
     assert small_plan.defines["FWD_PACKED"] == 0 and "BWI_PACKED" not in small_plan.defines  # a transpose: forward gathers
     assert small_plan.launches["forward_pack"].grid == 0
+
+
+def stages_packed_a_by_quads(defines: dict[str, int], prefix: str, rows: int) -> bool:
+    """_gemm_conv.cu.j2's A_VECTOR for a stage whose PACKED is 1: M a multiple of 4 and every thread the
+    same number of four-row quads of the BM x BK slice."""
+    bm, bn, bk, tm, tn = (defines[f"{prefix}_{field}"] for field in ("BM", "BN", "BK", "TM", "TN"))
+    threads = (bm // tm) * (bn // tn)
+    return rows % 4 == 0 and (bm * bk) % (4 * threads) == 0
+
+
+def test_the_forced_tiles_stage_repacked_a_both_ways():
+    """The GPU tests' forced tiles and geometries stage a repacked A four rows at a time in some cases
+    and one element at a time in others (both paths of load_a run against the CPU tape)."""
+    for tiles, dtype in ((FORCED_TILES, "float32"), (FORCED_TILES_FLOAT64, "float64")):
+        ways = set()
+        for tile in tiles:
+            if not tile[5]:
+                continue
+            for geom in FORCED_GEOMETRY:
+                gather, rows = ("FWD", geom.out_c) if geom.family is Family.CONV_TRANSPOSE else ("BWI", geom.in_c)
+                defines = plan(geom, H200, forced_chooser(*tile), dtype).defines
+                assert defines[f"{gather}_PACKED"] == 1
+                ways.add(stages_packed_a_by_quads(defines, gather, rows))
+        assert ways == {True, False}, dtype

@@ -382,7 +382,7 @@ extern "C" __global__ void conv_r6_forward(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+            const unsigned m = m0 + (false ? e % BM : e / BK), c = c0 + (false ? e / BM : e % BK);
             const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
                              ? __ldg(weight + w) : real(0);
@@ -429,7 +429,7 @@ extern "C" __global__ void conv_r6_forward(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = a_stage[i];
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -531,6 +531,8 @@ extern "C" __global__ void conv_r6_backward_input(
     constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
     constexpr bool PACKED = BWI_PACKED;
+    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -800,13 +802,28 @@ extern "C" __global__ void conv_r6_backward_input(
         kappa = kappa * K3 + (unsigned)(phi3 + SG3 * r3);
         kappa = kappa * K4 + (unsigned)(phi4 + SG4 * r4);
         kappa = kappa * K5 + (unsigned)(phi5 + SG5 * r5);
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
-            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
-            a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : real(0);
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
+                real quad[4] = {real(0), real(0), real(0), real(0)};
+                if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    a_stage[4 * i + j] = quad[j];
+                }
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
+                a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
+                                 ? __ldg(weight + w) : real(0);
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -847,10 +864,19 @@ extern "C" __global__ void conv_r6_backward_input(
         }
     };
     auto store = [&](unsigned buffer) {
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
+                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {

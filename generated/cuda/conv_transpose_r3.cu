@@ -317,6 +317,8 @@ extern "C" __global__ void conv_transpose_r3_forward(
     constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
     constexpr bool PACKED = FWD_PACKED;
+    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -487,13 +489,28 @@ extern "C" __global__ void conv_transpose_r3_forward(
         kappa = kappa * K0 + (unsigned)(phi0 + SG0 * r0);
         kappa = kappa * K1 + (unsigned)(phi1 + SG1 * r1);
         kappa = kappa * K2 + (unsigned)(phi2 + SG2 * r2);
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
-            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
-            a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : real(0);
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
+                real quad[4] = {real(0), real(0), real(0), real(0)};
+                if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    a_stage[4 * i + j] = quad[j];
+                }
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
+                a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
+                                 ? __ldg(weight + w) : real(0);
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -525,10 +542,19 @@ extern "C" __global__ void conv_transpose_r3_forward(
         }
     };
     auto store = [&](unsigned buffer) {
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
+                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -706,7 +732,7 @@ extern "C" __global__ void conv_transpose_r3_backward_input(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+            const unsigned m = m0 + (false ? e % BM : e / BK), c = c0 + (false ? e / BM : e % BK);
             const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
             a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
                              ? __ldg(weight + w) : real(0);
@@ -744,7 +770,7 @@ extern "C" __global__ void conv_transpose_r3_backward_input(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = a_stage[i];
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
