@@ -85,6 +85,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
     },
     Family.CONV: {
+        "forward_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
+        ),
         "forward": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
@@ -144,6 +148,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
+        ),
+        "backward_input_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "real", True, True),
@@ -304,6 +312,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 1): KernelSource(
         "conv_r1.cu",
         {
+            "forward_pack": "conv_r1_forward_pack",
             "forward": "conv_r1_forward",
             "forward_reduce": "conv_r1_forward_reduce",
             "backward_input_pack": "conv_r1_backward_input_pack",
@@ -315,13 +324,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
-            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 2): KernelSource(
         "conv_r2.cu",
         {
+            "forward_pack": "conv_r2_forward_pack",
             "forward": "conv_r2_forward",
             "forward_reduce": "conv_r2_forward_reduce",
             "backward_input_pack": "conv_r2_backward_input_pack",
@@ -333,14 +343,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 3): KernelSource(
         "conv_r3.cu",
         {
+            "forward_pack": "conv_r3_forward_pack",
             "forward": "conv_r3_forward",
             "forward_reduce": "conv_r3_forward_reduce",
             "backward_input_pack": "conv_r3_backward_input_pack",
@@ -353,13 +364,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 4): KernelSource(
         "conv_r4.cu",
         {
+            "forward_pack": "conv_r4_forward_pack",
             "forward": "conv_r4_forward",
             "forward_reduce": "conv_r4_forward_reduce",
             "backward_input_pack": "conv_r4_backward_input_pack",
@@ -372,13 +384,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 5): KernelSource(
         "conv_r5.cu",
         {
+            "forward_pack": "conv_r5_forward_pack",
             "forward": "conv_r5_forward",
             "forward_reduce": "conv_r5_forward_reduce",
             "backward_input_pack": "conv_r5_backward_input_pack",
@@ -391,14 +405,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT",
+            "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 6): KernelSource(
         "conv_r6.cu",
         {
+            "forward_pack": "conv_r6_forward_pack",
             "forward": "conv_r6_forward",
             "forward_reduce": "conv_r6_forward_reduce",
             "backward_input_pack": "conv_r6_backward_input_pack",
@@ -412,13 +427,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 7): KernelSource(
         "conv_r7.cu",
         {
+            "forward_pack": "conv_r7_forward_pack",
             "forward": "conv_r7_forward",
             "forward_reduce": "conv_r7_forward_reduce",
             "backward_input_pack": "conv_r7_backward_input_pack",
@@ -432,14 +448,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 8): KernelSource(
         "conv_r8.cu",
         {
+            "forward_pack": "conv_r8_forward_pack",
             "forward": "conv_r8_forward",
             "forward_reduce": "conv_r8_forward_reduce",
             "backward_input_pack": "conv_r8_backward_input_pack",
@@ -454,8 +471,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -464,6 +481,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r1_forward_pack",
             "forward": "conv_transpose_r1_forward",
             "forward_reduce": "conv_transpose_r1_forward_reduce",
+            "backward_input_pack": "conv_transpose_r1_backward_input_pack",
             "backward_input": "conv_transpose_r1_backward_input",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
@@ -473,7 +491,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "FWD_BM",
             "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -482,6 +500,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r2_forward_pack",
             "forward": "conv_transpose_r2_forward",
             "forward_reduce": "conv_transpose_r2_forward_reduce",
+            "backward_input_pack": "conv_transpose_r2_backward_input_pack",
             "backward_input": "conv_transpose_r2_backward_input",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
@@ -491,8 +510,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -501,6 +520,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r3_forward_pack",
             "forward": "conv_transpose_r3_forward",
             "forward_reduce": "conv_transpose_r3_forward_reduce",
+            "backward_input_pack": "conv_transpose_r3_backward_input_pack",
             "backward_input": "conv_transpose_r3_backward_input",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
@@ -511,7 +531,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
             "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -520,6 +540,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r4_forward_pack",
             "forward": "conv_transpose_r4_forward",
             "forward_reduce": "conv_transpose_r4_forward_reduce",
+            "backward_input_pack": "conv_transpose_r4_backward_input_pack",
             "backward_input": "conv_transpose_r4_backward_input",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
@@ -530,7 +551,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
             "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -539,6 +561,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r5_forward_pack",
             "forward": "conv_transpose_r5_forward",
             "forward_reduce": "conv_transpose_r5_forward_reduce",
+            "backward_input_pack": "conv_transpose_r5_backward_input_pack",
             "backward_input": "conv_transpose_r5_backward_input",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
@@ -549,8 +572,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -559,6 +582,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r6_forward_pack",
             "forward": "conv_transpose_r6_forward",
             "forward_reduce": "conv_transpose_r6_forward_reduce",
+            "backward_input_pack": "conv_transpose_r6_backward_input_pack",
             "backward_input": "conv_transpose_r6_backward_input",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
@@ -570,7 +594,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK",
             "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -579,6 +603,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r7_forward_pack",
             "forward": "conv_transpose_r7_forward",
             "forward_reduce": "conv_transpose_r7_forward_reduce",
+            "backward_input_pack": "conv_transpose_r7_backward_input_pack",
             "backward_input": "conv_transpose_r7_backward_input",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
@@ -590,7 +615,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -599,6 +625,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r8_forward_pack",
             "forward": "conv_transpose_r8_forward",
             "forward_reduce": "conv_transpose_r8_forward_reduce",
+            "backward_input_pack": "conv_transpose_r8_backward_input_pack",
             "backward_input": "conv_transpose_r8_backward_input",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
@@ -610,8 +637,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

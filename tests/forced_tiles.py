@@ -25,20 +25,21 @@ FORCED_GEOMETRY = [
     Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
     Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
     Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
-    # Gather stages of 12 rows over 16 source channels: repacked A staged four rows at a time (A_VECTOR).
+    # Repacked A staged four rows at a time (A_VECTOR): the conv's gather stage (12 rows over 16 source
+    # channels) and both stages of the transpose (16 over 16); the conv's direct stage (16 over 12) not.
     Geometry.build(Family.CONV, 12, 16, (9, 10), (3, 3), (2, 1), (1, 1)),
-    Geometry.build(Family.CONV_TRANSPOSE, 16, 12, (7, 6), (3, 3), (2, 1), (1, 0)),
+    Geometry.build(Family.CONV_TRANSPOSE, 16, 16, (7, 6), (3, 3), (2, 1), (1, 0)),
 ]
 
 
 def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
-    (`packed` on the gather-form stages only: the others have no pack kernel)."""
+    (`packed` on every conv-shaped stage: the weight gradient has no pack kernel)."""
     def choose(shape, hardware):
         parts = max(1, min(split, shape.chunks))
         per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
         return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
-                        packed and shape.weight_src_major)
+                        packed and shape.conv)
     return choose
 
 # test_cuda.FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
