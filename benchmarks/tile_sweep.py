@@ -52,7 +52,7 @@ def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
 def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[GemmTile]:
     """The planned tile first, then the `top` cheapest others by the cost model (one per block
     shape, each with its best split), the CLASSIC shapes, the planned block shape unsplit, and for
-    gather-form stages the planned tile with A packed the other way."""
+    conv-shaped stages the planned tile with A packed the other way."""
     planned = choose_tile(shape, hardware)
     best: dict[tuple[int, int, int, int], tuple[float, GemmTile]] = {}
     for tile in tile_candidates(shape, hardware):
@@ -71,7 +71,7 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[Ge
     unsplit = dataclasses.replace(planned, split=1)
     if unsplit not in chosen:
         chosen.append(unsplit)
-    if shape.weight_src_major:  # A read repacked or as given, whichever the plan did not choose
+    if shape.conv:  # A read repacked or as given, whichever the plan did not choose
         chosen.append(dataclasses.replace(planned, packed=not planned.packed))
     return chosen
 

@@ -9,9 +9,10 @@ forward only and forward + backward, on the CPU and (when present) on CUDA, wher
 a tensor for CuPy (UnownedMemory) is set against DLPack's. The `stub` rows replace the device code with
 one that only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy
 compute of even a tiny conv hides it). Median µs per call over `--calls` back-to-back
-calls, repeated `--repeats` times. `--json` prints the rows as JSON.
+calls, repeated `--repeats` times. `--json` prints the rows as JSON. `--profile` also prints, per device,
+a cProfile of the functional path (forward, then forward + backward): where a call's host time goes.
 
-    python3 benchmarks/torch_overhead.py [--calls 3000] [--repeats 5] [--json]
+    python3 benchmarks/torch_overhead.py [--calls 3000] [--repeats 5] [--json] [--profile]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from convgen.torch import devices, functional, library
+from suite.host import profile_summary
 
 
 def _per_call_us(run: Callable[[], object], calls: int, repeats: int, sync: Callable[[], None]) -> float:
@@ -101,23 +103,51 @@ def _wrap_costs(calls: int, repeats: int) -> list[dict]:
              "forward_backward_us": None} for name, wrap in wraps.items()]
 
 
+def profiles(device: str, calls: int) -> dict[str, str]:
+    """cProfile text of `calls` functional calls on `device`: forward (no grad), and forward + backward."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    x = torch.randn(1, 4, 8, 8, device=device, requires_grad=True)
+    w = torch.randn(4, 4, 3, 3, device=device, requires_grad=True)
+    b = torch.randn(4, device=device, requires_grad=True)
+    grad = torch.ones(1, 4, 8, 8, device=device)
+    conv = functional.conv
+
+    def forward() -> None:
+        with torch.no_grad():
+            conv(x, w, b, 1, 1)
+
+    def forward_backward() -> None:
+        torch.autograd.backward(conv(x, w, b, 1, 1), grad)
+
+    texts = {}
+    for name, call in (("forward", forward), ("forward + backward", forward_backward)):
+        _per_call_us(call, min(calls, 200), 1, sync)  # warm-up
+        texts[f"{device} functional {name}"] = profile_summary(call, calls, sync)["text"]
+    return texts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="also cProfile the functional path per device")
     args = parser.parse_args()
     devices_present = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = [row for device in devices_present for row in measure(device, args.calls, args.repeats)]
     with _StubDevices():
         rows += measure("cpu", args.calls, args.repeats, stub=True)
+    texts = {name: text for device in devices_present for name, text in profiles(device, args.calls).items()} \
+        if args.profile else {}
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "profiles": texts} if args.profile else rows, indent=1))
         return
     print(f"{'device':<10}{'path':<22}{'forward µs':>12}{'fwd+bwd µs':>12}")
     for row in rows:
         both = "" if row["forward_backward_us"] is None else f"{row['forward_backward_us']:.1f}"
         print(f"{row['device']:<10}{row['path']:<22}{row['forward_us']:>12.1f}{both:>12}")
+    for name, text in texts.items():
+        print(f"\n== cProfile of {args.calls} calls: {name}\n{text}")
 
 
 if __name__ == "__main__":

@@ -215,12 +215,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if train(args, process) else 1
     finally:
         if process.distributed:
-            # Every process past its last collective before any tears down: a gloo process that exits while
-            # its peer still finishes the last all_reduce can abort ("terminate called without an active
-            # exception"), seen once in a few runs on the CPU.
-            dist.barrier()
+            dist.barrier()  # no process leaves while a peer is still in a collective
             dist.destroy_process_group()
 
 
+def leave(status: int) -> None:
+    """Exit with `status`. A process of a distributed run leaves without shutting the interpreter down:
+    with torch 2.13 the group outlives destroy_process_group once DDP has used it, and a gloo thread that
+    releases its last finished collective while the interpreter shuts down aborts the process
+    ("terminate called without an active exception", after the run itself succeeded)."""
+    if dist.is_available() and dist.is_torchelastic_launched():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -88,6 +88,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         ),
     },
     Family.CONV: {
+        "forward_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
+        ),
         "forward": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
@@ -147,6 +151,10 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
+        ),
+        "backward_input_pack": (
+            Param("weight", "weight", "real", True, True),
+            Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
             Param("source", "grad", "real", True, True),
@@ -307,6 +315,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
     (Family.CONV, 1): KernelSource(
         "conv_r1.cu",
         {
+            "forward_pack": "conv_r1_forward_pack",
             "forward": "conv_r1_forward",
             "forward_reduce": "conv_r1_forward_reduce",
             "backward_input_pack": "conv_r1_backward_input_pack",
@@ -318,13 +327,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 2): KernelSource(
         "conv_r2.cu",
         {
+            "forward_pack": "conv_r2_forward_pack",
             "forward": "conv_r2_forward",
             "forward_reduce": "conv_r2_forward_reduce",
             "backward_input_pack": "conv_r2_backward_input_pack",
@@ -336,14 +347,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT",
+            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 3): KernelSource(
         "conv_r3.cu",
         {
+            "forward_pack": "conv_r3_forward_pack",
             "forward": "conv_r3_forward",
             "forward_reduce": "conv_r3_forward_reduce",
             "backward_input_pack": "conv_r3_backward_input_pack",
@@ -356,13 +368,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 4): KernelSource(
         "conv_r4.cu",
         {
+            "forward_pack": "conv_r4_forward_pack",
             "forward": "conv_r4_forward",
             "forward_reduce": "conv_r4_forward_reduce",
             "backward_input_pack": "conv_r4_backward_input_pack",
@@ -375,14 +388,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 5): KernelSource(
         "conv_r5.cu",
         {
+            "forward_pack": "conv_r5_forward_pack",
             "forward": "conv_r5_forward",
             "forward_reduce": "conv_r5_forward_reduce",
             "backward_input_pack": "conv_r5_backward_input_pack",
@@ -396,13 +410,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 6): KernelSource(
         "conv_r6.cu",
         {
+            "forward_pack": "conv_r6_forward_pack",
             "forward": "conv_r6_forward",
             "forward_reduce": "conv_r6_forward_reduce",
             "backward_input_pack": "conv_r6_backward_input_pack",
@@ -416,13 +431,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 7): KernelSource(
         "conv_r7.cu",
         {
+            "forward_pack": "conv_r7_forward_pack",
             "forward": "conv_r7_forward",
             "forward_reduce": "conv_r7_forward_reduce",
             "backward_input_pack": "conv_r7_backward_input_pack",
@@ -436,14 +452,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV, 8): KernelSource(
         "conv_r8.cu",
         {
+            "forward_pack": "conv_r8_forward_pack",
             "forward": "conv_r8_forward",
             "forward_reduce": "conv_r8_forward_reduce",
             "backward_input_pack": "conv_r8_backward_input_pack",
@@ -458,8 +475,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -468,6 +485,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r1_forward_pack",
             "forward": "conv_transpose_r1_forward",
             "forward_reduce": "conv_transpose_r1_forward_reduce",
+            "backward_input_pack": "conv_transpose_r1_backward_input_pack",
             "backward_input": "conv_transpose_r1_backward_input",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
@@ -477,7 +495,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
             "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -486,6 +505,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r2_forward_pack",
             "forward": "conv_transpose_r2_forward",
             "forward_reduce": "conv_transpose_r2_forward_reduce",
+            "backward_input_pack": "conv_transpose_r2_backward_input_pack",
             "backward_input": "conv_transpose_r2_backward_input",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
@@ -495,8 +515,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -505,6 +525,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r3_forward_pack",
             "forward": "conv_transpose_r3_forward",
             "forward_reduce": "conv_transpose_r3_forward_reduce",
+            "backward_input_pack": "conv_transpose_r3_backward_input_pack",
             "backward_input": "conv_transpose_r3_backward_input",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
@@ -515,7 +536,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
             "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -524,6 +545,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r4_forward_pack",
             "forward": "conv_transpose_r4_forward",
             "forward_reduce": "conv_transpose_r4_forward_reduce",
+            "backward_input_pack": "conv_transpose_r4_backward_input_pack",
             "backward_input": "conv_transpose_r4_backward_input",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
@@ -534,7 +556,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
             "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN",
-            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -543,6 +566,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r5_forward_pack",
             "forward": "conv_transpose_r5_forward",
             "forward_reduce": "conv_transpose_r5_forward_reduce",
+            "backward_input_pack": "conv_transpose_r5_backward_input_pack",
             "backward_input": "conv_transpose_r5_backward_input",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
@@ -553,8 +577,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -563,6 +587,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r6_forward_pack",
             "forward": "conv_transpose_r6_forward",
             "forward_reduce": "conv_transpose_r6_forward_reduce",
+            "backward_input_pack": "conv_transpose_r6_backward_input_pack",
             "backward_input": "conv_transpose_r6_backward_input",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
@@ -574,7 +599,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -583,6 +608,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r7_forward_pack",
             "forward": "conv_transpose_r7_forward",
             "forward_reduce": "conv_transpose_r7_forward_reduce",
+            "backward_input_pack": "conv_transpose_r7_backward_input_pack",
             "backward_input": "conv_transpose_r7_backward_input",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
@@ -594,8 +620,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -604,6 +630,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_pack": "conv_transpose_r8_forward_pack",
             "forward": "conv_transpose_r8_forward",
             "forward_reduce": "conv_transpose_r8_forward_reduce",
+            "backward_input_pack": "conv_transpose_r8_backward_input_pack",
             "backward_input": "conv_transpose_r8_backward_input",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
@@ -616,7 +643,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
             "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
             "FWD_TN", "FWD_SPLIT", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

@@ -43,9 +43,9 @@ PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
-# <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (the gather-form stages, which read
-# W src-major): A is read from the weight repacked as P[group][k][src channel][dst channel], so a
-# slice's loads are coalesced (1), or from W itself (0).
+# <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (every conv-shaped stage): A is read
+# from the weight repacked as P[group][k][src channel][dst channel], so a slice's loads are coalesced
+# and, with rows in quads, 16 bytes wide (1), or from W itself (0).
 PACKED_FIELD = "PACKED"
 # The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
 # elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
@@ -155,7 +155,7 @@ def _reduce(stage: str, output: str, per_image: bool) -> Stage:
 
 
 def _pack(stage: str, layout: ConvRow) -> Stage:
-    """The weight of a gather-form stage repacked for coalesced A loads (launched when its PACKED is 1)."""
+    """The weight of a conv-shaped stage repacked for coalesced A loads (launched when its PACKED is 1)."""
     return Stage(f"{stage}_pack", (_in("weight", "weight"), _out("packed", "packed_weight")),
                  "P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel "
                  "fastest, so a slice of A (one k, a block of src channels) is contiguous rows.", layout)
@@ -167,6 +167,7 @@ _BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), IMAGES, _out("bias_gra
 _CONV_FORWARD = ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)
 _CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)
 _CONV_STAGES = (
+    _pack("forward", _CONV_FORWARD),
     Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
           "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
           _CONV_FORWARD),
@@ -192,6 +193,7 @@ _CONV_TRANSPOSE_STAGES = (
           "each output cell gathers from the input cells whose scatter reaches it.",
           _TRANSPOSE_FORWARD),
     _reduce("forward", "y", True),
+    _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
     Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
           "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
           _TRANSPOSE_BACKWARD_INPUT),

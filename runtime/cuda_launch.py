@@ -109,7 +109,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_byte
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
-        if shape.weight_src_major:  # the stages with a `_pack` kernel (contract: packed_define)
+        if shape.conv:  # the stages with a `_pack` kernel (contract: packed_define)
             values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
         vector = 4 if count % 4 == 0 else 1

@@ -1,6 +1,7 @@
-"""Block tiles forced onto every GEMM stage, for the CUDA tests (run) and the compile tests (NVRTC):
-the FMA tiles that reach every path of the implicit-GEMM kernels, the tensor-core tiles of the
-precisions "high" and "medium", the geometries they run on and the chooser that forces them. No CuPy."""
+"""Block tiles forced onto every GEMM stage, for the CUDA tests (run), the plan tests and the compile
+tests (no GPU): the FMA tiles that reach every path of the implicit-GEMM kernels in float32 and float64,
+the tensor-core tiles of the precisions "high" and "medium", the geometries they run on and the chooser
+that forces them. No CuPy."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from convgen.geometry import Family, Geometry
 # staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
 # 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
 # divide the channels, output rows that are and are not a multiple of 4, and A read from the
-# weight as given and repacked by the `_pack` kernels (the last field).
+# weight as given and repacked by the `_pack` kernels (the last field), repacked A staged one element
+# or four rows at a time (tests/test_launch_plans.py checks that FORCED_GEOMETRY takes both).
 FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
     (4, 256, 4, 4, 1, False),
     (64, 64, 4, 4, 3, True),
@@ -24,19 +26,34 @@ FORCED_GEOMETRY = [
     Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
     Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
     Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
+    # Repacked A staged four rows at a time (A_VECTOR): the conv's gather stage (12 rows over 16 source
+    # channels) and both stages of the transpose (16 over 16); the conv's direct stage (16 over 12) not.
+    Geometry.build(Family.CONV, 12, 16, (9, 10), (3, 3), (2, 1), (1, 1)),
+    Geometry.build(Family.CONV_TRANSPOSE, 16, 16, (7, 6), (3, 3), (2, 1), (1, 0)),
 ]
 
 
 def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
-    (`packed` on the gather-form stages only: the others have no pack kernel)."""
+    (`packed` on every conv-shaped stage: the weight gradient has no pack kernel)."""
     def choose(shape, hardware):
         parts = max(1, min(split, shape.chunks))
         per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
         return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
-                        packed and shape.weight_src_major)
+                        packed and shape.conv)
     return choose
 
+# test_cuda.FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
+# several B columns per thread (BN > threads), several rows (BN < threads), scalar (TM < 4) and
+# 16-byte fragments (two double2 accesses), TM = 8, TN = 8, uneven splits, A as given and repacked.
+FORCED_TILES_FLOAT64 = [  # (bm, bn, tm, tn, split, packed)
+    (8, 128, 4, 4, 1, False),
+    (64, 64, 4, 4, 3, True),
+    (32, 128, 4, 8, 2, False),
+    (64, 64, 8, 4, 1, True),
+    (16, 64, 1, 4, 5, False),
+    (8, 64, 2, 8, 2, True),
+]
 
 # The tensor-core paths (MMA_MODE 1, 3): warp tiles of 16x16 (tm 2, tn 4), 32x32 (4, 8), 64x16 (8, 4),
 # 16x32 (2, 8) and 32x16 (4, 4); one warp across (bm 16) and eight; a B column per thread and several

@@ -174,6 +174,8 @@ DILATED_GROUPED = [
     G(Family.CONV_TRANSPOSE, 2, 4, (3, 4), (2, 3), (3, 2), (0, 1), output_padding=(2, 1), batch=3),
     G(Family.CONV, 6, 4, (6, 5, 7), (2, 3, 2), (3, 2, 1), (1, 2, 0), dilation=(3, 2, 2), groups=2, batch=2),
     G(Family.CONV_TRANSPOSE, 17, 34, (5, 6), (2, 2), (2, 2), (1, 0), dilation=(2, 1), groups=17),
+    # Two groups of 8 rows over 16 source channels: a group's repacked A staged four rows at a time.
+    G(Family.CONV, 16, 32, (7, 6), (3, 2), (2, 1), (1, 0), dilation=(2, 1), groups=2, batch=2),
 ]
 
 

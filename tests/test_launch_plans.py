@@ -29,6 +29,7 @@ from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import phase_offsets
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
     (Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3)),
@@ -97,7 +98,7 @@ def test_plans_set_the_defines_the_contract_lists():
 
 
 def test_an_unknown_family_stage_is_named():
-    with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward, forward_reduce, backward_input_pack, "):
+    with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward_pack, forward, forward_reduce, backward_input_pack, "):
         contract.stage(contract.Family.CONV, "forwrd")
 
 
@@ -149,7 +150,9 @@ def test_groups_are_block_diagonal_gemms_of_the_per_group_shape():
 def test_large_gather_stages_read_a_repacked_weight():
     """A large gather-form stage (weight read src-major: conv backward_input, transpose forward) whose
     tile stages more of A than of B reads A from the weight repacked by its `_pack` kernel (one thread
-    per weight element); the direct-form stages, small convs and the weight gradient do not."""
+    per weight element). The direct-form stages have a pack kernel too, which the plans do not choose
+    (not measured faster yet; forced tiles and the tile sweep use it); small convs do not pack; the weight
+    gradient has no pack kernel."""
     macs = 8 * 128 * 128 * 128 * 128 * 9  # images x dst channels x cells x src channels x window, per stage
     assert macs >= PACK_MIN_MACS
     weight_blocks = ceil_div(128 * 128 * 9, 256)
@@ -160,9 +163,35 @@ def test_large_gather_stages_read_a_repacked_weight():
         assert large_plan.defines[f"{prefix}_BM"] >= large_plan.defines[f"{prefix}_BN"]
         assert large_plan.defines[f"{prefix}_PACKED"] == 1
         assert large_plan.launches[f"{gather}_pack"].grid == weight_blocks
-        # The direct-form and weight stages have no pack kernel, hence no PACKED define to set.
-        assert f"{GEMM_STAGES[direct]}_PACKED" not in large_plan.defines and f"{direct}_pack" not in large_plan.launches
+        assert large_plan.defines[f"{GEMM_STAGES[direct]}_PACKED"] == 0 and large_plan.launches[f"{direct}_pack"].grid == 0
         assert "BWW_PACKED" not in large_plan.defines and "backward_weight_pack" not in large_plan.launches
     small_plan = plan(representative_geometry(Family.CONV_TRANSPOSE, 3))
-    assert small_plan.defines["FWD_PACKED"] == 0 and "BWI_PACKED" not in small_plan.defines  # a transpose: forward gathers
-    assert small_plan.launches["forward_pack"].grid == 0
+    assert small_plan.defines["FWD_PACKED"] == 0 and small_plan.defines["BWI_PACKED"] == 0
+    assert small_plan.launches["forward_pack"].grid == 0 and small_plan.launches["backward_input_pack"].grid == 0
+
+
+def stages_packed_a_by_quads(defines: dict[str, int], prefix: str, rows: int) -> bool:
+    """_gemm_conv.cu.j2's A_VECTOR for a stage whose PACKED is 1: M a multiple of 4 and every thread the
+    same number of four-row quads of the BM x BK slice."""
+    bm, bn, bk, tm, tn = (defines[f"{prefix}_{field}"] for field in ("BM", "BN", "BK", "TM", "TN"))
+    threads = (bm // tm) * (bn // tn)
+    return rows % 4 == 0 and (bm * bk) % (4 * threads) == 0
+
+
+def test_the_forced_tiles_stage_repacked_a_both_ways():
+    """The GPU tests' forced tiles and geometries stage a repacked A four rows at a time in some cases
+    and one element at a time in others, in both stage forms (both paths of load_a run against the CPU
+    tape): per dtype, the (form, quads) pairs that occur are all four."""
+    for tiles, dtype in ((FORCED_TILES, "float32"), (FORCED_TILES_FLOAT64, "float64")):
+        ways = set()
+        for tile in tiles:
+            if not tile[5]:
+                continue
+            for geom in FORCED_GEOMETRY:
+                defines = plan(geom, H200, forced_chooser(*tile), dtype).defines
+                transpose = geom.family is Family.CONV_TRANSPOSE
+                for prefix, gather in (("FWD", transpose), ("BWI", not transpose)):
+                    rows = geom.out_c if prefix == "FWD" else geom.in_c
+                    assert defines[f"{prefix}_PACKED"] == 1
+                    ways.add((gather, stages_packed_a_by_quads(defines, prefix, rows)))
+        assert ways == {(True, True), (True, False), (False, True), (False, False)}, (dtype, ways)

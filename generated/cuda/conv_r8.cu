@@ -15,9 +15,9 @@
     !defined(OUT6) || !defined(D6) || !defined(IN7) || !defined(K7) || !defined(S7) || !defined(P7) || \
     !defined(OUT7) || !defined(D7) || !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || \
     !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || \
-    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
-    !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || \
-    !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
+    !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -503,6 +503,22 @@ __device__ __forceinline__ void split_sum(const real* __restrict__ partial, real
     }
 }
 
+// P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
+// A (one k, a block of src channels) is contiguous rows.
+extern "C" __global__ void conv_r8_forward_pack(
+    const real* __restrict__ weight,
+    real* __restrict__ packed)
+{
+    constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
+    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
+    constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
+    const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
+    const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
+    const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
+    packed[i] = __ldg(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+}
+
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
 // No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
 // capped some kernels below need and spilled.
@@ -531,7 +547,9 @@ extern "C" __global__ void conv_r8_forward(
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
     constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
-    constexpr bool PACKED = false;
+    constexpr bool PACKED = FWD_PACKED;
+    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -620,13 +638,30 @@ extern "C" __global__ void conv_r8_forward(
         const pos_t k1 = (pos_t)(rest % nonzero(K1));
         rest /= nonzero(K1);
         const pos_t k0 = (pos_t)rest;
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
-            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
-            a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : real(0);
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                 : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
+                real quad[4] = {real(0), real(0), real(0), real(0)};
+                if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    a_stage[4 * i + j] = quad[j];
+                }
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                 : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
+                a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
+                                 ? __ldg(weight + w) : real(0);
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -673,10 +708,19 @@ extern "C" __global__ void conv_r8_forward(
         }
     };
     auto store = [&](unsigned buffer) {
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
+                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -796,6 +840,8 @@ extern "C" __global__ void conv_r8_backward_input(
     constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
     constexpr bool PACKED = BWI_PACKED;
+    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -1133,13 +1179,30 @@ extern "C" __global__ void conv_r8_backward_input(
         kappa = kappa * K5 + (unsigned)(phi5 + SG5 * r5);
         kappa = kappa * K6 + (unsigned)(phi6 + SG6 * r6);
         kappa = kappa * K7 + (unsigned)(phi7 + SG7 * r7);
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
-            const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m : ((size_t)c * M + m) * K_SIZE + kappa;
-            a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                             ? __ldg(weight + w) : real(0);
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                 : ((size_t)c * M + m) * K_SIZE + kappa;
+                real quad[4] = {real(0), real(0), real(0), real(0)};
+                if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    a_stage[4 * i + j] = quad[j];
+                }
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                 : ((size_t)c * M + m) * K_SIZE + kappa;
+                a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
+                                 ? __ldg(weight + w) : real(0);
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {
@@ -1186,10 +1249,19 @@ extern "C" __global__ void conv_r8_backward_input(
         }
     };
     auto store = [&](unsigned buffer) {
+        if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
+                const unsigned q = tid + i * THREADS;
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
+                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+            }
+        } else {
+#pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+            }
         }
 #pragma unroll
         for (unsigned col = 0; col < COLS; ++col) {

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The static instruction mix of one geometry's kernels: how many SASS instructions each kernel's
+main loop issues per multiply-add instruction (FFMA, DFMA, HMMA). No GPU needed.
+
+The GEMM kernels are issue-bound where the loop's other instructions (address arithmetic, loads,
+conversions, checks) crowd out the multiply-adds, so this ratio is a measure that can be taken on any
+machine with the CUDA toolkit, before a kernel change is timed on a GPU (benchmarks/tile_sweep.py).
+It takes `convgen source`'s arguments, compiles the exact NVRTC input with nvcc for `--arch`, and
+disassembles it with cuobjdump (not in every toolkit install: `pip download nvidia-cuda-cuobjdump`
+gives it as a wheel). A kernel's main loop is the backward branch's body holding the most
+multiply-adds.
+
+    python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --padding 1 --batch 8
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+MULTIPLY_ADDS = ("FFMA", "DFMA", "HMMA")
+_FUNCTION = re.compile(r"^\s*Function : (\w+)")
+_INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+_REGISTERS = re.compile(r"Function properties for (\w+)\n.*\n.*Used (\d+) registers")
+
+
+@dataclass(frozen=True)
+class LoopMix:
+    """One kernel's main loop: its instructions, the multiply-adds among them, and the counts by opcode."""
+
+    kernel: str
+    instructions: int
+    multiply_adds: int
+    opcodes: dict[str, int]
+
+    @property
+    def per_multiply_add(self) -> float:
+        return self.instructions / self.multiply_adds if self.multiply_adds else float("inf")
+
+
+def functions(sass: str) -> dict[str, list[tuple[int, str, str]]]:
+    """cuobjdump -sass text -> kernel name -> [(address, opcode, operands)] in address order."""
+    kernels: dict[str, list[tuple[int, str, str]]] = {}
+    current: list[tuple[int, str, str]] | None = None
+    for line in sass.splitlines():
+        if match := _FUNCTION.match(line):
+            current = kernels.setdefault(match.group(1), [])
+        elif current is not None and (match := _INSTRUCTION.match(line)):
+            current.append((int(match.group(1), 16), match.group(2), match.group(3)))
+    return kernels
+
+
+def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix | None:
+    """The body of the backward branch (a BRA to an earlier address) with the most multiply-adds; None
+    for a kernel without loops."""
+    best: LoopMix | None = None
+    for address, opcode, operands in instructions:
+        target = _BRANCH_TARGET.search(operands) if opcode == "BRA" else None
+        if target is None or int(target.group(1), 16) >= address:
+            continue
+        start = int(target.group(1), 16)
+        body = [op.split(".")[0] for at, op, _ in instructions if start <= at <= address]
+        heavy = sum(op in MULTIPLY_ADDS for op in body)
+        if best is None or heavy > best.multiply_adds:
+            best = LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common()))
+    return best
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        sys.exit(f"sass_mix.py: {name} is not on the PATH (the CUDA toolkit's; cuobjdump also comes as the "
+                 f"nvidia-cuda-cuobjdump wheel)")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    arch = "sm_90"
+    if "--arch" in argv:
+        at = argv.index("--arch")
+        arch, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+    nvcc, cuobjdump, convgen = tool("nvcc"), tool("cuobjdump"), tool("convgen")
+    source = subprocess.run([convgen, "source", *argv], capture_output=True, text=True)
+    if source.returncode != 0:
+        sys.exit(source.stderr.strip() or source.stdout.strip())
+    with tempfile.TemporaryDirectory() as work:
+        cu, cubin = Path(work) / "kernels.cu", Path(work) / "kernels.cubin"
+        cu.write_text(source.stdout)
+        built = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", str(cu), "-o",
+                                str(cubin)], capture_output=True, text=True)
+        if built.returncode != 0:
+            sys.exit(built.stderr)
+        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    registers = dict(_REGISTERS.findall(built.stderr))
+    print(f"{'kernel':<36}{'registers':>10}{'loop':>7}{'madds':>7}{'per madd':>10}  top opcodes of the loop")
+    for kernel, instructions in sorted(functions(sass).items()):
+        loop = main_loop(kernel, instructions)
+        if loop is None or not loop.multiply_adds:
+            continue
+        top = ", ".join(f"{op} {n}" for op, n in list(loop.opcodes.items())[:8])
+        print(f"{kernel:<36}{registers.get(kernel, '?'):>10}{loop.instructions:>7}{loop.multiply_adds:>7}"
+              f"{loop.per_multiply_add:>10.2f}  {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

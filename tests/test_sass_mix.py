@@ -1,0 +1,48 @@
+"""benchmarks/sass_mix.py's reading of cuobjdump output: kernels split apart, the main loop found as the
+backward branch's body with the most multiply-adds, its opcodes counted (canned SASS; no toolkit needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sass_mix
+
+SASS = """
+	code for sm_90
+		Function : conv_r1_forward
+	.headerflags	@"EF_CUDA_TEXMODE_UNIFIED EF_CUDA_64BIT_ADDRESS EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
+        /*0010*/                   S2R R0, SR_TID.X ;                         /* 0x0000000000007919 */
+        /*0020*/                   IADD3 R2, R0, 0x1, RZ ;                    /* 0x0000000100027810 */
+        /*0030*/                   LDS.128 R4, [R2] ;                         /* 0x0000000002047984 */
+        /*0040*/                   FFMA R8, R4, R5, R8 ;                      /* 0x0000000504087223 */
+        /*0050*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
+        /*0060*/              @!P0 BRA 0x20 ;                                 /* 0x0000000000008947 */
+        /*0070*/                   FFMA R10, R4, R4, R10 ;                    /* 0x000000040a0a7223 */
+        /*0080*/               @P1 BRA 0x70 ;                                 /* 0x0000000000001947 */
+        /*0090*/                   BRA 0xa0 ;                                 /* 0x0000000000007947 */
+        /*00a0*/                   EXIT ;                                     /* 0x000000000000794d */
+		..........
+		Function : conv_r1_forward_reduce
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
+        /*0010*/                   EXIT ;                                     /* 0x000000000000794d */
+"""
+
+
+def test_kernels_are_read_apart_in_address_order():
+    kernels = sass_mix.functions(SASS)
+    assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_reduce"]
+    assert [op for _, op, _ in kernels["conv_r1_forward_reduce"]] == ["MOV", "EXIT"]
+    assert kernels["conv_r1_forward"][6] == (0x60, "BRA", " 0x20 ")
+
+
+def test_the_main_loop_is_the_backward_branch_with_the_most_multiply_adds():
+    kernels = sass_mix.functions(SASS)
+    loop = sass_mix.main_loop("conv_r1_forward", kernels["conv_r1_forward"])
+    # 0x20..0x60 (two FFMAs) beats 0x70..0x80 (one); the forward BRA 0xa0 is no loop.
+    assert (loop.instructions, loop.multiply_adds) == (5, 2)
+    assert loop.opcodes == {"FFMA": 2, "IADD3": 1, "LDS": 1, "BRA": 1}
+    assert loop.per_multiply_add == 2.5
+    assert sass_mix.main_loop("conv_r1_forward_reduce", kernels["conv_r1_forward_reduce"]) is None
