@@ -8,7 +8,7 @@ machine with the CUDA toolkit, before a kernel change is timed on a GPU (benchma
 It takes `convgen source`'s arguments, compiles the exact NVRTC input with nvcc for `--arch`, and
 disassembles it with cuobjdump (not in every toolkit install: `pip download nvidia-cuda-cuobjdump`
 gives it as a wheel). A kernel's main loop is the backward branch's body holding the most
-multiply-adds.
+multiply-adds, one with tensor-core instructions first.
 
     python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --padding 1 --batch 8
 """
@@ -58,9 +58,10 @@ def functions(sass: str) -> dict[str, list[tuple[int, str, str]]]:
 
 
 def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix | None:
-    """The body of the backward branch (a BRA to an earlier address) with the most multiply-adds; None
-    for a kernel without loops."""
-    best: LoopMix | None = None
+    """The body of the backward branch (a BRA to an earlier address) with the most multiply-adds, a loop
+    with tensor-core instructions (HMMA) before any without (a kernel's FMA fallback may issue more FFMAs
+    than its mma loop issues HMMAs); None for a kernel without loops."""
+    best: tuple[tuple[bool, int], LoopMix] | None = None
     for address, opcode, operands in instructions:
         target = _BRANCH_TARGET.search(operands) if opcode == "BRA" else None
         if target is None or int(target.group(1), 16) >= address:
@@ -68,9 +69,10 @@ def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix 
         start = int(target.group(1), 16)
         body = [op.split(".")[0] for at, op, _ in instructions if start <= at <= address]
         heavy = sum(op in MULTIPLY_ADDS for op in body)
-        if best is None or heavy > best.multiply_adds:
-            best = LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common()))
-    return best
+        rank = ("HMMA" in body, heavy)
+        if best is None or rank > best[0]:
+            best = (rank, LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common())))
+    return best[1] if best else None
 
 
 def tool(name: str) -> str:

@@ -25,6 +25,13 @@ SASS = """
         /*0090*/                   BRA 0xa0 ;                                 /* 0x0000000000007947 */
         /*00a0*/                   EXIT ;                                     /* 0x000000000000794d */
 		..........
+		Function : conv_r1_forward_mma
+        /*0000*/                   HMMA.1688.F32.TF32 R8, R4, R2, R8 ;        /* 0x000000020408723c */
+        /*0010*/              @!P0 BRA 0x0 ;                                  /* 0x0000000000008947 */
+        /*0020*/                   FFMA R8, R4, R5, R8 ;                      /* 0x0000000504087223 */
+        /*0030*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
+        /*0040*/              @!P1 BRA 0x20 ;                                 /* 0x0000000000008947 */
+		..........
 		Function : conv_r1_forward_reduce
         /*0000*/                   MOV R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
         /*0010*/                   EXIT ;                                     /* 0x000000000000794d */
@@ -33,7 +40,7 @@ SASS = """
 
 def test_kernels_are_read_apart_in_address_order():
     kernels = sass_mix.functions(SASS)
-    assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_reduce"]
+    assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_mma", "conv_r1_forward_reduce"]
     assert [op for _, op, _ in kernels["conv_r1_forward_reduce"]] == ["MOV", "EXIT"]
     assert kernels["conv_r1_forward"][6] == (0x60, "BRA", " 0x20 ")
 
@@ -46,3 +53,9 @@ def test_the_main_loop_is_the_backward_branch_with_the_most_multiply_adds():
     assert loop.opcodes == {"FFMA": 2, "IADD3": 1, "LDS": 1, "BRA": 1}
     assert loop.per_multiply_add == 2.5
     assert sass_mix.main_loop("conv_r1_forward_reduce", kernels["conv_r1_forward_reduce"]) is None
+
+
+def test_a_tensor_core_loop_is_the_main_loop_before_an_fma_loop_with_more_multiply_adds():
+    kernels = sass_mix.functions(SASS)
+    loop = sass_mix.main_loop("conv_r1_forward_mma", kernels["conv_r1_forward_mma"])
+    assert (loop.instructions, loop.multiply_adds, loop.opcodes) == (2, 1, {"HMMA": 1, "BRA": 1})
