@@ -171,11 +171,11 @@ def test_large_gather_stages_read_a_repacked_weight():
 
 
 def stages_packed_a_by_quads(defines: dict[str, int], prefix: str, rows: int) -> bool:
-    """_gemm_conv.cu.j2's A_VECTOR for a stage whose PACKED is 1: M a multiple of 4 and every thread the
-    same number of four-row quads of the BM x BK slice."""
+    """_gemm_conv.cu.j2's A_VECTOR for a stage whose PACKED is 1: M and BM multiples of 4 and every thread
+    the same number of four-row quads of the BM x BK slice."""
     bm, bn, bk, tm, tn = (defines[f"{prefix}_{field}"] for field in ("BM", "BN", "BK", "TM", "TN"))
     threads = (bm // tm) * (bn // tn)
-    return rows % 4 == 0 and (bm * bk) % (4 * threads) == 0
+    return rows % 4 == 0 and bm % 4 == 0 and (bm * bk) % (4 * threads) == 0
 
 
 def test_the_forced_tiles_stage_repacked_a_both_ways():

@@ -545,8 +545,8 @@ extern "C" __global__ void conv_r6_forward(
     constexpr unsigned M = OUT_C / GROUPS, N = OUT_SIZE, SRC_C = IN_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
     constexpr bool PACKED = FWD_PACKED;
-    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
-    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
+    // Packed A in quads of rows (load_a): rows M and BM multiples of 4, every thread as many quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && BM % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
@@ -819,8 +819,8 @@ extern "C" __global__ void conv_r6_backward_input(
     constexpr unsigned M = IN_C / GROUPS, N = IN_SIZE, SRC_C = OUT_C / GROUPS;
     // The weight as the stage's _pack kernel laid it out (P[group][kappa][c][m]) or as given.
     constexpr bool PACKED = BWI_PACKED;
-    // Packed A in quads of rows (load_a): rows M a multiple of 4, every thread the same number of quads.
-    constexpr bool A_VECTOR = M % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
+    // Packed A in quads of rows (load_a): rows M and BM multiples of 4, every thread as many quads.
+    constexpr bool A_VECTOR = M % 4 == 0 && BM % 4 == 0 && (BM * BK) % (4 * THREADS) == 0;
     static_assert(THREADS % BN == 0 || BN % THREADS == 0, "B columns per thread");
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
