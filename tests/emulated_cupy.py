@@ -5,7 +5,8 @@ a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __s
 __syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
 blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
 for the FMA-mode GEMM kernels of the conv families and the circular pad and fold kernels, at small
-sizes (every thread is a thread). Not emulated: warp intrinsics (the pools) and inline PTX (the tensor
+sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
+sanitizer), as it would fault on a GPU. Not emulated: warp intrinsics (the pools) and inline PTX (the tensor
 cores); a source that needs them fails to compile, with the compiler's message.
 """
 
@@ -208,7 +209,10 @@ class EmulatedModule:
             work = Path(tempfile.mkdtemp(prefix="convgen-emulated-"))
             source = work / "kernels.cpp"
             source.write_text(PRELUDE + "\n" + code + "\n" + _trampolines(code) + "\n")
-            built = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *defines,
+            # The alignment sanitizer stops at a vector access (float4, double2) off its alignment, which
+            # x86 would let through and a GPU would fault on.
+            built = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                                    "-fsanitize=alignment", "-fno-sanitize-recover=alignment", *defines,
                                     str(source), "-o", str(work / "kernels.so")], capture_output=True, text=True)
             try:
                 if built.returncode != 0:
