@@ -4,10 +4,11 @@ Arrays are NumPy arrays. `RawModule` compiles the generated source with the host
 a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __shared__, __syncthreads,
 __syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
 blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
-for the FMA-mode GEMM kernels of the conv families and the circular pad and fold kernels, at small
+for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 stands in for
+mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
 sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
-sanitizer), as it would fault on a GPU. Not emulated: warp intrinsics (the pools) and inline PTX (the tensor
-cores); a source that needs them fails to compile, with the compiler's message.
+sanitizer), as it would fault on a GPU. Other inline PTX is not emulated: a source that needs it fails to
+compile, with the compiler's message.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ inline long long __double_as_longlong(double v) { return emulated_bits<long long
 struct emulated_warp {
     std::unique_ptr<std::barrier<>> barrier;
     unsigned long long lanes[32];
+    unsigned a[32][4], b[32][2];  // mma_tf32's fragments, by lane
 };
 struct emulated_block {
     std::unique_ptr<std::barrier<>> barrier;
@@ -122,6 +124,38 @@ template <class T> inline T __shfl_down_sync(unsigned, T value, unsigned offset)
         if (lane + offset < 32) std::memcpy(&out, &lanes[lane + offset], sizeof out);
         return out;
     });
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the warp, from the PTX ISA's fragment layouts
+// (g = lane / 4, t = lane % 4): A (16 x 8) a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); B
+// (8 x 8) b0 (t, g), b1 (t + 4, g); C and D (16 x 8) c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t),
+// c3 (g + 8, 2t + 1). An operand is read as TF32: its low 13 bits are ignored. Products are exact and
+// summed in double, then added to c once: at least as accurate as the hardware, which sums in float.
+#define CONVGEN_EMULATED_MMA
+inline void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4], const unsigned (&b)[2])
+{
+    emulated_warp& warp = emulated_current->warps[threadIdx.x / 32];
+    const unsigned lane = threadIdx.x % 32;
+    for (unsigned i = 0; i < 4; ++i) warp.a[lane][i] = a[i];
+    for (unsigned i = 0; i < 2; ++i) warp.b[lane][i] = b[i];
+    warp.barrier->arrive_and_wait();
+    double A[16][8], B[8][8];
+    const auto tf32 = [](unsigned bits) { return (double)emulated_bits<float>(bits & 0xffffe000u); };
+    for (unsigned l = 0; l < 32; ++l) {
+        const unsigned g = l / 4, t = l % 4;
+        A[g][t] = tf32(warp.a[l][0]), A[g + 8][t] = tf32(warp.a[l][1]);
+        A[g][t + 4] = tf32(warp.a[l][2]), A[g + 8][t + 4] = tf32(warp.a[l][3]);
+        B[t][g] = tf32(warp.b[l][0]), B[t + 4][g] = tf32(warp.b[l][1]);
+    }
+    warp.barrier->arrive_and_wait();  // every lane has read the fragments before any publishes again
+    const unsigned g = lane / 4, t = lane % 4;
+    const auto dot = [&](unsigned row, unsigned col) {
+        double sum = 0;
+        for (unsigned k = 0; k < 8; ++k) sum += A[row][k] * B[k][col];
+        return sum;
+    };
+    c0 = (float)(c0 + dot(g, 2 * t)), c1 = (float)(c1 + dot(g, 2 * t + 1));
+    c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
 }
 
 template <class Body> void emulated_launch(unsigned grid, unsigned threads, Body body)
@@ -249,7 +283,7 @@ class EmulatedModule:
 
 def emulated_cupy() -> types.ModuleType:
     """A `cupy` module with what convgen.cuda.CupyBackend and the CUDA tests use, on NumPy and g++: one
-    device (0) reporting no attributes (the plans assume an H200)."""
+    device (0) of compute capability 9.0 reporting no attributes (the plans assume an H200)."""
     errors = {name: type(name, (RuntimeError,), {}) for name in
               ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
     cuda = types.ModuleType("cupy.cuda")
@@ -258,7 +292,7 @@ def emulated_cupy() -> types.ModuleType:
     cuda.compiler = types.SimpleNamespace(CompileException=EmulatedError)
     cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
-    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={})
+    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
     cupy = types.ModuleType("cupy")
     cupy.cuda, cupy.ndarray, cupy.RawModule = cuda, EmulatedArray, EmulatedModule
     cupy.float32, cupy.float64 = np.float32, np.float64

@@ -3,7 +3,8 @@ CuPy made of NumPy and g++ (tests/emulated_cupy.py), so that kernel changes are 
 Every GPU thread is an OS thread, so the cases are few and small: the forced tiles that read a repacked
 weight (A staged four rows at a time and one element at a time, tests/test_launch_plans.py says which)
 on the forced geometries and a grouped one, float32 and float64; the rare path of non-finite values; a
-circular convolution (its pad and fold kernels). `pytest -m cuda` runs the same kernels on a GPU."""
+circular convolution (its pad and fold kernels); the tensor-core precisions on forced mma tiles with issue
+11's bounds. `pytest -m cuda` runs the same kernels on a GPU."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from convgen.cuda import CupyBackend
 from convgen.cuda import Tape as CudaTape
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from suite.stand_in import imports_as  # how the host-path benchmark swaps CuPy in too
@@ -31,13 +32,14 @@ RTOLS = {"float32": reference.RTOL, "float64": reference.RTOL_FLOAT64}
 GROUPED = Geometry.build(Family.CONV, 16, 32, (7, 6), (3, 2), (2, 1), (1, 0), dilation=(2, 1), groups=2, batch=2)
 
 
-def emulated_tape(dtype: str, tile: tuple | None = None) -> CudaTape:
+def emulated_tape(dtype: str, tile: tuple | None = None, precision: str = "highest") -> CudaTape:
     """A CUDA tape on the emulated CuPy whose outputs start as NaN (a value a kernel forgets shows), its
-    plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules)."""
+    plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules),
+    its conv GEMMs in `precision`."""
     chooser = {"tile_chooser": staticmethod(forced_chooser(*tile))} if tile else {}
     backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True, **chooser})
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
-        return type("EmulatedTape", (CudaTape,), {"backend_class": backend})(dtype=dtype)
+        return type("EmulatedTape", (CudaTape,), {"backend_class": backend})(dtype=dtype, precision=precision)
 
 
 def check(geom: Geometry, dtype: str, tile: tuple | None = None, seed: object = 0) -> None:
@@ -83,3 +85,40 @@ def test_non_finite_values_take_the_rare_path() -> None:
 def test_circular_padding_pads_and_folds() -> None:
     geom = Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True)
     check(geom, "float32")
+
+
+# Issue 11's bounds against the float64 CPU tape (tests/test_cuda_precision.py on the GPU): TF32 within 1e-3
+# relative; 3xTF32 within 2x the FMA path's error (an FMA error under a float32 unit counts as one unit).
+TF32_BOUND, HIGH_FACTOR, FLOAT32_UNIT = 1e-3, 2.0, 2.0 ** -24
+
+
+def relative_errors(geom: Geometry, tape: CudaTape, inputs, grad) -> list[float]:
+    """‖got − ref‖ / ‖ref on |inputs|‖ of the output and each gradient, the reference the float64 CPU tape."""
+    wide = [a.astype(np.float64) for a in inputs]
+    ref = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide, grad.astype(np.float64))
+    ref_abs = reference.run_on_tape(CpuTape(dtype="float64"), geom, [np.abs(a) for a in wide],
+                                    np.abs(grad).astype(np.float64))
+    got = reference.run_on_tape(tape, geom, inputs, grad)
+    errors = []
+    for g, r, a in zip([got[0], *got[1]], [ref[0], *ref[1]], [ref_abs[0], *ref_abs[1]], strict=True):
+        scale = np.linalg.norm(a)
+        errors.append(float(np.linalg.norm(np.asarray(g, np.float64) - r) / scale) if scale else 0.0)
+    return errors
+
+
+@pytest.mark.parametrize("tile", MMA_FORCED_TILES[:3], ids=lambda t: "x".join(map(str, t)))
+def test_tensor_core_precisions_on_forced_mma_tiles(tile) -> None:
+    """Every stage of a conv and a transpose on forced tensor-core tiles, "high" and "medium", against the
+    float64 reference with issue 11's bounds; the FMA path at its planned tiles gives the reference error."""
+    rng = reference.case_rng("emulated precision", tile)
+    for geom in (FORCED_GEOMETRY[0], FORCED_GEOMETRY[2], Geometry.build(Family.CONV, 9, 12, (7, 6), (3, 3), (1, 2),
+                                                                         (1, 1), batch=2)):
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        fma = relative_errors(geom, emulated_tape("float32"), inputs, grad)
+        high = relative_errors(geom, emulated_tape("float32", tile, "high"), inputs, grad)
+        medium = relative_errors(geom, emulated_tape("float32", tile, "medium"), inputs, grad)
+        for name, f, h, m in zip(("output", "dkernel", "dbias", "dinput"), fma, high, medium, strict=True):
+            assert m <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {m:.3g}"
+            assert h <= HIGH_FACTOR * max(f, FLOAT32_UNIT), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
+            if name != "dbias":  # the bias gradient is a plain sum in every precision, the others GEMMs
+                assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"

@@ -82,6 +82,7 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
+#ifndef CONVGEN_EMULATED_MMA  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
 // c0..c3 at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4).
@@ -93,6 +94,7 @@ __device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float&
         : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 // The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
 template <unsigned TM, unsigned TN>
