@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import reference
 import torch_oracle
-from convgen.cuda_launch import GemmTile, ceil_div
 from convgen.geometry import MAX_RANK, Family, Geometry
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, forced_chooser  # noqa: F401  (re-exported)
 
 cupy = pytest.importorskip("cupy")
 
@@ -94,37 +94,6 @@ def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=Poiso
     ref = run(convgen.cpu.Tape(dtype=dtype), geom, inputs, grad)
     ref_abs = run(convgen.cpu.Tape(dtype=dtype), geom, [np.abs(a) for a in inputs], np.abs(grad))
     assert_close_to(geom, got, ref, ref_abs, RTOLS[dtype])
-
-
-# Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
-# staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
-# 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
-# divide the channels, output rows that are and are not a multiple of 4, and A read from the
-# weight as given and repacked by the `_pack` kernels (the last field).
-FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
-    (4, 256, 4, 4, 1, False),
-    (64, 64, 4, 4, 3, True),
-    (32, 128, 4, 8, 2, False),
-    (128, 64, 8, 4, 1, True),
-    (16, 64, 1, 4, 5, False),
-    (8, 64, 2, 8, 2, True),
-]
-FORCED_GEOMETRY = [
-    Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
-    Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
-    Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
-]
-
-
-def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
-    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
-    (`packed` on the gather-form stages only: the others have no pack kernel)."""
-    def choose(shape, hardware):
-        parts = max(1, min(split, shape.chunks))
-        per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
-        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
-                        packed and shape.weight_src_major)
-    return choose
 
 
 def forced_tape(tile) -> type:

@@ -26,6 +26,7 @@ from cuda_support import (
     forced_tape,
     run,
 )
+from forced_tiles import FORCED_TILES_FLOAT64
 from test_cuda import PHASE_GEOMETRY
 from test_cuda_extended import DILATED_GROUPED, circular_geometry
 
@@ -37,17 +38,6 @@ G = Geometry.build
 FLOAT64 = "float64"
 CASES_PER_RANK = 3  # the last one may have empty extents or channels
 
-# test_cuda.FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
-# several B columns per thread (BN > threads), several rows (BN < threads), scalar (TM < 4) and
-# 16-byte fragments (two double2 accesses), TM = 8, TN = 8, uneven splits, A as given and repacked.
-FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
-    (8, 128, 4, 4, 1, False),
-    (64, 64, 4, 4, 3, True),
-    (32, 128, 4, 8, 2, False),
-    (64, 64, 8, 4, 1, True),
-    (16, 64, 1, 4, 5, False),
-    (8, 64, 2, 8, 2, True),
-]
 
 
 def check(geom: Geometry, rng: np.random.Generator, tape_class=PoisonTape) -> None:
@@ -94,7 +84,7 @@ def test_random_extended_geometry_matches_float64_torch_cuda(family: Family, ran
         assert_close_to(geom, got, _torch_cuda_float64(torch, geom, inputs, grad), ref_abs, reference.RTOL_FLOAT64)
 
 
-@pytest.mark.parametrize("tile", FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
+@pytest.mark.parametrize("tile", FORCED_TILES_FLOAT64, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_every_gemm_tile_shape_in_float64(tile) -> None:
     """The double paths of the GEMM kernels (two double2 accesses per fragment of 4, the split
     buffers and reduce kernels in double) through plain, phased, dilated and grouped geometry."""

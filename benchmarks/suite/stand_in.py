@@ -67,7 +67,7 @@ def stand_in_cupy() -> types.ModuleType:
 
 
 @contextmanager
-def _imports_as(cupy: types.ModuleType) -> Any:
+def imports_as(cupy: types.ModuleType) -> Any:
     """`import cupy` (and `cupy.cuda.compiler`) gives `cupy` inside the block; sys.modules as it was after."""
     names = ("cupy", "cupy.cuda", "cupy.cuda.compiler")
     before = {name: sys.modules.get(name) for name in names}
@@ -87,7 +87,7 @@ def stand_in_cuda_tape(convgen: Any) -> Any:
     backend the tape caches per class is not the real one)."""
     cupy = stand_in_cupy()
     tape_class = type("StandInCudaTape", (convgen.cuda.Tape,), {})
-    with _imports_as(cupy):
+    with imports_as(cupy):
         return tape_class()
 
 

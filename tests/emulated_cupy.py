@@ -1,0 +1,271 @@
+"""A CuPy that runs convgen's generated CUDA on the CPU, for testing kernel changes without a GPU.
+
+Arrays are NumPy arrays. `RawModule` compiles the generated source with the host C++ compiler against
+a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __shared__, __syncthreads,
+__syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
+blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
+for the FMA-mode GEMM kernels of the conv families and the circular pad and fold kernels, at small
+sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
+sanitizer), as it would fault on a GPU. Not emulated: warp intrinsics (the pools) and inline PTX (the tensor
+cores); a source that needs them fails to compile, with the compiler's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PRELUDE = r"""
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+#include <math.h>
+
+struct emulated_index { unsigned x, y, z; };
+inline thread_local emulated_index threadIdx, blockIdx;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) double2 { double x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline double2 make_double2(double x, double y) { return {x, y}; }
+template <class T> inline T __ldg(const T* p) { return *p; }
+template <class To, class From> inline To emulated_bits(From value)
+{
+    To out;
+    std::memcpy(&out, &value, sizeof out);
+    return out;
+}
+inline float __int_as_float(int v) { return emulated_bits<float>(v); }
+inline float __uint_as_float(unsigned v) { return emulated_bits<float>(v); }
+inline unsigned __float_as_uint(float v) { return emulated_bits<unsigned>(v); }
+inline int __float_as_int(float v) { return emulated_bits<int>(v); }
+inline double __longlong_as_double(long long v) { return emulated_bits<double>(v); }
+inline long long __double_as_longlong(double v) { return emulated_bits<long long>(v); }
+
+// The running block's barrier (one block at a time), the word __syncthreads_or reduces into, and per warp
+// a barrier and a slot per lane for the warp intrinsics. A thread that leaves the kernel drops out of the
+// barriers, as a CUDA thread that has exited no longer holds __syncthreads up.
+struct emulated_warp {
+    std::unique_ptr<std::barrier<>> barrier;
+    unsigned long long lanes[32];
+};
+struct emulated_block {
+    std::unique_ptr<std::barrier<>> barrier;
+    std::atomic<int> any{0};
+    std::vector<emulated_warp> warps;
+};
+inline emulated_block* emulated_current;
+inline void __syncthreads() { emulated_current->barrier->arrive_and_wait(); }
+inline int __syncthreads_or(int predicate)
+{
+    emulated_block& block = *emulated_current;
+    block.barrier->arrive_and_wait();  // every thread is past the last reading of `any`
+    if (predicate) block.any.fetch_or(1);
+    block.barrier->arrive_and_wait();
+    const int result = block.any.load();
+    block.barrier->arrive_and_wait();
+    if (threadIdx.x == 0) block.any.store(0);
+    block.barrier->arrive_and_wait();
+    return result;
+}
+// Every lane of the warp publishes `value`, then each reads what `read(lane)` names (the mask is taken to be
+// the whole warp, as the kernels pass it).
+template <class T, class Read> inline T emulated_exchange(T value, Read read)
+{
+    emulated_warp& warp = emulated_current->warps[threadIdx.x / 32];
+    const unsigned lane = threadIdx.x % 32;
+    unsigned long long slot = 0;
+    std::memcpy(&slot, &value, sizeof value);
+    warp.lanes[lane] = slot;
+    warp.barrier->arrive_and_wait();
+    const T result = read(warp.lanes, lane);
+    warp.barrier->arrive_and_wait();
+    return result;
+}
+inline unsigned __ballot_sync(unsigned, int predicate)
+{
+    return emulated_exchange<unsigned>(predicate ? 1u : 0u, [](const unsigned long long* lanes, unsigned) {
+        unsigned bits = 0;
+        for (unsigned i = 0; i < 32; ++i) bits |= (lanes[i] & 1u) << i;
+        return bits;
+    });
+}
+template <class T> inline T __shfl_down_sync(unsigned, T value, unsigned offset)
+{
+    return emulated_exchange<T>(value, [&](const unsigned long long* lanes, unsigned lane) {
+        T out = value;
+        if (lane + offset < 32) std::memcpy(&out, &lanes[lane + offset], sizeof out);
+        return out;
+    });
+}
+
+template <class Body> void emulated_launch(unsigned grid, unsigned threads, Body body)
+{
+    std::barrier<> between(threads);
+    emulated_block block;
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            for (unsigned b = 0; b < grid; ++b) {
+                between.arrive_and_wait();  // the last block is done with its shared memory
+                if (t == 0) {
+                    block.barrier = std::make_unique<std::barrier<>>(threads);
+                    block.warps = std::vector<emulated_warp>((threads + 31) / 32);
+                    for (unsigned w = 0; w < block.warps.size(); ++w) {
+                        const unsigned lanes = threads - 32 * w < 32 ? threads - 32 * w : 32;
+                        block.warps[w].barrier = std::make_unique<std::barrier<>>(lanes);
+                    }
+                    emulated_current = &block;
+                }
+                between.arrive_and_wait();
+                blockIdx = {b, 0, 0};
+                body();
+                block.barrier->arrive_and_drop();
+                block.warps[t / 32].barrier->arrive_and_drop();
+            }
+        });
+    }
+    for (std::thread& thread : pool) thread.join();
+}
+"""
+
+_KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
+_C_SCALARS = {np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.int32): ctypes.c_int32,
+              np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+
+
+class EmulatedError(RuntimeError):
+    """A source the host compiler rejects, or an argument the launch cannot pass."""
+
+
+class EmulatedArray(np.ndarray):
+    """A NumPy array standing for a device array: `.data.device_id` as CuPy has it, `.get()` to the host."""
+
+    @property
+    def data(self) -> Any:  # CuPy's MemoryPointer, as the backend reads it
+        return types.SimpleNamespace(device_id=0, ptr=self.ctypes.data)
+
+    def get(self) -> np.ndarray:
+        return np.array(self)
+
+
+def _device(array: Any) -> EmulatedArray:
+    return np.ascontiguousarray(array).view(EmulatedArray)
+
+
+def _trampolines(code: str) -> str:
+    """extern "C" emulated_<kernel>(grid, threads, args): the kernel's arguments read from `args` by type."""
+    out = []
+    for name, params in _KERNEL.findall(code):
+        args = []
+        for index, param in enumerate(p.strip() for p in params.split(",") if p.strip()):
+            declared = param.replace("__restrict__", "").split()
+            c_type = " ".join(declared[:-1])
+            args.append(f"({c_type})args[{index}]" if "*" in c_type else f"*({c_type}*)args[{index}]")
+        out.append(f'extern "C" void emulated_{name}(unsigned grid, unsigned threads, void** args)\n'
+                   f"{{ emulated_launch(grid, threads, [&] {{ {name}({', '.join(args)}); }}); }}")
+    return "\n".join(out)
+
+
+class EmulatedModule:
+    """CuPy's RawModule: the source compiled for the host, once per (source, options)."""
+
+    _built: dict[str, ctypes.CDLL] = {}
+
+    def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
+        compiler = shutil.which("g++")
+        if compiler is None:
+            raise EmulatedError("the CUDA emulation needs g++")
+        defines = [o for o in options if o.startswith("-D")]
+        key = hashlib.sha256("\n".join([code, *defines]).encode()).hexdigest()
+        library = EmulatedModule._built.get(key)
+        if library is None:
+            work = Path(tempfile.mkdtemp(prefix="convgen-emulated-"))
+            source = work / "kernels.cpp"
+            source.write_text(PRELUDE + "\n" + code + "\n" + _trampolines(code) + "\n")
+            # The alignment sanitizer stops at a vector access (float4, double2) off its alignment, which
+            # x86 would let through and a GPU would fault on.
+            built = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                                    "-fsanitize=alignment", "-fno-sanitize-recover=alignment", *defines,
+                                    str(source), "-o", str(work / "kernels.so")], capture_output=True, text=True)
+            try:
+                if built.returncode != 0:
+                    raise EmulatedError(f"host compile failed:\n{built.stderr[-4000:]}")
+                library = EmulatedModule._built[key] = ctypes.CDLL(str(work / "kernels.so"))
+            finally:
+                shutil.rmtree(work)  # a loaded library stays mapped
+        self._library = library
+
+    def get_function(self, name: str) -> Any:
+        entry = getattr(self._library, f"emulated_{name}")
+        entry.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
+        entry.restype = None
+
+        def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
+                   stream: Any = None) -> None:
+            held, pointers = [], []
+            for arg in args:
+                if isinstance(arg, np.ndarray) and arg.ndim > 0:
+                    if not arg.flags.c_contiguous:
+                        raise EmulatedError(f"{name}: a non-contiguous array argument")
+                    pointers.append(arg.ctypes.data)
+                else:
+                    value = np.asarray(arg)
+                    scalar = _C_SCALARS.get(value.dtype)
+                    if scalar is None:
+                        raise EmulatedError(f"{name}: cannot pass a {value.dtype} scalar")
+                    held.append(scalar(value.item()))
+                    pointers.append(ctypes.addressof(held[-1]))
+            entry(int(np.prod(grid)), int(np.prod(block)), (ctypes.c_void_p * len(pointers))(*pointers))
+
+        return launch
+
+
+def emulated_cupy() -> types.ModuleType:
+    """A `cupy` module with what convgen.cuda.CupyBackend and the CUDA tests use, on NumPy and g++: one
+    device (0) reporting no attributes (the plans assume an H200)."""
+    errors = {name: type(name, (RuntimeError,), {}) for name in
+              ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
+                                         CUDARuntimeError=errors["CUDARuntimeError"])
+    cuda.compiler = types.SimpleNamespace(CompileException=EmulatedError)
+    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
+    cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
+    cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={})
+    cupy = types.ModuleType("cupy")
+    cupy.cuda, cupy.ndarray, cupy.RawModule = cuda, EmulatedArray, EmulatedModule
+    cupy.float32, cupy.float64 = np.float32, np.float64
+    cupy.empty = lambda shape, dtype=np.float32: np.empty(shape, dtype).view(EmulatedArray)
+    cupy.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(EmulatedArray)
+    cupy.asarray = lambda value, dtype=None: _device(np.asarray(value, dtype))
+    cupy.ascontiguousarray = lambda value, dtype=None: _device(np.asarray(value, dtype))
+    cupy.asnumpy = lambda array: np.array(array)
+    cupy.array_equal = lambda a, b, equal_nan=False: np.array_equal(a, b, equal_nan=equal_nan)
+    return cupy

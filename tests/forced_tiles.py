@@ -1,0 +1,50 @@
+"""Block tiles forced onto every GEMM stage, for the CUDA tests (run) and the plan tests (no GPU): the
+tiles that reach every path of the implicit-GEMM kernels in float32 and float64, the geometries they run
+on and the chooser that forces them. No CuPy."""
+
+from __future__ import annotations
+
+from convgen.cuda_launch import GemmTile, ceil_div
+from convgen.geometry import Family, Geometry
+
+# Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
+# staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
+# 16-byte fragments, split fragments (TN = 8, TM = 8), uneven splits, channel slices that do not
+# divide the channels, output rows that are and are not a multiple of 4, and A read from the
+# weight as given and repacked by the `_pack` kernels (the last field).
+FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
+    (4, 256, 4, 4, 1, False),
+    (64, 64, 4, 4, 3, True),
+    (32, 128, 4, 8, 2, False),
+    (128, 64, 8, 4, 1, True),
+    (16, 64, 1, 4, 5, False),
+    (8, 64, 2, 8, 2, True),
+]
+FORCED_GEOMETRY = [
+    Geometry.build(Family.CONV, 17, 6, (13, 10), (3, 2), (2, 1), (1, 1)),
+    Geometry.build(Family.CONV, 3, 5, (9, 12), (3, 3), (1, 1), (1, 1)),
+    Geometry.build(Family.CONV_TRANSPOSE, 5, 9, (7, 6), (3, 3), (2, 1), (1, 0)),
+]
+
+
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
+    """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
+    (`packed` on the gather-form stages only: the others have no pack kernel)."""
+    def choose(shape, hardware):
+        parts = max(1, min(split, shape.chunks))
+        per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
+        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
+                        packed and shape.weight_src_major)
+    return choose
+
+# test_cuda.FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
+# several B columns per thread (BN > threads), several rows (BN < threads), scalar (TM < 4) and
+# 16-byte fragments (two double2 accesses), TM = 8, TN = 8, uneven splits, A as given and repacked.
+FORCED_TILES_FLOAT64 = [  # (bm, bn, tm, tn, split, packed)
+    (8, 128, 4, 4, 1, False),
+    (64, 64, 4, 4, 3, True),
+    (32, 128, 4, 8, 2, False),
+    (64, 64, 8, 4, 1, True),
+    (16, 64, 1, 4, 5, False),
+    (8, 64, 2, 8, 2, True),
+]

@@ -1,0 +1,84 @@
+"""The generated CUDA of the conv families run on the CPU, against the CPU tape: the real CUDA tape over a
+CuPy made of NumPy and g++ (tests/emulated_cupy.py), so that kernel changes are checked where no GPU is.
+Every GPU thread is an OS thread, so the cases are few and small: the forced tiles that read a repacked
+weight on the forced geometries and a grouped one, float32 and float64; the rare path of non-finite values; a
+circular convolution (its pad and fold kernels). `pytest -m cuda` runs the same kernels on a GPU."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import reference
+from convgen.cpu import Tape as CpuTape
+from convgen.cuda import CupyBackend
+from convgen.cuda import Tape as CudaTape
+from convgen.geometry import Family, Geometry
+from emulated_cupy import emulated_cupy
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from suite.stand_in import imports_as  # how the host-path benchmark swaps CuPy in too
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
+
+RTOLS = {"float32": reference.RTOL, "float64": reference.RTOL_FLOAT64}
+# Two groups of 8 rows over 16 source channels, a batch: a group's block of the repacked weight.
+GROUPED = Geometry.build(Family.CONV, 16, 32, (7, 6), (3, 2), (2, 1), (1, 0), dilation=(2, 1), groups=2, batch=2)
+
+
+def emulated_tape(dtype: str, tile: tuple | None = None) -> CudaTape:
+    """A CUDA tape on the emulated CuPy whose outputs start as NaN (a value a kernel forgets shows), its
+    plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules)."""
+    chooser = {"tile_chooser": staticmethod(forced_chooser(*tile))} if tile else {}
+    backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True, **chooser})
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        return type("EmulatedTape", (CudaTape,), {"backend_class": backend})(dtype=dtype)
+
+
+def check(geom: Geometry, dtype: str, tile: tuple | None = None, seed: object = 0) -> None:
+    rng = reference.case_rng("emulated", geom, dtype, tile, seed)
+    inputs, grad = reference.draw_inputs(rng, geom, dtype), reference.draw_grad(rng, geom, dtype)
+    output, grads = reference.run_on_tape(emulated_tape(dtype, tile), geom, inputs, grad)
+    assert output.dtype == dtype and all(g.dtype == dtype for g in grads)
+    reference.check_against_reference(geom, inputs, grad, output, grads, rtol=RTOLS[dtype],
+                                      oracle=lambda g, i, d: reference.run_on_tape(CpuTape(dtype=dtype), g, i, d))
+
+
+PACKED_TILES = [(tile, "float32") for tile in FORCED_TILES if tile[5]] + \
+               [(tile, "float64") for tile in FORCED_TILES_FLOAT64 if tile[5]]
+
+
+@pytest.mark.parametrize(("tile", "dtype"), PACKED_TILES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple)
+                         else v)
+def test_forced_tiles_reading_a_repacked_weight(tile, dtype) -> None:
+    for geom in (*FORCED_GEOMETRY, GROUPED):
+        check(geom, dtype, tile)
+
+
+def test_non_finite_values_take_the_rare_path() -> None:
+    """An inf or NaN in A (the weight; the upstream gradient for the weight gradient) sends its slice down
+    the masked path, which skips padding: exactly the cells the CPU tape makes non-finite are, with the
+    same signs, and the rest is close."""
+    geom = Geometry.build(Family.CONV, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    rng = reference.case_rng("emulated non-finite")
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    grad = reference.draw_grad(rng, geom)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
+    grad[1, 2, 0, 0] = -np.inf
+    got_output, got_grads = reference.run_on_tape(emulated_tape("float32"), geom, [weight, bias, x], grad)
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
+    for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
+        got = np.asarray(got)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(ref) * np.sign(ref))
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_circular_padding_pads_and_folds() -> None:
+    geom = Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True)
+    check(geom, "float32")
