@@ -21,6 +21,7 @@ from convgen.cuda import Tape as CudaTape
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
+from precision_bounds import FLOAT32_UNIT, TF32_BOUND, high_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from suite.stand_in import imports_as  # how the host-path benchmark swaps CuPy in too
@@ -87,9 +88,6 @@ def test_circular_padding_pads_and_folds() -> None:
     check(geom, "float32")
 
 
-# Issue 11's bounds against the float64 CPU tape (tests/test_cuda_precision.py on the GPU): TF32 within 1e-3
-# relative; 3xTF32 within 2x the FMA path's error (an FMA error under a float32 unit counts as one unit).
-TF32_BOUND, HIGH_FACTOR, FLOAT32_UNIT = 1e-3, 2.0, 2.0 ** -24
 
 
 def relative_errors(geom: Geometry, tape: CudaTape, inputs, grad) -> list[float]:
@@ -119,6 +117,6 @@ def test_tensor_core_precisions_on_forced_mma_tiles(tile) -> None:
         medium = relative_errors(geom, emulated_tape("float32", tile, "medium"), inputs, grad)
         for name, f, h, m in zip(("output", "dkernel", "dbias", "dinput"), fma, high, medium, strict=True):
             assert m <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {m:.3g}"
-            assert h <= HIGH_FACTOR * max(f, FLOAT32_UNIT), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
+            assert h <= high_bound(f), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
             if name != "dbias":  # the bias gradient is a plain sum in every precision, the others GEMMs
                 assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"

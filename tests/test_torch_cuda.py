@@ -18,6 +18,7 @@ import convgen.torch as ct  # noqa: E402
 import test_torch_functional as functional_tests  # noqa: E402
 import test_torch_library as library_tests  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from precision_bounds import TF32_BOUND, high_bound  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -147,11 +148,7 @@ def test_autocast_runs_in_float32() -> None:
     torch.testing.assert_close(out, F.conv2d(half.float(), w, padding=1), rtol=1e-4, atol=1e-4)
 
 
-# Issue 11's bounds against float64: TF32 at most 1e-3 relative, 3xTF32 within 2x of the FMA path's error
-# (taken as at least one float32 unit roundoff, as test_cuda_precision does).
-TF32_BOUND = 1e-3
-HIGH_FACTOR = 2.0
-FLOAT32_UNIT = 2.0 ** -24
+# Issue 11's bounds against float64: tests/precision_bounds.py.
 FMA_BOUND = 1e-5  # a float32 FMA conv over 288-term reductions is far inside this; TF32 is not
 
 
@@ -205,7 +202,7 @@ def test_convgen_high_is_within_twice_the_fma_error() -> None:
     high = _relative_errors(_float32_conv(True, "high"))
     fma = _relative_errors(_float32_conv(True, "highest"))
     for name, h, f in zip(("y", "dx", "dw", "db"), high, fma, strict=True):
-        assert h <= HIGH_FACTOR * max(f, FLOAT32_UNIT), f"{name}: 3xTF32 {h:.3g} > 2 x FMA's {f:.3g}"
+        assert h <= high_bound(f), f"{name}: 3xTF32 {h:.3g} > 2 x FMA's {f:.3g}"
 
 
 @pytest.mark.skipif(not hasattr(torch.backends.cudnn, "conv"), reason="torch before 2.9: allow_tf32 only")
