@@ -4,10 +4,10 @@ Arrays are NumPy arrays. `RawModule` compiles the generated source with the host
 a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __shared__, __syncthreads,
 __syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
 blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
-for the FMA-mode GEMM kernels of the conv families and the circular pad and fold kernels, at small
-sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
-sanitizer), as it would fault on a GPU. Not emulated: warp intrinsics (the pools) and inline PTX (the tensor
-cores); a source that needs them fails to compile, with the compiler's message.
+for the FMA-mode GEMM kernels of the conv families (their warp ballot and shuffle included) and the
+circular pad and fold kernels, at small sizes (every thread is a thread); a vector access off its
+alignment stops the process (the alignment sanitizer), as it would fault on a GPU. Not emulated: inline
+PTX; a source that needs it fails to compile, with the compiler's message.
 """
 
 from __future__ import annotations
