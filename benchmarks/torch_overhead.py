@@ -73,12 +73,17 @@ class _StubDevices:
         devices.forward, devices.backward = self.saved
 
 
-def measure(device: str, calls: int, repeats: int, stub: bool = False) -> list[dict]:
+def _tiny_conv(device: str) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+    """The device's synchronize and the tiny conv's (x, w, b, upstream gradient), inputs requiring grad."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     x = torch.randn(1, 4, 8, 8, device=device, requires_grad=True)
     w = torch.randn(4, 4, 3, 3, device=device, requires_grad=True)
     b = torch.randn(4, device=device, requires_grad=True)
-    grad = torch.ones(1, 4, 8, 8, device=device)
+    return sync, (x, w, b, torch.ones(1, 4, 8, 8, device=device))
+
+
+def measure(device: str, calls: int, repeats: int, stub: bool = False) -> list[dict]:
+    sync, (x, w, b, grad) = _tiny_conv(device)
     rows = []
     for name, path in _paths(device).items():
         with torch.no_grad():
@@ -105,11 +110,7 @@ def _wrap_costs(calls: int, repeats: int) -> list[dict]:
 
 def profiles(device: str, calls: int) -> dict[str, str]:
     """cProfile text of `calls` functional calls on `device`: forward (no grad), and forward + backward."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    x = torch.randn(1, 4, 8, 8, device=device, requires_grad=True)
-    w = torch.randn(4, 4, 3, 3, device=device, requires_grad=True)
-    b = torch.randn(4, device=device, requires_grad=True)
-    grad = torch.ones(1, 4, 8, 8, device=device)
+    sync, (x, w, b, grad) = _tiny_conv(device)
     conv = functional.conv
 
     def forward() -> None:

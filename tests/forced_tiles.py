@@ -43,7 +43,8 @@ def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool 
                         packed and shape.conv)
     return choose
 
-# test_cuda.FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
+
+# FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:
 # several B columns per thread (BN > threads), several rows (BN < threads), scalar (TM < 4) and
 # 16-byte fragments (two double2 accesses), TM = 8, TN = 8, uneven splits, A as given and repacked.
 FORCED_TILES_FLOAT64 = [  # (bm, bn, tm, tn, split, packed)

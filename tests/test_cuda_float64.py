@@ -37,7 +37,6 @@ FLOAT64 = "float64"
 CASES_PER_RANK = 3  # the last one may have empty extents or channels
 
 
-
 def check(geom: Geometry, rng: np.random.Generator, tape_class=PoisonTape) -> None:
     check_against_cpu(geom, rng, tape_class, FLOAT64)
 

@@ -41,13 +41,12 @@ def gradients(model):
 
 
 def train_one_step(rank, out_dir):
-    # A file store rather than tcp://: no store server thread in rank 0 to outlive its peer at exit.
+    # A file store in the test's own directory: no port to find free, none to lose to another process.
     distributed.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=WORLD_SIZE)
     model = torch.nn.parallel.DistributedDataParallel(make_model())
     share = BATCH // WORLD_SIZE
     loss_of(model, make_batch()[rank * share:(rank + 1) * share]).backward()
     torch.save(gradients(model.module), f"{out_dir}/rank{rank}.pt")
-    del model
     distributed.barrier()  # no process leaves while its peer is still in a collective
     distributed.destroy_process_group()
     # Leave without shutting the interpreter down: with torch 2.13 the group outlives destroy_process_group
