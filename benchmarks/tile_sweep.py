@@ -5,7 +5,7 @@ compiled on its own with the other stages left as planned. Kernels alone: CUDA e
 back-to-back launches (stage + its split reduce), median of rounds. Every candidate's output is
 checked against the planned one's (relative error). Feeds the cost model's calibration.
 
-    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--json PATH] [--rounds N] [--list]
+    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--precision P] [--json PATH] [--rounds N] [--list]
 
 `--list` prints the candidates and the model's time of each, without a GPU.
 """
@@ -25,6 +25,7 @@ from typing import Any
 import numpy
 from convgen.cuda_launch import (
     H200,
+    PRECISION_MMA_MODES,
     GemmShape,
     GemmTile,
     Hardware,
@@ -76,14 +77,14 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[Ge
     return chosen
 
 
-def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile) -> Plan:
+def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile, precision: str) -> Plan:
     """The plan of `geom` with `tile` for the stage of shape `stage_shape` and the default choice
     elsewhere (a stage of the same shape gets `tile` too; only the swept stage is launched)."""
 
     def chooser(shape: GemmShape, hardware: Hardware) -> GemmTile:
         return tile if shape == stage_shape else choose_tile(shape, hardware)
 
-    return plan(geom, choose_tile=chooser)
+    return plan(geom, choose_tile=chooser, precision=precision)
 
 
 def model_us(shape: GemmShape, tile: GemmTile, hardware: Hardware = H200) -> float:
@@ -154,19 +155,23 @@ def stage_values(case: Case, cupy: Any) -> dict[str, Any]:
     }
 
 
-def sweep_case(case: Case, top: int, rounds: int, cupy: Any) -> list[dict[str, Any]]:
+def stage_shapes(geom: Geometry, precision: str) -> dict[str, GemmShape]:
+    return gemm_shapes(geom, 4, PRECISION_MMA_MODES[precision])
+
+
+def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any) -> list[dict[str, Any]]:
     """Every candidate tile of every GEMM stage of `case`, timed and checked against the planned one."""
     geom = case.geometry
     entry = KERNELS[(geom.family, geom.rank)]
     source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
     values = stage_values(case, cupy)
     rows = []
-    for stage, shape in gemm_shapes(geom).items():
+    for stage, shape in stage_shapes(geom, precision).items():
         (output,) = (p.role for p in STAGES[geom.family][stage] if not p.const)
         out = values[output]
         reference = None
         for index, tile in enumerate(candidates(shape, top)):
-            candidate_plan = plan_with_tile(geom, shape, tile)
+            candidate_plan = plan_with_tile(geom, shape, tile, precision)
             module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
             launch = stage_launcher(module, geom.family, entry.symbols, candidate_plan, stage, values, cupy)
             launch()
@@ -175,7 +180,7 @@ def sweep_case(case: Case, top: int, rounds: int, cupy: Any) -> list[dict[str, A
                 reference, error = out.copy(), 0.0
             else:
                 error = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
-            row = tile_row(case, stage, tile, candidate_plan, planned=index == 0)
+            row = tile_row(case, stage, tile, candidate_plan, planned=index == 0) | {"precision": precision}
             row |= {"us": round(median_us(launch, rounds, cupy), 2), "model_us": round(model_us(shape, tile), 2),
                     "rel_err_vs_planned": error}
             rows.append(row)
@@ -199,11 +204,12 @@ def row_line(row: dict[str, Any]) -> str:
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 
-def list_candidates(case: Case, top: int) -> None:
+def list_candidates(case: Case, top: int, precision: str) -> None:
     """The candidates of every stage with the model's time, as the sweep would time them (no GPU)."""
-    for stage, shape in gemm_shapes(case.geometry).items():
+    for stage, shape in stage_shapes(case.geometry, precision).items():
         for index, tile in enumerate(candidates(shape, top)):
-            row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile), planned=index == 0)
+            row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile, precision),
+                           planned=index == 0)
             print(row_line(row) + f"  model {model_us(shape, tile):8.2f} us")
 
 
@@ -214,6 +220,8 @@ def main() -> None:
                         help="conv case names, comma-separated, batched ones too (default: the one-image ones)")
     parser.add_argument("--json", default="", help="where to write the rows (e.g. benchmarks/results/tiles.json)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--precision", choices=tuple(PRECISION_MMA_MODES), default="highest",
+                        help="how the GEMMs multiply (convgen.backend.PRECISIONS)")
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
     wanted = set(filter(None, args.cases.split(",")))
@@ -221,12 +229,12 @@ def main() -> None:
     cases = [case for case in CASES if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
-            list_candidates(case, args.top)
+            list_candidates(case, args.top, args.precision)
         return
     import cupy
 
     start = time.perf_counter()
-    rows = [row for case in cases for row in sweep_case(case, args.top, args.rounds, cupy)]
+    rows = [row for case in cases for row in sweep_case(case, args.top, args.rounds, args.precision, cupy)]
     print(f"sweep took {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

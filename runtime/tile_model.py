@@ -54,13 +54,15 @@ BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
 MAX_BM, MAX_BN = 128, 256
 MMA_K = 8  # reduction depth of one mma.sync.m16n8k8 (the tensor-core k step)
 
-# Gather-form stages (the weight read src-major, W[src][dst][k]) of this many multiply-adds, whose
-# block tile stages more of A than of B (bm >= bn), read A from a repacked weight. Measured on the H200
-# (benchmarks/tile_sweep.py, 2026-11-30): the backward_input of conv2d N8 128->128 128² took 1.66 ms
-# with A read from W (L1 89% busy, the FMA pipe 38%: each A element its own 32-byte sector) and 1.33
-# ms repacked; N32 64->64 56² 0.340 -> 0.278 ms. Forwards (dst-major W[dst][src][k]) and tiles with
-# bm < bn gained nothing measurable (conv3d N8 32->32 32³: 541 -> 535 µs), so they skip the pack's
-# extra launch; so do stages under ~5 µs of FMAs.
+# Conv-shaped stages of this many multiply-adds, whose block tile stages more of A than of B (bm >= bn),
+# read A from a repacked weight P[group][kappa][c][m]. Measured on the H200 (benchmarks/tile_sweep.py,
+# 2026-11-30): gather-form stages (the weight read src-major, W[src][dst][k]) gain even with scalar A
+# loads: the backward_input of conv2d N8 128->128 128² took 1.66 ms with A read from W (L1 89% busy,
+# the FMA pipe 38%: each A element its own 32-byte sector) and 1.33 ms repacked; N32 64->64 56² 0.340
+# -> 0.278 ms. Forwards (dst-major W[dst][src][k]) gained nothing with scalar loads (conv3d N8 32->32
+# 32³: 541 -> 535 µs) but do with the 16-byte loads of four rows (a_quads): conv2d N8 128->128 128²
+# forward 1324 -> 1210 µs in fp32, 1459 -> 1165 in 3xTF32, 773 -> 622 in TF32. Stages under ~5 µs of
+# FMAs skip the pack's extra launch.
 PACK_MIN_MACS = 1 << 26
 
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
@@ -343,7 +345,14 @@ def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
     """Whether a stage with `tile` reads its weight repacked (a launch and a weight-sized buffer more):
     see PACK_MIN_MACS."""
     macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
-    return shape.conv and shape.weight_src_major and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
+    return (shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
+            and (shape.weight_src_major or a_quads(shape, tile)))
+
+
+def a_quads(shape: GemmShape, tile: GemmTile) -> bool:
+    """Whether a conv-shaped stage reading a repacked weight loads A in 16-byte quads of rows: the
+    template's A_VECTOR (rows a multiple of 4, every thread as many quads)."""
+    return shape.m % 4 == 0 and tile.bm % 4 == 0 and tile.bm * tile.bk % (4 * tile.threads) == 0
 
 
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:

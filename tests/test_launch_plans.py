@@ -28,7 +28,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import phase_offsets
+from convgen.tile_model import a_quads, phase_offsets
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
@@ -147,24 +147,32 @@ def test_groups_are_block_diagonal_gemms_of_the_per_group_shape():
     assert grid.defines["GROUPS"] == 3 and grid.launches["forward"].grid == grouped["forward"].grid(32, 32, 1)
 
 
-def test_large_gather_stages_read_a_repacked_weight():
-    """A large gather-form stage (weight read src-major: conv backward_input, transpose forward) whose
-    tile stages more of A than of B reads A from the weight repacked by its `_pack` kernel (one thread
-    per weight element). The direct-form stages have a pack kernel too, which the plans do not choose
-    (not measured faster yet; forced tiles and the tile sweep use it); small convs do not pack; the weight
-    gradient has no pack kernel."""
+def test_large_conv_stages_read_a_repacked_weight():
+    """A large conv-shaped stage whose tile stages more of A than of B reads A from the weight repacked
+    by its `_pack` kernel (one thread per weight element): a gather-form stage (weight read src-major:
+    conv backward_input, transpose forward) always, a direct-form one only where A loads in 16-byte
+    quads of rows (a_quads; conv2d 3->64 k7's forward slices 3 channels, too few for a quad per
+    thread). Small convs do not pack; the weight gradient has no pack kernel."""
     macs = 8 * 128 * 128 * 128 * 128 * 9  # images x dst channels x cells x src channels x window, per stage
     assert macs >= PACK_MIN_MACS
     weight_blocks = ceil_div(128 * 128 * 9, 256)
-    for family, gather in ((Family.CONV, "backward_input"), (Family.CONV_TRANSPOSE, "forward")):
-        large_plan = plan(Geometry.build(family, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8))
-        direct = "forward" if gather == "backward_input" else "backward_input"
-        prefix = GEMM_STAGES[gather]
-        assert large_plan.defines[f"{prefix}_BM"] >= large_plan.defines[f"{prefix}_BN"]
-        assert large_plan.defines[f"{prefix}_PACKED"] == 1
-        assert large_plan.launches[f"{gather}_pack"].grid == weight_blocks
-        assert large_plan.defines[f"{GEMM_STAGES[direct]}_PACKED"] == 0 and large_plan.launches[f"{direct}_pack"].grid == 0
-        assert "BWW_PACKED" not in large_plan.defines and "backward_weight_pack" not in large_plan.launches
+    for family in (Family.CONV, Family.CONV_TRANSPOSE):
+        geom = Geometry.build(family, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+        large_plan = plan(geom)
+        for stage, shape in gemm_shapes(geom).items():
+            prefix = GEMM_STAGES[stage]
+            if not shape.conv:
+                assert f"{prefix}_PACKED" not in large_plan.defines and f"{stage}_pack" not in large_plan.launches
+                continue
+            assert large_plan.defines[f"{prefix}_BM"] >= large_plan.defines[f"{prefix}_BN"]
+            tile = GemmTile(*(large_plan.defines[f"{prefix}_{field}"] for field in ("BM", "BN", "BK", "TM", "TN")), 1)
+            assert shape.weight_src_major or a_quads(shape, tile), stage
+            assert large_plan.defines[f"{prefix}_PACKED"] == 1
+            assert large_plan.launches[f"{stage}_pack"].grid == weight_blocks
+    k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
+    k7_tile = choose_tile(gemm_shapes(k7)["forward"], H200)
+    assert k7_tile.bm >= k7_tile.bn and not a_quads(gemm_shapes(k7)["forward"], k7_tile)
+    assert plan(k7).defines["FWD_PACKED"] == 0 and plan(k7).launches["forward_pack"].grid == 0
     small_plan = plan(representative_geometry(Family.CONV_TRANSPOSE, 3))
     assert small_plan.defines["FWD_PACKED"] == 0 and small_plan.defines["BWI_PACKED"] == 0
     assert small_plan.launches["forward_pack"].grid == 0 and small_plan.launches["backward_input_pack"].grid == 0
