@@ -84,6 +84,9 @@ def tool(name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or {"-h", "--help"} & set(argv):
+        print(__doc__.strip() + "\n\nThe arguments, but for --arch ARCH (default sm_90), are convgen source's:\n")
+        return subprocess.run([tool("convgen"), "source", "--help"]).returncode
     arch = "sm_90"
     if "--arch" in argv:
         at = argv.index("--arch")

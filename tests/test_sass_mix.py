@@ -59,3 +59,10 @@ def test_a_tensor_core_loop_is_the_main_loop_before_an_fma_loop_with_more_multip
     kernels = sass_mix.functions(SASS)
     loop = sass_mix.main_loop("conv_r1_forward_mma", kernels["conv_r1_forward_mma"])
     assert (loop.instructions, loop.multiply_adds, loop.opcodes) == (2, 1, {"HMMA": 1, "BRA": 1})
+
+
+def test_help_shows_the_source_options_without_compiling(capsys):
+    """--help is answered, not passed to `convgen source` and its help text compiled as CUDA."""
+    assert sass_mix.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The static instruction mix") and "--arch ARCH" in out
