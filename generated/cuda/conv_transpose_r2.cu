@@ -101,8 +101,12 @@ __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsi
 // may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
 // warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
 // where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
-// into acc and big*small, small*big into acc_small, a sum of terms ~2^-11 of acc's, kept apart so
-// that acc's rounding does not swallow them (added once, after the last slice: finish_products).
+// summed from zero over the slice's k steps and then added to acc, and big*small, small*big into
+// acc_small, a sum of terms ~2^-11 of acc's, kept apart so that acc's rounding does not swallow them
+// (added once, after the last slice: finish_products). The tensor cores' own float accumulation
+// truncates, a bias that grows with the reduction (the H200 gave 3xTF32 3-6x the FMA path's error when
+// acc took every product, grad_weight worst); the slice's few k steps bound it, and acc's adds round
+// to nearest.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
                                           const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
@@ -111,6 +115,16 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
     static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
     const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
+    [[maybe_unused]] float slice_big[TM][TN];
+    if constexpr (MODE == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                slice_big[i][j] = 0;
+            }
+        }
+    }
 #pragma unroll
     for (unsigned k0 = 0; k0 < BK; k0 += 8) {
         const float* a_lo = As[k0 + 2 * t];  // k position t
@@ -150,8 +164,19 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                 if constexpr (MODE == 3) {
                     mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
                     mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
+                    mma_tile(slice_big, mi, ni, a_big[mi], b_big[ni]);
+                } else {
+                    mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
                 }
-                mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
+            }
+        }
+    }
+    if constexpr (MODE == 3) {
+#pragma unroll
+        for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+            for (unsigned j = 0; j < TN; ++j) {
+                acc[i][j] += slice_big[i][j];
             }
         }
     }
