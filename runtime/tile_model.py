@@ -61,9 +61,11 @@ MMA_K = 8  # reduction depth of one mma.sync.m16n8k8 (the tensor-core k step)
 # the FMA pipe 38%: each A element its own 32-byte sector) and 1.33 ms repacked; N32 64->64 56² 0.340
 # -> 0.278 ms. Forwards (dst-major W[dst][src][k]) gained nothing with scalar loads (conv3d N8 32->32
 # 32³: 541 -> 535 µs) but do with the 16-byte loads of four rows (a_quads): conv2d N8 128->128 128²
-# forward 1324 -> 1210 µs in fp32, 1459 -> 1165 in 3xTF32, 773 -> 622 in TF32. Stages under ~5 µs of
-# FMAs skip the pack's extra launch.
+# forward 1324 -> 1210 µs in fp32, 1459 -> 1165 in 3xTF32, 773 -> 622 in TF32. Smaller stages skip the
+# pack's extra launch: gather stages under ~5 µs of FMAs, direct ones under ~20 µs (the one-image conv1d
+# 64->64 4096 forward, 2^26.3 multiply-adds, went from 11.4 to 12.9 µs of kernels when packed).
 PACK_MIN_MACS = 1 << 26
+PACK_MIN_MACS_DIRECT = 1 << 28
 
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
 ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
@@ -345,8 +347,9 @@ def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
     """Whether a stage with `tile` reads its weight repacked (a launch and a weight-sized buffer more):
     see PACK_MIN_MACS."""
     macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
-    return (shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
-            and (shape.weight_src_major or a_quads(shape, tile)))
+    if shape.weight_src_major:
+        return shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
+    return shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS_DIRECT and a_quads(shape, tile)
 
 
 def a_quads(shape: GemmShape, tile: GemmTile) -> bool:

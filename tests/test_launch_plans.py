@@ -28,7 +28,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import a_quads, phase_offsets
+from convgen.tile_model import PACK_MIN_MACS_DIRECT, a_quads, phase_offsets
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
@@ -152,7 +152,8 @@ def test_large_conv_stages_read_a_repacked_weight():
     by its `_pack` kernel (one thread per weight element): a gather-form stage (weight read src-major:
     conv backward_input, transpose forward) always, a direct-form one only where A loads in 16-byte
     quads of rows (a_quads; conv2d 3->64 k7's forward slices 3 channels, too few for a quad per
-    thread). Small convs do not pack; the weight gradient has no pack kernel."""
+    thread) and PACK_MIN_MACS_DIRECT multiply-adds. Small convs do not pack; the weight gradient has no
+    pack kernel."""
     macs = 8 * 128 * 128 * 128 * 128 * 9  # images x dst channels x cells x src channels x window, per stage
     assert macs >= PACK_MIN_MACS
     weight_blocks = ceil_div(128 * 128 * 9, 256)
@@ -173,6 +174,9 @@ def test_large_conv_stages_read_a_repacked_weight():
     k7_tile = choose_tile(gemm_shapes(k7)["forward"], H200)
     assert k7_tile.bm >= k7_tile.bn and not a_quads(gemm_shapes(k7)["forward"], k7_tile)
     assert plan(k7).defines["FWD_PACKED"] == 0 and plan(k7).launches["forward_pack"].grid == 0
+    conv1d = Geometry.build(Family.CONV, 64, 64, (4096,), (5,), (1,), (2,))  # 2^26.3 multiply-adds a stage
+    assert PACK_MIN_MACS <= 64 * 64 * 4096 * 5 < PACK_MIN_MACS_DIRECT
+    assert plan(conv1d).defines["FWD_PACKED"] == 0 and plan(conv1d).defines["BWI_PACKED"] == 1
     small_plan = plan(representative_geometry(Family.CONV_TRANSPOSE, 3))
     assert small_plan.defines["FWD_PACKED"] == 0 and small_plan.defines["BWI_PACKED"] == 0
     assert small_plan.launches["forward_pack"].grid == 0 and small_plan.launches["backward_input_pack"].grid == 0
