@@ -346,10 +346,12 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
 def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
     """Whether a stage with `tile` reads its weight repacked (a launch and a weight-sized buffer more):
     see PACK_MIN_MACS."""
+    if not shape.conv or tile.bm < tile.bn:
+        return False
     macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
     if shape.weight_src_major:
-        return shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS
-    return shape.conv and tile.bm >= tile.bn and macs >= PACK_MIN_MACS_DIRECT and a_quads(shape, tile)
+        return macs >= PACK_MIN_MACS
+    return macs >= PACK_MIN_MACS_DIRECT and a_quads(shape, tile)
 
 
 def a_quads(shape: GemmShape, tile: GemmTile) -> bool:
