@@ -5,7 +5,7 @@ program to put under a profiler, for example
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats \\
         -k regex:conv_r2_forward --launch-skip 2 --launch-count 1 python3 benchmarks/profile_case.py conv2d_128_128_n8
 
-    python benchmarks/profile_case.py CASE [--repeat N] [--forward-only]
+    python benchmarks/profile_case.py CASE [--repeat N] [--forward-only] [--precision P]
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ def main() -> None:
     parser.add_argument("case", choices=sorted(CASES_BY_NAME))
     parser.add_argument("--repeat", type=int, default=3, help="forward (+ backward) runs")
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--precision", choices=("highest", "high", "medium"), default="highest",
+                        help="how the conv GEMMs multiply (CupyBackend's precision)")
     args = parser.parse_args()
     import cupy
 
     geom = CASES_BY_NAME[args.case].geometry
-    backend = CupyBackend()
+    backend = CupyBackend(precision=args.precision)
     rng = cupy.random.RandomState(1)
     inputs = tuple(rng.standard_normal(shape, dtype=cupy.float32) for shape in geom.parent_shapes)
     grad = rng.standard_normal(geom.output_shape, dtype=cupy.float32)

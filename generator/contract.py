@@ -42,7 +42,8 @@ CONV_DEFINES = ("GROUPS", "MMA_MODE")
 PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
-TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT")
+# MIN_BLOCKS: the blocks per SM the kernel's registers are fitted to (__launch_bounds__ where above 1).
+TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "MIN_BLOCKS")
 # <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (every conv-shaped stage): A is read
 # from the weight repacked as P[group][k][src channel][dst channel], so a slice's loads are coalesced
 # and, with rows in quads, 16 bytes wide (1), or from W itself (0).

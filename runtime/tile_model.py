@@ -82,10 +82,18 @@ KERNEL_CYCLES = 10000
 SPLIT_KERNEL_CYCLES = 2000  # the launch of a split's second kernel
 # Tensor cores (not yet timed: guesses from the H200's rates, for the next sweep to fit): an
 # mma.sync.m16n8k8 TF32 (1024 multiply-adds) holds a scheduler's tensor pipe for about this many issue
-# slots (the TF32 mma.sync rate ~4x the FP32 FMA rate), and the TF32 conversion of a fragment value
-# costs this many instructions per MMA_MODE (one cvt; 3xTF32's split: cvt, sub, cvt, test, select).
+# slots (the TF32 mma.sync rate ~4x the FP32 FMA rate); 3xTF32 splits each fragment value it reads (two
+# integer roundings and a subtraction: 5 instructions), TF32 rounds each value it stages (2).
 MMA_ISSUE_SLOTS = 8
-SPLIT_INSTRUCTIONS = {1: 1, 3: 5}
+SPLIT_INSTRUCTIONS = 5
+ROUND_INSTRUCTIONS = 2
+# Conv-shaped tensor-core stages with at most this many accumulators a thread (3xTF32 holds two register
+# tiles: acc and the slice's sum) get __launch_bounds__ for two blocks per SM: NVCC fits them into 128
+# registers at 256 threads without spilling, and twice the warps ran faster on the H200 (benchmarks/
+# NOTES.md). Larger tiles spilled and lost (3xTF32 128x128 t8x8 forward: 1053 -> 1351 us), and so did
+# the weight gradient, whose index arithmetic spills at 128 (TF32 128x128 t8x8: 960 -> 1062-1128 us);
+# tests/test_compile.py checks that the fitted picks of the benchmark cases compile without spills.
+MMA_FITTED_ACCUMULATORS = 64
 # A split's partial buffer is written and read back at ~3.0 TB/s on the sweep: short kernels
 # reach about this share of the stream rate.
 SPLIT_BANDWIDTH_SHARE = 3.0e12 / 4.07e12
@@ -94,8 +102,9 @@ SPLIT_BANDWIDTH_SHARE = 3.0e12 / 4.07e12
 @dataclass(frozen=True, slots=True)
 class GemmTile:
     """Tile of one implicit-GEMM stage: block tile bm x bn, slice depth bk, thread tile tm x tn,
-    the number of blocks the reduction's slices are cut into, and (conv-shaped stages) whether A
-    is read from the weight repacked by the stage's `_pack` kernel."""
+    the number of blocks the reduction's slices are cut into, (conv-shaped stages) whether A is
+    read from the weight repacked by the stage's `_pack` kernel, and the blocks per SM that the
+    kernel's registers are fitted to."""
 
     bm: int
     bn: int
@@ -104,6 +113,7 @@ class GemmTile:
     tn: int
     split: int
     packed: bool = False
+    min_blocks: int = 1  # blocks per SM the registers are fitted to (the MIN_BLOCKS define)
 
     @property
     def threads(self) -> int:
@@ -276,9 +286,18 @@ def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]
     return sorted(s for s in splits if s == 1 or s * partial_bytes <= SPLIT_WORKSPACE_BYTES)
 
 
+def fitted_blocks(shape: GemmShape, bm: int, bn: int, tm: int, tn: int) -> int:
+    """The blocks per SM a tile's registers are fitted to: two for conv-shaped tensor-core stages of at
+    most MMA_FITTED_ACCUMULATORS accumulators a thread, else one (no __launch_bounds__)."""
+    if not shape.mma or not shape.conv or (2 if shape.mma == 3 else 1) * tm * tn > MMA_FITTED_ACCUMULATORS:
+        return 1
+    # 3xTF32's fragments (big and small) leave no room for B-heavy staging: bm < bn spilled at 128.
+    return 2 if shape.mma == 1 or bm >= bn else 1
+
+
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
     """Every candidate block tile of `shape` with every allowed split."""
-    return [GemmTile(bm, bn, shape.bk, tm, tn, split)
+    return [GemmTile(bm, bn, shape.bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
             for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.element_bytes, shape.mma, hardware)
             for split in _splits(shape, bm, bn, hardware)]
 
@@ -297,13 +316,15 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     words = shape.words
     if shape.mma:
         # Per warp and slice: the mma.sync instructions (3xTF32 three per tile), the scalar fragment
-        # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and their conversions.
+        # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and 3xTF32's splits (TF32
+        # rounds when staging: below).
         steps, copies = bk // MMA_K, 2 if shape.mma == 3 else 1
         fragments = steps * (2 * tm + tn)
-        fma = steps * (tm // 2) * (tn // 2) * shape.mma * MMA_ISSUE_SLOTS + fragments * SPLIT_INSTRUCTIONS[shape.mma]
+        fma = steps * (tm // 2) * (tn // 2) * shape.mma * MMA_ISSUE_SLOTS
+        fma += fragments * SPLIT_INSTRUCTIONS if shape.mma == 3 else ROUND_INSTRUCTIONS * a_loads
         lds = fragments
-        # Accumulators (and acc_small) and the TF32 fragments of every k step of the slice (the unrolled
-        # steps' reads are hoisted: at 128x128 t8x8 3xTF32 NVRTC used 255 registers and spilled).
+        # Accumulators (3xTF32: and the slice's sum) and the TF32 fragments of every k step of the slice
+        # (the unrolled steps' reads are hoisted: at 128x128 t8x8 3xTF32 NVRTC used 255 registers).
         tile_registers = copies * (tm * tn + fragments)
     else:
         fma = bk * tm * tn * words
@@ -321,12 +342,16 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         b_loads = ceil_div(bn, threads // bk)
         index = 4 * rank + b_loads * (4 * rank + 4)
         hoisted = b_loads * (rank + 2)  # channel and window offset of the thread's columns
+    if shape.mma == 1:
+        fma += ROUND_INSTRUCTIONS * b_loads
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
     # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
     # value takes one register more (its index or predicate).
     registers = tile_registers + (words + 1) * (a_loads + b_loads) + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
+    if tile.min_blocks > 1:  # NVCC fits them (the tiles fitted_blocks picks do, without spilling)
+        registers = min(registers, hardware.registers_per_sm // (tile.min_blocks * threads))
     shared = gemm_shared_bytes(bm, bn, bk, shape.element_bytes) + hardware.shared_reserved_per_block
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))

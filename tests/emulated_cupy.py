@@ -189,7 +189,8 @@ template <class Body> void emulated_launch(unsigned grid, unsigned threads, Body
 }
 """
 
-_KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
+# A kernel's name and parameters; the word before the name, where there is one, is its launch-bounds macro.
+_KERNEL = re.compile(r'extern "C" __global__ void (?:\w+ )?(\w+)\(([^)]*)\)')
 _C_SCALARS = {np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.int32): ctypes.c_int32,
               np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
 

@@ -19,7 +19,7 @@ from convgen.geometry import Family, Geometry
 from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
-SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
+SIGNATURE = re.compile(r'extern "C" __global__ void (?:\w+ )?(\w+)\(([^)]*)\)')
 
 PTXAS_LOG = """\
 ptxas info    : 0 bytes gmem

@@ -12,9 +12,10 @@
     !defined(OUT3) || !defined(D3) || !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || \
     !defined(OUT4) || !defined(D4) || !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || \
     !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || \
-    !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
-    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT)
+    !defined(FWD_MIN_BLOCKS) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
+    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || \
+    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
+    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -105,28 +106,30 @@ __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsi
 // (tile_owner). The order of the 8 products inside an mma is the hardware's, so fragment k position t
 // may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
 // warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
-// where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
-// summed from zero over the slice's k steps and then added to acc, and big*small, small*big into
-// acc_small, a sum of terms ~2^-11 of acc's, kept apart so that acc's rounding does not swallow them
-// (added once, after the last slice: finish_products). The tensor cores' own float accumulation
-// truncates, a bias that grows with the reduction (the H200 gave 3xTF32 3-6x the FMA path's error when
-// acc took every product, grad_weight worst); the slice's few k steps bound it, and acc's adds round
-// to nearest.
+// where rows t and t + 4 would pair them up. MODE 1: one mma of values rounded to TF32 when staged
+// (staged_value), into acc. MODE 3: each value split into big + small here, and the three products
+// big*big, big*small and small*big summed from zero over the slice's k steps, then added to acc with
+// a rounding add. acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
+// 3xTF32 3-6x the FMA path's error when acc took every product, grad_weight worst. In the slice's short
+// sum the small products (~2^-11 of the big ones) stay 12 bits above its last place, so they need no
+// accumulators of their own across the reduction: that register tile would cost a block per SM
+// (docs/DESIGN.md, the tensor-core slice).
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
                                           const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          float (&acc)[TM][TN], float (&acc_small)[TM][TN])
+                                          float (&acc)[TM][TN])
 {
     static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
     const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
-    [[maybe_unused]] float slice_big[TM][TN];
+    [[maybe_unused]] float slice_sum[TM][TN];
+    float (&sum)[TM][TN] = MODE == 3 ? slice_sum : acc;  // TF32 accumulates in acc, as cuDNN's TF32 does
     if constexpr (MODE == 3) {
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                slice_big[i][j] = 0;
+                slice_sum[i][j] = 0;
             }
         }
     }
@@ -146,7 +149,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                 if constexpr (MODE == 3) {
                     split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
                 } else {
-                    a_big[mi][r] = to_tf32(a[r]);
+                    a_big[mi][r] = __float_as_uint(a[r]);
                 }
             }
         }
@@ -158,7 +161,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                 if constexpr (MODE == 3) {
                     split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
                 } else {
-                    b_big[ni][r] = to_tf32(b[r]);
+                    b_big[ni][r] = __float_as_uint(b[r]);
                 }
             }
         }
@@ -167,12 +170,10 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
 #pragma unroll
             for (unsigned ni = 0; ni < TN / 2; ++ni) {
                 if constexpr (MODE == 3) {
-                    mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
-                    mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
-                    mma_tile(slice_big, mi, ni, a_big[mi], b_big[ni]);
-                } else {
-                    mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
+                    mma_tile(sum, mi, ni, a_big[mi], b_small[ni]);
+                    mma_tile(sum, mi, ni, a_small[mi], b_big[ni]);
                 }
+                mma_tile(sum, mi, ni, a_big[mi], b_big[ni]);
             }
         }
     }
@@ -181,7 +182,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] += slice_big[i][j];
+                acc[i][j] += slice_sum[i][j];
             }
         }
     }
@@ -361,27 +362,25 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_ROW_PAD],
                                               const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                              real (&acc)[TM][TN], real (&acc_small)[TM][TN])
+                                              real (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
-        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc, acc_small);
+        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
 }
 
-// After the last slice: 3xTF32's small products join the big ones (acc already holds the bias).
-template <unsigned MODE, unsigned TM, unsigned TN>
-__device__ __forceinline__ void finish_products(real (&acc)[TM][TN], const real (&acc_small)[TM][TN])
+// A staged value as the slice multiplies it: TF32 (MODE 1) rounds it when it is staged, once per block
+// rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
+// values as they are).
+template <unsigned MODE>
+__device__ __forceinline__ real staged_value(real x, bool rounded)
 {
-    if constexpr (MODE == 3) {
-#pragma unroll
-        for (unsigned i = 0; i < TM; ++i) {
-#pragma unroll
-            for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] += acc_small[i][j];
-            }
-        }
+    if constexpr (MODE == 1) {
+        return rounded ? __uint_as_float(to_tf32(x)) : x;
+    } else {
+        return x;
     }
 }
 
@@ -543,9 +542,15 @@ extern "C" __global__ void conv_r5_forward_pack(
 }
 
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
-// No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
-// capped some kernels below need and spilled.
-extern "C" __global__ void conv_r5_forward(
+// __launch_bounds__ only where the plan fits the registers to more than one block per SM: at <= 256
+// threads every register count launches, and with bounds NVRTC 12.9 capped some FMA kernels below need
+// and spilled. The tensor-core tiles whose accumulators leave room run twice as many warps with two.
+#if FWD_MIN_BLOCKS > 1
+#define FWD_BOUNDS __launch_bounds__((FWD_BM / FWD_TM) * (FWD_BN / FWD_TN), FWD_MIN_BLOCKS)
+#else
+#define FWD_BOUNDS
+#endif
+extern "C" __global__ void FWD_BOUNDS conv_r5_forward(
     const real* __restrict__ source,
     const real* __restrict__ weight,
     const real* __restrict__ bias,
@@ -703,19 +708,21 @@ extern "C" __global__ void conv_r5_forward(
             if (b_row == 0) valid_rows[tid % BN + col * THREADS] = b_valid[col] ? ~0u : 0u;
         }
     };
-    auto store = [&](unsigned buffer) {
+    auto store = [&](unsigned buffer, bool rounded) {
         if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
             for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
                 const unsigned q = tid + i * THREADS;
-                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
-                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], staged_value<MMA>(a_stage[4 * i], rounded),
+                       staged_value<MMA>(a_stage[4 * i + 1], rounded), staged_value<MMA>(a_stage[4 * i + 2], rounded),
+                       staged_value<MMA>(a_stage[4 * i + 3], rounded));
             }
         } else {
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+                const real value = staged_value<MMA>(a_stage[i], rounded);
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
             }
         }
 #pragma unroll
@@ -723,7 +730,7 @@ extern "C" __global__ void conv_r5_forward(
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP;
-                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = b_stage[col][i];
+                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = staged_value<MMA>(b_stage[col][i], rounded);
             }
         }
     };
@@ -738,20 +745,9 @@ extern "C" __global__ void conv_r5_forward(
             acc[i][j] = start;
         }
     }
-    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
-    real acc_small[TM][TN];
-    if constexpr (MMA == 3) {
-#pragma unroll
-        for (unsigned i = 0; i < TM; ++i) {
-#pragma unroll
-            for (unsigned j = 0; j < TN; ++j) {
-                acc_small[i][j] = 0;
-            }
-        }
-    }
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
-        store(0);
+        store(0, true);
         // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
         bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
@@ -759,27 +755,24 @@ extern "C" __global__ void conv_r5_forward(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
-            if (more) store(buffer ^ 1);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            if (more) store(buffer ^ 1, true);
             nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
         // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-        // every MMA mode: the rare path stays simple).
+        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
+            store(buffer, false);
             store_valid();
             __syncthreads();
             slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-            if (chunk + 1 < chunk_end) {
-                load(chunk + 1);
-                store(buffer ^ 1);
-            }
+            if (chunk + 1 < chunk_end) load(chunk + 1);
             __syncthreads();
         }
     }
-    finish_products<MMA>(acc, acc_small);
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
@@ -809,9 +802,15 @@ extern "C" __global__ void conv_r5_backward_input_pack(
 }
 
 // dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].
-// No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
-// capped some kernels below need and spilled.
-extern "C" __global__ void conv_r5_backward_input(
+// __launch_bounds__ only where the plan fits the registers to more than one block per SM: at <= 256
+// threads every register count launches, and with bounds NVRTC 12.9 capped some FMA kernels below need
+// and spilled. The tensor-core tiles whose accumulators leave room run twice as many warps with two.
+#if BWI_MIN_BLOCKS > 1
+#define BWI_BOUNDS __launch_bounds__((BWI_BM / BWI_TM) * (BWI_BN / BWI_TN), BWI_MIN_BLOCKS)
+#else
+#define BWI_BOUNDS
+#endif
+extern "C" __global__ void BWI_BOUNDS conv_r5_backward_input(
     const real* __restrict__ source,
     const real* __restrict__ weight,
     const unsigned images,
@@ -1135,19 +1134,21 @@ extern "C" __global__ void conv_r5_backward_input(
             if (b_row == 0) valid_rows[tid % BN + col * THREADS] = b_valid[col] ? ~0u : 0u;
         }
     };
-    auto store = [&](unsigned buffer) {
+    auto store = [&](unsigned buffer, bool rounded) {
         if constexpr (PACKED && A_VECTOR) {
 #pragma unroll
             for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
                 const unsigned q = tid + i * THREADS;
-                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], a_stage[4 * i], a_stage[4 * i + 1],
-                       a_stage[4 * i + 2], a_stage[4 * i + 3]);
+                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], staged_value<MMA>(a_stage[4 * i], rounded),
+                       staged_value<MMA>(a_stage[4 * i + 1], rounded), staged_value<MMA>(a_stage[4 * i + 2], rounded),
+                       staged_value<MMA>(a_stage[4 * i + 3], rounded));
             }
         } else {
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = a_stage[i];
+                const real value = staged_value<MMA>(a_stage[i], rounded);
+                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
             }
         }
 #pragma unroll
@@ -1155,7 +1156,7 @@ extern "C" __global__ void conv_r5_backward_input(
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP;
-                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = b_stage[col][i];
+                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = staged_value<MMA>(b_stage[col][i], rounded);
             }
         }
     };
@@ -1169,20 +1170,9 @@ extern "C" __global__ void conv_r5_backward_input(
             acc[i][j] = start;
         }
     }
-    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
-    real acc_small[TM][TN];
-    if constexpr (MMA == 3) {
-#pragma unroll
-        for (unsigned i = 0; i < TM; ++i) {
-#pragma unroll
-            for (unsigned j = 0; j < TN; ++j) {
-                acc_small[i][j] = 0;
-            }
-        }
-    }
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
-        store(0);
+        store(0, true);
         // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
         bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
@@ -1190,27 +1180,24 @@ extern "C" __global__ void conv_r5_backward_input(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
-            if (more) store(buffer ^ 1);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            if (more) store(buffer ^ 1, true);
             nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
         // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-        // every MMA mode: the rare path stays simple).
+        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
+            store(buffer, false);
             store_valid();
             __syncthreads();
             slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-            if (chunk + 1 < chunk_end) {
-                load(chunk + 1);
-                store(buffer ^ 1);
-            }
+            if (chunk + 1 < chunk_end) load(chunk + 1);
             __syncthreads();
         }
     }
-    finish_products<MMA>(acc, acc_small);
     if constexpr (PHASES == 1) {
         store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
     } else {
@@ -1264,9 +1251,15 @@ extern "C" __global__ void conv_r5_backward_input_reduce(
 }
 
 // dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].
-// No __launch_bounds__: at <= 256 threads every register count launches, and with it NVRTC 12.9
-// capped some kernels below need and spilled.
-extern "C" __global__ void conv_r5_backward_weight(
+// __launch_bounds__ only where the plan fits the registers to more than one block per SM: at <= 256
+// threads every register count launches, and with bounds NVRTC 12.9 capped some FMA kernels below need
+// and spilled. The tensor-core tiles whose accumulators leave room run twice as many warps with two.
+#if BWW_MIN_BLOCKS > 1
+#define BWW_BOUNDS __launch_bounds__((BWW_BM / BWW_TM) * (BWW_BN / BWW_TN), BWW_MIN_BLOCKS)
+#else
+#define BWW_BOUNDS
+#endif
+extern "C" __global__ void BWW_BOUNDS conv_r5_backward_weight(
     const real* __restrict__ d_values,
     const real* __restrict__ u_values,
     const unsigned images,
@@ -1404,16 +1397,17 @@ extern "C" __global__ void conv_r5_backward_weight(
             if (b_k == 0 && local < BN) valid_rows[local] = bits & (BK == 32 ? ~0u : (1u << BK) - 1u);
         }
     };
-    auto store = [&](unsigned buffer) {
+    auto store = [&](unsigned buffer, bool rounded) {
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = a_stage[i];
+            const real value = staged_value<MMA>(a_stage[i], rounded);
+            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = value;
         }
 #pragma unroll
         for (unsigned i = 0; i < B_LOADS; ++i) {
             const unsigned local = b_n + i * N_STEP;
-            if (local < BN) Bs[buffer][b_k][local] = b_stage[i];
+            if (local < BN) Bs[buffer][b_k][local] = staged_value<MMA>(b_stage[i], rounded);
         }
     };
 
@@ -1426,20 +1420,9 @@ extern "C" __global__ void conv_r5_backward_weight(
             acc[i][j] = start;
         }
     }
-    // 3xTF32 (MMA 3): the sum of the small products, added to acc after the last slice.
-    real acc_small[TM][TN];
-    if constexpr (MMA == 3) {
-#pragma unroll
-        for (unsigned i = 0; i < TM; ++i) {
-#pragma unroll
-            for (unsigned j = 0; j < TN; ++j) {
-                acc_small[i][j] = 0;
-            }
-        }
-    }
     if (chunk_begin < chunk_end) {
         load(chunk_begin);
-        store(0);
+        store(0, true);
         // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
         bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
         unsigned chunk = chunk_begin;
@@ -1447,28 +1430,24 @@ extern "C" __global__ void conv_r5_backward_weight(
             const unsigned buffer = (chunk - chunk_begin) & 1;
             const bool more = chunk + 1 < chunk_end;
             if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc, acc_small);
-            if (more) store(buffer ^ 1);
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            if (more) store(buffer ^ 1, true);
             nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
         // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
         // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
         // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-        // every MMA mode: the rare path stays simple).
+        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
         for (; chunk < chunk_end; ++chunk) {
             const unsigned buffer = (chunk - chunk_begin) & 1;
             load(chunk);  // the slice is staged already; this recomputes its validity
+            store(buffer, false);
             store_valid();
             __syncthreads();
             slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-            if (chunk + 1 < chunk_end) {
-                load(chunk + 1);
-                store(buffer ^ 1);
-            }
             __syncthreads();
         }
     }
-    finish_products<MMA>(acc, acc_small);
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 

@@ -172,27 +172,25 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_ROW_PAD],
                                               const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                              real (&acc)[TM][TN], real (&acc_small)[TM][TN])
+                                              real (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
-        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc, acc_small);
+        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
 }
 
-// After the last slice: 3xTF32's small products join the big ones (acc already holds the bias).
-template <unsigned MODE, unsigned TM, unsigned TN>
-__device__ __forceinline__ void finish_products(real (&acc)[TM][TN], const real (&acc_small)[TM][TN])
+// A staged value as the slice multiplies it: TF32 (MODE 1) rounds it when it is staged, once per block
+// rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
+// values as they are).
+template <unsigned MODE>
+__device__ __forceinline__ real staged_value(real x, bool rounded)
 {
-    if constexpr (MODE == 3) {
-#pragma unroll
-        for (unsigned i = 0; i < TM; ++i) {
-#pragma unroll
-            for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] += acc_small[i][j];
-            }
-        }
+    if constexpr (MODE == 1) {
+        return rounded ? __uint_as_float(to_tf32(x)) : x;
+    } else {
+        return x;
     }
 }
 

@@ -47,28 +47,30 @@ __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsi
 // (tile_owner). The order of the 8 products inside an mma is the hardware's, so fragment k position t
 // may read any slice row as long as A and B agree: t reads row 2t and t + 4 row 2t + 1, which puts a
 // warp's 32 fragment reads on 32 distinct banks (rows are BM + SHARED_ROW_PAD = 4 mod 8 words apart)
-// where rows t and t + 4 would pair them up. MODE 1: one mma of the rounded values. MODE 3: big*big
-// summed from zero over the slice's k steps and then added to acc, and big*small, small*big into
-// acc_small, a sum of terms ~2^-11 of acc's, kept apart so that acc's rounding does not swallow them
-// (added once, after the last slice: finish_products). The tensor cores' own float accumulation
-// truncates, a bias that grows with the reduction (the H200 gave 3xTF32 3-6x the FMA path's error when
-// acc took every product, grad_weight worst); the slice's few k steps bound it, and acc's adds round
-// to nearest.
+// where rows t and t + 4 would pair them up. MODE 1: one mma of values rounded to TF32 when staged
+// (staged_value), into acc. MODE 3: each value split into big + small here, and the three products
+// big*big, big*small and small*big summed from zero over the slice's k steps, then added to acc with
+// a rounding add. acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
+// 3xTF32 3-6x the FMA path's error when acc took every product, grad_weight worst. In the slice's short
+// sum the small products (~2^-11 of the big ones) stay 12 bits above its last place, so they need no
+// accumulators of their own across the reduction: that register tile would cost a block per SM
+// (docs/DESIGN.md, the tensor-core slice).
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
                                           const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          float (&acc)[TM][TN], float (&acc_small)[TM][TN])
+                                          float (&acc)[TM][TN])
 {
     static_assert(BK % 8 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
     const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
-    [[maybe_unused]] float slice_big[TM][TN];
+    [[maybe_unused]] float slice_sum[TM][TN];
+    float (&sum)[TM][TN] = MODE == 3 ? slice_sum : acc;  // TF32 accumulates in acc, as cuDNN's TF32 does
     if constexpr (MODE == 3) {
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                slice_big[i][j] = 0;
+                slice_sum[i][j] = 0;
             }
         }
     }
@@ -88,7 +90,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                 if constexpr (MODE == 3) {
                     split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
                 } else {
-                    a_big[mi][r] = to_tf32(a[r]);
+                    a_big[mi][r] = __float_as_uint(a[r]);
                 }
             }
         }
@@ -100,7 +102,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                 if constexpr (MODE == 3) {
                     split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
                 } else {
-                    b_big[ni][r] = to_tf32(b[r]);
+                    b_big[ni][r] = __float_as_uint(b[r]);
                 }
             }
         }
@@ -109,12 +111,10 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
 #pragma unroll
             for (unsigned ni = 0; ni < TN / 2; ++ni) {
                 if constexpr (MODE == 3) {
-                    mma_tile(acc_small, mi, ni, a_big[mi], b_small[ni]);
-                    mma_tile(acc_small, mi, ni, a_small[mi], b_big[ni]);
-                    mma_tile(slice_big, mi, ni, a_big[mi], b_big[ni]);
-                } else {
-                    mma_tile(acc, mi, ni, a_big[mi], b_big[ni]);
+                    mma_tile(sum, mi, ni, a_big[mi], b_small[ni]);
+                    mma_tile(sum, mi, ni, a_small[mi], b_big[ni]);
                 }
+                mma_tile(sum, mi, ni, a_big[mi], b_big[ni]);
             }
         }
     }
@@ -123,7 +123,7 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                acc[i][j] += slice_big[i][j];
+                acc[i][j] += slice_sum[i][j];
             }
         }
     }
