@@ -74,6 +74,8 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[Ge
         chosen.append(unsplit)
     if shape.conv:  # A read repacked or as given, whichever the plan did not choose
         chosen.append(dataclasses.replace(planned, packed=not planned.packed))
+    if planned.min_blocks > 1:  # and without the launch bounds that fit it to two blocks per SM
+        chosen.append(dataclasses.replace(planned, min_blocks=1))
     return chosen
 
 
@@ -193,14 +195,14 @@ def tile_row(case: Case, stage: str, tile: GemmTile, candidate_plan: Plan, plann
     """The JSON row of one candidate, before it is timed; threads and blocks as the plan launches them."""
     launch = candidate_plan.launches[stage]
     return {"case": case.name, "stage": stage, "planned": planned, "bm": tile.bm, "bn": tile.bn, "bk": tile.bk,
-            "tm": tile.tm, "tn": tile.tn, "split": tile.split, "packed": tile.packed, "threads": launch.block,
-            "blocks": launch.grid}
+            "tm": tile.tm, "tn": tile.tn, "split": tile.split, "packed": tile.packed, "min_blocks": tile.min_blocks,
+            "threads": launch.block, "blocks": launch.grid}
 
 
 def row_line(row: dict[str, Any]) -> str:
     return (f"{row['case']:16s} {row['stage']:16s} {'*' if row['planned'] else ' '} bm{row['bm']:<4d} "
             f"bn{row['bn']:<4d} bk{row['bk']:<3d} tm{row['tm']} tn{row['tn']} split{row['split']:<3d} "
-            f"{'packed ' if row['packed'] else 'as-is  '}"
+            f"{'packed ' if row['packed'] else 'as-is  '}fit{row['min_blocks']} "
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 

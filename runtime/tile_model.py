@@ -350,8 +350,6 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     registers = tile_registers + (words + 1) * (a_loads + b_loads) + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
-    if tile.min_blocks > 1:  # NVCC fits them (the tiles fitted_blocks picks do, without spilling)
-        registers = min(registers, hardware.registers_per_sm // (tile.min_blocks * threads))
     shared = gemm_shared_bytes(bm, bn, bk, shape.element_bytes) + hardware.shared_reserved_per_block
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
