@@ -250,3 +250,19 @@ def test_readme_table_prints_a_json_from_before_the_adapter(name):
 def test_list_needs_no_gpu():
     printed = run_script("bench.py", "--list", "--batched")
     assert all(f"| {case.name} |" in printed for case in BATCHED_CASES)
+
+
+def test_readme_table_prints_the_tensor_core_modes_of_a_batched_run():
+    """A batched run with the precisions also prints their table: per case the kernels fwd / fwd+bwd of each
+    mode and of cuDNN's, and the worst output's error per mode, as the JSON holds them."""
+    path = BENCH_DIR / "measured" / "2026-11-30-h200-75c30c5-bench-batched.json"
+    case = json.loads(path.read_text())["cases"][1]
+    printed = run_script("readme_table.py", str(path))
+    (row,) = [line for line in printed.splitlines() if line.startswith(f"| {case['title']} |") and line.count("|") == 9]
+    high = case["timings"]["convgen_high"]
+    assert f"{high['fwd']['kernels']['median_ms']:.3g} / {high['fwd_bwd']['kernels']['median_ms']:.3g}" in row
+    worst = max(case["check_rel_err"]["convgen_medium"].values())
+    assert row.endswith(f"/ {worst:.1e} |".replace("e-0", "e-"))
+    assert "| case | \"highest\" (fp32 FMA) | \"high\" (3xTF32) | \"medium\" (TF32) | cuDNN strict fp32 |" in printed
+    unbatched = run_script("readme_table.py", str(BENCH_DIR / "measured" / "2026-11-30-h200-e305a1c-unbatched.json"))
+    assert "Tensor-core modes" not in unbatched
