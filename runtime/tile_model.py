@@ -316,12 +316,13 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     words = shape.words
     if shape.mma:
         # Per warp and slice: the mma.sync instructions (3xTF32 three per tile), the scalar fragment
-        # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and 3xTF32's splits (TF32
-        # rounds when staging: below).
+        # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and 3xTF32's splits of them
+        # (TF32 rounds its staged values instead: below, with the staging).
         steps, copies = bk // MMA_K, 2 if shape.mma == 3 else 1
         fragments = steps * (2 * tm + tn)
         fma = steps * (tm // 2) * (tn // 2) * shape.mma * MMA_ISSUE_SLOTS
-        fma += fragments * SPLIT_INSTRUCTIONS if shape.mma == 3 else ROUND_INSTRUCTIONS * a_loads
+        if shape.mma == 3:
+            fma += fragments * SPLIT_INSTRUCTIONS
         lds = fragments
         # Accumulators (3xTF32: and the slice's sum) and the TF32 fragments of every k step of the slice
         # (the unrolled steps' reads are hoisted: at 128x128 t8x8 3xTF32 NVRTC used 255 registers).
@@ -343,7 +344,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         index = 4 * rank + b_loads * (4 * rank + 4)
         hoisted = b_loads * (rank + 2)  # channel and window offset of the thread's columns
     if shape.mma == 1:
-        fma += ROUND_INSTRUCTIONS * b_loads
+        fma += ROUND_INSTRUCTIONS * (a_loads + b_loads)
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
     # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
     # value takes one register more (its index or predicate).
