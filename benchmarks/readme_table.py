@@ -42,11 +42,11 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
-# The tensor-core table's columns: contestant, heading (kernels fwd / fwd+bwd).
+# The tensor-core table's columns: contestant, heading (kernels fwd / fwd+bwd); convgen's bf16 beside cuDNN's.
 MODES = (("convgen", '"highest" (fp32 FMA)'), ("convgen_high", '"high" (3xTF32)'),
          ("convgen_medium", '"medium" (TF32)'), ("torch_strict", "cuDNN strict fp32"), ("torch_tf32", "cuDNN TF32"),
-         ("torch_bf16_cl", "cuDNN bf16 channels-last"))
-ERROR_MODES = ("convgen", "convgen_high", "convgen_medium")
+         ("convgen_torch_bf16", "convgen.torch bf16"), ("torch_bf16_cl", "cuDNN bf16 channels-last"))
+ERROR_MODES = ("convgen", "convgen_high", "convgen_medium", "convgen_torch_bf16")
 
 
 def kernels(case: dict, contestant: str) -> str:
@@ -65,7 +65,7 @@ def precision_table(results: dict) -> str | None:
     cases = [case for case in results["cases"] if "convgen_high" in case.get("timings", {})]
     if not cases:
         return None
-    rows = ["| case | " + " | ".join(heading for _, heading in MODES) + " | error highest / high / medium |",
+    rows = ["| case | " + " | ".join(heading for _, heading in MODES) + " | error highest / high / medium / bf16 |",
             "|---" * (len(MODES) + 2) + "|"]
     for case in cases:
         errors = " / ".join(worst_error(case, contestant) for contestant in ERROR_MODES)

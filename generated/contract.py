@@ -60,6 +60,9 @@ TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'MIN_BLOC
 # A tape's precision -> the MMA_MODE define of the conv sources: 0 FMAs in the element type, 1 one
 # TF32 tensor-core product (mma.sync), 3 three (3xTF32). Only "highest" runs in float64.
 PRECISION_MMA_MODES: dict[str, int] = {'highest': 0, 'high': 3, 'medium': 1}
+# Each element type the sources compile in -> (ELEMENT_BYTES, ELEMENT_BF16): float and double compute in
+# themselves, float16 and bfloat16 in float (the `scalar` of templates/cuda/common.cuh).
+ELEMENT_TYPES: dict[str, tuple[int, int]] = {'float32': (4, 0), 'float64': (8, 0), 'float16': (2, 0), 'bfloat16': (2, 1)}
 # <PREFIX>_PACKED (0/1), a define only of the stages with a `_pack` kernel: A read from the repacked weight.
 PACKED_FIELD = 'PACKED'
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
@@ -100,7 +103,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "y", "real", False, True),
         ),
         "forward_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
         ),
@@ -115,7 +118,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "grad_x", "real", False, True),
         ),
         "backward_input_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "real", False, True),
         ),
@@ -126,7 +129,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_weight_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_bias": (
@@ -148,7 +151,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "y", "real", False, True),
         ),
         "forward_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "y", "real", False, True),
         ),
@@ -163,7 +166,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "grad_x", "real", False, True),
         ),
         "backward_input_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_x", "real", False, True),
         ),
@@ -174,7 +177,7 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_weight_reduce": (
-            Param("partial", "partial", "real", True, True),
+            Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_weight", "real", False, True),
         ),
         "backward_bias": (
@@ -203,14 +206,14 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("beta", "beta", "float", True, False),
             Param("images", "images", "unsigned", True, False),
             Param("y", "y", "real", False, True),
-            Param("pivots", "pivots", "real", False, True),
-            Param("sums", "sums", "real", False, True),
+            Param("pivots", "pivots", "scalar", False, True),
+            Param("sums", "sums", "scalar", False, True),
         ),
         "backward_input": (
             Param("x", "x", "real", True, True),
             Param("grad", "grad", "real", True, True),
-            Param("pivots", "pivots", "real", True, True),
-            Param("sums", "sums", "real", True, True),
+            Param("pivots", "pivots", "scalar", True, True),
+            Param("sums", "sums", "scalar", True, True),
             Param("beta", "beta", "float", True, False),
             Param("images", "images", "unsigned", True, False),
             Param("grad_x", "grad_x", "real", False, True),
@@ -226,7 +229,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 2): KernelSource(
@@ -236,8 +239,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 3): KernelSource(
@@ -247,8 +250,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 4): KernelSource(
@@ -258,8 +261,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 5): KernelSource(
@@ -269,9 +273,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 6): KernelSource(
@@ -281,9 +285,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 7): KernelSource(
@@ -293,10 +297,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "POOL_V",
         ),
     ),
     (Family.AVG_POOL, 8): KernelSource(
@@ -306,10 +310,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "avg_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
         ),
     ),
     (Family.CONV, 1): KernelSource(
@@ -326,10 +330,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
+            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -346,9 +350,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
@@ -367,11 +371,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -388,11 +392,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -409,11 +413,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
     ),
@@ -431,12 +435,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -453,12 +457,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -475,13 +480,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -498,10 +503,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r1_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS", "MMA_MODE",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
+            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -518,9 +523,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r2_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
+            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
@@ -539,11 +544,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r3_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
-            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "FWD_BM",
+            "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN",
+            "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -560,11 +565,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r4_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "GROUPS",
-            "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
+            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -581,11 +586,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r5_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
+            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
     ),
@@ -603,12 +608,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r6_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -625,12 +630,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r7_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
+            "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -647,13 +653,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_bias": "conv_transpose_r8_backward_bias",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "FWD_BM", "FWD_BN", "FWD_BK",
+            "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(
@@ -663,7 +669,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
+            "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 2): KernelSource(
@@ -673,8 +680,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 3): KernelSource(
@@ -684,8 +691,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 4): KernelSource(
@@ -695,9 +702,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
-            "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 5): KernelSource(
@@ -707,9 +714,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 6): KernelSource(
@@ -719,9 +726,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
+            "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 7): KernelSource(
@@ -731,10 +739,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.MAX_POOL, 8): KernelSource(
@@ -744,10 +752,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V", "ARGMAX_BYTES",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V", "ARGMAX_BYTES",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 1): KernelSource(
@@ -757,7 +765,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r1_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 2): KernelSource(
@@ -767,8 +775,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r2_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 3): KernelSource(
@@ -778,8 +786,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r3_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 4): KernelSource(
@@ -789,8 +797,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r4_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 5): KernelSource(
@@ -800,9 +809,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r5_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 6): KernelSource(
@@ -812,9 +821,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r6_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 7): KernelSource(
@@ -824,10 +833,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r7_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "POOL_V",
         ),
     ),
     (Family.SMOOTH_MAX_POOL, 8): KernelSource(
@@ -837,10 +846,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input": "smooth_max_pool_r8_backward_input",
         },
         (
-            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1", "K1", "S1", "P1",
-            "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3", "D3", "IN4", "K4",
-            "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6", "OUT6", "D6",
-            "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
+            "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
+            "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
+            "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
+            "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "POOL_V",
         ),
     ),
 }
@@ -868,7 +877,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r1_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0",
         ),
     ),
     2: KernelSource(
@@ -878,7 +887,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r2_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1",
         ),
     ),
     3: KernelSource(
@@ -888,7 +897,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r3_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2",
         ),
     ),
     4: KernelSource(
@@ -898,7 +907,7 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r4_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3",
         ),
     ),
     5: KernelSource(
@@ -908,7 +917,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r5_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4",
+            "P4",
         ),
     ),
     6: KernelSource(
@@ -918,8 +928,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r6_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
-            "P5",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4",
+            "P4", "IN5", "P5",
         ),
     ),
     7: KernelSource(
@@ -929,8 +939,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r7_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
-            "P5", "IN6", "P6",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4",
+            "P4", "IN5", "P5", "IN6", "P6",
         ),
     ),
     8: KernelSource(
@@ -940,8 +950,8 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
             "fold": "circular_r8_fold",
         },
         (
-            "IN_C", "BLOCK", "ELEMENT_BYTES", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4", "P4", "IN5",
-            "P5", "IN6", "P6", "IN7", "P7",
+            "IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "P0", "IN1", "P1", "IN2", "P2", "IN3", "P3", "IN4",
+            "P4", "IN5", "P5", "IN6", "P6", "IN7", "P7",
         ),
     ),
 }

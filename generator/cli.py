@@ -20,7 +20,7 @@ import click
 import jinja2
 from convgen.generator import checks, emit, lower, parse, write
 from convgen.generator.checkout import find_checkout, spec_label
-from convgen.generator.contract import MAX_RANK, PRECISION_MMA_MODES, Family
+from convgen.generator.contract import ELEMENT_TYPES, MAX_RANK, PRECISION_MMA_MODES, Family
 from convgen.generator.model import SpecError
 
 # The installed package (the checkout itself when installed editable): its spec is what `list` shows
@@ -187,11 +187,11 @@ def list_ops(spec: tuple[Path, ...]) -> None:
 
 @main.command(name="compile")
 @click.option("--arch", default="sm_90", show_default=True, help="Real GPU architecture to compile for.")
-@click.option("--dtype", type=click.Choice(["float32", "float64", "all"]), default="all", show_default=True,
+@click.option("--dtype", type=click.Choice([*ELEMENT_TYPES, "all"]), default="all", show_default=True,
               help="Element type to compile the sources for (all: each).")
 @click.option("--precision", type=click.Choice([*PRECISION_MMA_MODES, "all"]), default="highest", show_default=True,
               help="How the conv GEMMs multiply: highest (FMAs), high (3xTF32), medium (TF32); all: each. "
-                   "The conv sources are compiled again per tensor-core precision, in float32.")
+                   "The conv sources are compiled again per tensor-core precision, in each element type that takes it.")
 def compile_sources(arch: str, dtype: str, precision: str) -> None:
     """Compile every generated CUDA source with NVRTC (no GPU needed); report registers and spills."""
     from convgen.generator import cli_cuda
@@ -211,10 +211,10 @@ def compile_sources(arch: str, dtype: str, precision: str) -> None:
 @click.option("--dilation", help="Dilations, NxN... (default 1).")
 @click.option("--groups", type=click.IntRange(1), default=1, show_default=True, help="Groups (conv families).")
 @click.option("--batch", type=click.IntRange(1), help="Images per call: the tiles are chosen for it.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+@click.option("--dtype", type=click.Choice(list(ELEMENT_TYPES)), default="float32", show_default=True,
               help="Element type.")
 @click.option("--precision", type=click.Choice(list(PRECISION_MMA_MODES)), default="highest", show_default=True,
-              help="How the conv GEMMs multiply (high, medium: float32 only).")
+              help="How the conv GEMMs multiply (high: float32 only; medium: float32, float16, bfloat16).")
 def source(family: str, rank: int, in_c: int | None, out_c: int | None, spatial: str | None, kernel: str | None,
            stride: str | None, padding: str | None, dilation: str | None, groups: int, batch: int | None,
            dtype: str, precision: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 from convgen.backend import precision_refusal
-from convgen.cuda_launch import ELEMENT_BYTES, NVRTC_OPTIONS, plan, representative_geometry
+from convgen.cuda_launch import ELEMENT_DEFINES, NVRTC_OPTIONS, plan, representative_geometry
 from convgen.generated.contract import KERNELS
 from convgen.geometry import Family, Geometry
 
@@ -34,7 +34,7 @@ def compile_sources(arch: str, dtype: str, precisions: tuple[str, ...] = ("highe
         nvrtc_check.check_architecture(arch)
     except (nvrtc_check.NvrtcMissing, nvrtc_check.BadArchitecture) as error:
         _usage_error(str(error))
-    dtypes = tuple(ELEMENT_BYTES) if dtype == "all" else (dtype,)
+    dtypes = tuple(ELEMENT_DEFINES) if dtype == "all" else (dtype,)
     failed = spilled = 0
     conv_sources = sum(family.is_conv for family, _ in KERNELS)
     compiles = sum(len(nvrtc_check.source_names()) + conv_sources * sum(

@@ -29,9 +29,13 @@ class Family(enum.Enum):
 
 # Defines every source needs, and those of each spatial axis a (IN0, K0, S0, P0, OUT0, D0, ...): D is
 # the dilation (SEMANTICS §8), window offset k reads o*S + k*D - P; D = 1 compiles to the undilated code.
-# ELEMENT_BYTES picks the element type `real` of every array (templates/cuda/common.cuh): 4 float, 8
-# double (the tape's dtype); loads, sums and the split buffers are all in it.
-COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES")
+# ELEMENT_BYTES and ELEMENT_BF16 pick the element type `real` of the arrays (templates/cuda/common.cuh):
+# 4 float, 8 double, 2 float16 (ELEMENT_BF16 0) or bfloat16 (1). The kernels compute in `scalar`: the
+# element type itself, or float for the 16-bit ones, whose split buffers and saved sums stay float.
+COMMON_DEFINES = ("IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16")
+# Each element type the sources compile in -> its ELEMENT_BYTES and ELEMENT_BF16.
+ELEMENT_TYPES: dict[str, tuple[int, int]] = {"float32": (4, 0), "float64": (8, 0), "float16": (2, 0),
+                                             "bfloat16": (2, 1)}
 AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 # The conv families' groups (SEMANTICS §8): block-diagonal GEMMs, one per group; 1 compiles to one GEMM.
 # MMA_MODE: how the GEMM main loops multiply (docs/DESIGN.md, the tensor-core slice): 0 FMAs in the
@@ -75,7 +79,7 @@ def pool_defines(family: Family) -> tuple[str, ...]:
 class Param:
     """One kernel parameter. `role` names the value the runtime passes (`x`, `grad`, `partial`...);
     outputs are the non-const pointers. `dtype` is the CUDA type: `real` is the element type the
-    source is compiled for (ELEMENT_BYTES)."""
+    source is compiled for (ELEMENT_BYTES), `scalar` the type it computes in (float for 16-bit elements)."""
 
     name: str
     role: str
@@ -151,7 +155,7 @@ class Stage:
 def _reduce(stage: str, output: str, per_image: bool) -> Stage:
     """The second pass of a split stage; `per_image`: its output has the batch axis."""
     images = (IMAGES,) if per_image else ()
-    return Stage(f"{stage}_reduce", (_in("partial", "partial"), *images, _out("dest", output)),
+    return Stage(f"{stage}_reduce", (_in("partial", "partial", "scalar"), *images, _out("dest", output)),
                  "Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.")
 
 
@@ -230,11 +234,12 @@ FAMILY_STAGES: dict[Family, tuple[Stage, ...]] = {
         (_in("grad", "grad"), IMAGES, _out("grad_x", "grad_x")),
         "dx[c, i] = (sum of g[c, o] over the windows o that cover i) / K."),
     Family.SMOOTH_MAX_POOL: _pool_stages(
-        (_in("x", "x"), BETA, IMAGES, _out("y", "y"), _out("pivots", "pivots"), _out("sums", "sums")),
+        (_in("x", "x"), BETA, IMAGES, _out("y", "y"), _out("pivots", "pivots", "scalar"),
+         _out("sums", "sums", "scalar")),
         "y = pivot + log(Z) / beta with Z = sum over all K cells (padded ones are 0) of exp(beta * (v - pivot)); "
         "pivot = window max (beta > 0) or min (beta < 0), taken in input space so that beta * v is never "
         "formed. Saves pivot and Z for the backward pass.",
-        (_in("x", "x"), _in("grad", "grad"), _in("pivots", "pivots"), _in("sums", "sums"), BETA,
+        (_in("x", "x"), _in("grad", "grad"), _in("pivots", "pivots", "scalar"), _in("sums", "sums", "scalar"), BETA,
          IMAGES, _out("grad_x", "grad_x")),
         "dx[c, i] = sum over the windows o that cover i of g[c, o] * exp(beta * (x[c, i] - pivot)) / Z."),
 }
@@ -255,7 +260,7 @@ def stage(family: Family, name: str) -> Stage:
 # (templates/cuda/circular.cu.j2); IN_C is the channel count of one image, IN/P per axis the input
 # extent and the padding (P <= IN, so a cell wraps at most once each way).
 CIRCULAR_STEM = "circular"
-CIRCULAR_COMMON_DEFINES = ("IN_C", "BLOCK", "ELEMENT_BYTES")
+CIRCULAR_COMMON_DEFINES = ("IN_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16")
 CIRCULAR_AXIS_DEFINES = ("IN", "P")
 CIRCULAR_STAGES = (
     Stage("pad", (_in("x", "x"), IMAGES, _out("padded", "padded")),

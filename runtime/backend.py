@@ -34,8 +34,12 @@ class OutOfMemory(BackendError):
 
 
 DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)
+# The 16-bit element types of convgen.torch's tensors: stored in 16 bits, computed in float32.
+HALF_DTYPES = ("float16", "bfloat16")
+KERNEL_DTYPES = DTYPES + HALF_DTYPES  # the element types the CUDA kernels compile in
 # How the conv families' GEMMs multiply (docs/DESIGN.md, the tensor-core slice): "highest" FMAs in the
-# tape's dtype (the default, the contract), "high" 3xTF32 and "medium" TF32 tensor cores (float32 only).
+# tape's dtype (the default, the contract), "high" 3xTF32 and "medium" TF32 tensor cores (float32 only;
+# 16-bit elements take "highest", FMAs in float32, and "medium", whose TF32 holds their values exactly).
 PRECISIONS = tuple(PRECISION_MMA_MODES)
 
 
@@ -44,9 +48,12 @@ def precision_refusal(dtype: str, precision: object) -> str | None:
     if not isinstance(precision, str) or precision not in PRECISIONS:
         known = ", ".join(repr(p) for p in PRECISIONS[:-1]) + f" or {PRECISIONS[-1]!r}"
         return f"precision must be {known}, got {describe(precision)}"
-    if PRECISION_MMA_MODES[precision] and dtype != "float32":
+    if PRECISION_MMA_MODES[precision] and dtype == "float64":
         return (f"precision {precision!r} runs on TF32 tensor cores, which take float32 only; "
                 f"a {dtype} tape takes 'highest'")
+    if precision == "high" and dtype in HALF_DTYPES:
+        return (f"precision 'high' splits float32 operands into two TF32 parts; {dtype} values are exact "
+                f"in TF32, so {dtype} takes 'medium' (tensor cores) or 'highest'")
     return None
 
 

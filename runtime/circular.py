@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from convgen.cuda_launch import BLOCK, ELEMENT_BYTES, NVRTC_OPTIONS, ceil_div
+from convgen.cuda_launch import BLOCK, ELEMENT_DEFINES, NVRTC_OPTIONS, ceil_div
 from convgen.generated.contract import CIRCULAR_KERNELS
 from convgen.geometry import Family, Geometry, fits_u32
 
@@ -51,7 +51,7 @@ def circular_plan(geom: Geometry, dtype: str = "float32") -> CircularPlan:
     assert geom.family is Family.CONV and geom.circular, geom
     padded = padded_geometry(geom)
     assert padded.out_spatial == geom.out_spatial, (padded, geom)
-    defines: dict[str, int] = {"IN_C": geom.in_c, "BLOCK": BLOCK, "ELEMENT_BYTES": ELEMENT_BYTES[dtype]}
+    defines: dict[str, int] = {"IN_C": geom.in_c, "BLOCK": BLOCK, **ELEMENT_DEFINES[dtype]}
     for axis, (n, p) in enumerate(zip(geom.in_spatial, geom.padding)):
         assert p <= n, geom
         defines.update({f"IN{axis}": n, f"P{axis}": p})

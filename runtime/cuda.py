@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from convgen.backend import BackendError, OutOfMemory
 from convgen.circular import CircularPlan, circular_plan, fits_padded
-from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan
+from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan, scalar_dtype
 from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
 
@@ -29,10 +29,15 @@ SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
 # device's capability as digits, "90").
 TENSOR_CORE_CAPABILITY = 80
 
-# Poison for outputs in the test mode: NaN, and for the argmax offsets a value no window has.
-_POISON = {np.dtype(np.float32): np.float32("nan"), np.dtype(np.float64): np.float64("nan"),
-           np.dtype(np.uint8): np.uint8(0xFF), np.dtype(np.uint16): np.uint16(0xFFFF),
-           np.dtype(np.uint32): np.uint32(0xFFFFFFFF)}
+# How CuPy holds each element type: bfloat16, which NumPy and CuPy lack, as its bit patterns (the kernels
+# read and write the bits; convgen.torch hands them torch's bfloat16 tensors).
+STORAGE_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": np.uint16,
+                  "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
+# Poison for outputs in the test mode: NaN (0xFFFF is a bfloat16 NaN), and for the argmax offsets a value
+# no window has.
+_POISON = {"float32": np.float32("nan"), "float64": np.float64("nan"), "float16": np.float16("nan"),
+           "bfloat16": np.uint16(0xFFFF), "uint8": np.uint8(0xFF), "uint16": np.uint16(0xFFFF),
+           "uint32": np.uint32(0xFFFFFFFF)}
 
 
 def device_hardware(attributes: dict[str, int]) -> Hardware:
@@ -101,7 +106,8 @@ class _Wrapping:
 
 class CupyBackend:
     """Runs every op with the generated CUDA kernels on the current CuPy device; deterministic
-    (no atomics), in the tape's dtype throughout (float32 or float64 kernels, compiled per dtype)."""
+    (no atomics), with arrays of `dtype` (float32 or float64 for a tape; convgen.torch also runs float16
+    and bfloat16, computed in float32: `scalar_dtype`), kernels compiled per dtype."""
 
     name = "cuda"
     buffer_label = "CUDA"
@@ -113,6 +119,7 @@ class CupyBackend:
 
     def __init__(self, dtype: str = "float32", precision: str = "highest") -> None:
         self.dtype = dtype
+        self.scalar_dtype = scalar_dtype(dtype)  # of split stages' partial buffers and smooth max's saved state
         self.precision = precision  # the plans' MMA_MODE (cuda_launch.plan)
         try:
             import cupy
@@ -148,13 +155,13 @@ class CupyBackend:
             except (BufferError, RuntimeError, TypeError, ValueError):
                 value = np.asarray(value)  # host memory: copied below
         if isinstance(value, cupy.ndarray):
-            if value.dtype == self.dtype and value.flags.c_contiguous:
+            if value.dtype == STORAGE_DTYPES[self.dtype] and value.flags.c_contiguous:
                 return value
-            return cupy.ascontiguousarray(value, dtype=self.dtype)
-        return cupy.asarray(np.ascontiguousarray(value, dtype=self.dtype))
+            return cupy.ascontiguousarray(value, dtype=STORAGE_DTYPES[self.dtype])
+        return cupy.asarray(np.ascontiguousarray(value, dtype=STORAGE_DTYPES[self.dtype]))
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
-        return self._xp.zeros(shape, self.dtype)
+        return self._xp.zeros(shape, STORAGE_DTYPES[self.dtype])
 
     def device_of(self, array: Any) -> str:
         if isinstance(array, self._xp.ndarray):
@@ -168,14 +175,15 @@ class CupyBackend:
     def device(self) -> str:
         return f"cuda:{self._xp.cuda.runtime.getDevice()}"
 
-    def _output(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
-        dtype = self.dtype if dtype is None else dtype
+    def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        """A new array of `shape` and `dtype` (a name: the backend's dtype when None)."""
+        storage = STORAGE_DTYPES[self.dtype if dtype is None else dtype]
         try:
-            array = self._xp.empty(shape, dtype)
+            array = self._xp.empty(shape, storage)
         except self._xp.cuda.memory.OutOfMemoryError:
-            raise OutOfMemory(math.prod(shape) * np.dtype(dtype).itemsize) from None
+            raise OutOfMemory(math.prod(shape) * np.dtype(storage).itemsize) from None
         if self.poison_outputs:
-            array.fill(_POISON[np.dtype(dtype)])
+            array.fill(_POISON[self.dtype if dtype is None else dtype])
         return array
 
     # Compiling and launching.
@@ -296,7 +304,7 @@ class CupyBackend:
             self._launch(compiled, stage, values)
             return
         (output,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
-        partial = self._output((split, *values[output].shape))
+        partial = self._output((split, *values[output].shape), self.scalar_dtype)
         self._launch(compiled, stage, {**values, output: partial})
         self._launch(compiled, f"{stage}_reduce", {**values, "partial": partial})
 
@@ -326,7 +334,8 @@ class CupyBackend:
         if family is Family.MAX_POOL:
             saved = values["argmax"] = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
         elif family is Family.SMOOTH_MAX_POOL:
-            saved = values["pivots"], values["sums"] = self._output(geom.output_shape), self._output(geom.output_shape)
+            saved = values["pivots"], values["sums"] = (self._output(geom.output_shape, self.scalar_dtype),
+                                                        self._output(geom.output_shape, self.scalar_dtype))
             values["beta"] = np.float32(geom.beta)
         else:
             saved = None

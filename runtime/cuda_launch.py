@@ -15,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.backend import PRECISIONS, precision_refusal
-from convgen.generated.contract import GEMM_STAGES, KERNELS, PACKED_FIELD, PRECISION_MMA_MODES, TILE_FIELDS
+from convgen.generated.contract import (
+    ELEMENT_TYPES,
+    GEMM_STAGES,
+    KERNELS,
+    PACKED_FIELD,
+    PRECISION_MMA_MODES,
+    TILE_FIELDS,
+)
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
@@ -32,15 +39,22 @@ from convgen.tile_model import (
     tile_candidates,
 )
 
-__all__ = ["BLOCK", "ELEMENT_BYTES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "PRECISIONS",
+__all__ = ["BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "PRECISIONS",
            "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
            "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
            "nvrtc_options", "packs_weight", "plan", "pool_cells_per_thread", "representative_geometry",
-           "tile_candidates"]
+           "scalar_dtype", "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
-# The tape's dtype -> the ELEMENT_BYTES define, which picks the kernels' element type (float, double).
-ELEMENT_BYTES = {"float32": 4, "float64": 8}
+# The element type -> the defines that pick the kernels' `real` (the contract's ELEMENT_TYPES).
+ELEMENT_DEFINES: dict[str, dict[str, int]] = {
+    dtype: {"ELEMENT_BYTES": size, "ELEMENT_BF16": bf16} for dtype, (size, bf16) in ELEMENT_TYPES.items()}
+
+
+def scalar_dtype(dtype: str) -> str:
+    """The dtype the kernels of `dtype` elements compute in (`scalar`): float32 for the 16-bit types.
+    Shared memory, split stages' partial buffers and smooth max's saved pivots and sums hold it."""
+    return "float64" if dtype == "float64" else "float32"
 
 # C++17 for constexpr helpers; no fast math, so expf/logf keep full float32 accuracy. CuPy adds
 # -arch for the device it compiles on.
@@ -77,8 +91,8 @@ def _blocks(threads: int) -> int:
     return ceil_div(threads, BLOCK)
 
 
-def _geometry_defines(geom: Geometry, element_bytes: int, mma: int) -> dict[str, int]:
-    values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK, "ELEMENT_BYTES": element_bytes}
+def _geometry_defines(geom: Geometry, dtype: str, mma: int) -> dict[str, int]:
+    values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK, **ELEMENT_DEFINES[dtype]}
     for axis, axis_values in enumerate(zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding,
                                            geom.out_spatial, geom.dilation)):
         values.update(zip((f"IN{axis}", f"K{axis}", f"S{axis}", f"P{axis}", f"OUT{axis}", f"D{axis}"), axis_values))
@@ -95,15 +109,16 @@ def batch_bucket(images: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, element_bytes: int, mma: int) -> Plan:
-    values = _geometry_defines(geom, element_bytes, mma)
+def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, mma: int) -> Plan:
+    values = _geometry_defines(geom, dtype, mma)
+    staged_bytes = 8 if scalar_dtype(dtype) == "float64" else 4  # what shared memory and split buffers hold
     if not geom.family.is_conv:
         return _pool_plan(geom, values)
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
-    tile_shapes = gemm_shapes(bucketed, element_bytes, mma)
-    for stage, shape in gemm_shapes(geom, element_bytes, mma).items():
+    tile_shapes = gemm_shapes(bucketed, staged_bytes, mma)
+    for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
@@ -169,7 +184,7 @@ def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = c
         raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile, ELEMENT_BYTES[dtype], PRECISION_MMA_MODES[precision])
+    return _plan(geom, hardware, choose_tile, dtype, PRECISION_MMA_MODES[precision])
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

@@ -1,6 +1,6 @@
 """NVRTC check: every generated CUDA source (the family sources and the circular-padding ones)
 compiled for a real architecture at a representative geometry of its rank, in each element type
-(float32, float64), without a GPU, with each kernel's registers, stack frame and spills read off
+(float32, float64, float16, bfloat16), without a GPU, with each kernel's registers, stack frame and spills read off
 ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and the NVRTC wheel (the
 `test` extra); `nvrtc()` says so when they are missing.
 """
@@ -16,12 +16,12 @@ from typing import Any
 
 from convgen.backend import precision_refusal
 from convgen.circular import circular_plan, representative_circular_geometry
-from convgen.cuda_launch import ELEMENT_BYTES, nvrtc_options, plan, representative_geometry
+from convgen.cuda_launch import ELEMENT_DEFINES, nvrtc_options, plan, representative_geometry
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
-DTYPES = tuple(ELEMENT_BYTES)  # the element types every source compiles in
+DTYPES = tuple(ELEMENT_DEFINES)  # the element types every source compiles in
 NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
 
 

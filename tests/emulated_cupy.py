@@ -51,9 +51,11 @@ inline thread_local emulated_index threadIdx, blockIdx;
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) double2 { double x, y; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline double2 make_double2(double x, double y) { return {x, y}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class To, class From> inline To emulated_bits(From value)
 {

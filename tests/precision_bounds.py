@@ -2,6 +2,7 @@
 convgen.torch): a result's relative error is ‖out − ref‖ / ‖ref on |inputs|‖ against the float64 reference.
 
 - "medium" (TF32): at most TF32_BOUND.
+- float16 and bfloat16 tensors: at most HALF_BOUND (16-bit storage in and out, float32 sums).
 - "high" (3xTF32): at most HIGH_FACTOR times the FMA path's error on the same inputs, that error taken as at
   least HIGH_ERROR_FLOOR. 3xTF32 holds an operand as big + small, each an 11-bit TF32, so to 2^-22 of its
   value, and drops small·small: a product is within about 3 · 2^-22 of exact. Where the FMA path is nearly
@@ -10,6 +11,7 @@ convgen.torch): a result's relative error is ‖out − ref‖ / ‖ref on |inpu
 """
 
 TF32_BOUND = 1e-3
+HALF_BOUND = 1e-2
 HIGH_FACTOR = 2.0
 HIGH_ERROR_FLOOR = 2.0 ** -21
 FLOAT32_UNIT = 2.0 ** -24  # float32's unit roundoff: below a few of these no TF32 rounding took place

@@ -91,9 +91,10 @@ def test_circular_conv_runs_the_ordinary_conv_on_the_wrapped_input():
     assert circular.padded == Geometry.build(Family.CONV, 4, 6, (15, 5, 2), (3, 2, 2), (2, 1, 1), (0, 0, 0), batch=3,
                                              dilation=(1, 2, 1), groups=2)
     assert circular.padded.output_shape == geom.output_shape == (3, 6, 7, 3, 1)
-    assert circular.defines == {"IN_C": 4, "BLOCK": BLOCK, "ELEMENT_BYTES": 4, "IN0": 5, "P0": 5, "IN1": 3, "P1": 1,
-                                "IN2": 2, "P2": 0}
+    assert circular.defines == {"IN_C": 4, "BLOCK": BLOCK, "ELEMENT_BYTES": 4, "ELEMENT_BF16": 0, "IN0": 5, "P0": 5,
+                                "IN1": 3, "P1": 1, "IN2": 2, "P2": 0}
     assert circular_plan(geom, "float64").defines == {**circular.defines, "ELEMENT_BYTES": 8}
+    assert circular_plan(geom, "bfloat16").defines == {**circular.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": 1}
     assert (circular.pad_blocks, circular.fold_blocks) == (-(-3 * 4 * 150 // BLOCK), -(-3 * 4 * 30 // BLOCK))
 
 
@@ -109,6 +110,21 @@ def test_the_element_type_is_a_define_of_the_plan():
         assert tiles and all(gemm_shared_bytes(t.bm, t.bn, t.bk, 8) <= H200.shared_per_block for t in tiles)
     single_tiles = tile_candidates(gemm_shapes(geom)["backward_weight"], H200)
     assert [t for t in single_tiles if gemm_shared_bytes(t.bm, t.bn, t.bk, 8) > H200.shared_per_block]
+
+
+def test_16_bit_plans_stage_float32_and_take_the_float32_tiles():
+    """float16 and bfloat16 differ from float32 only in their element defines: their values are staged,
+    summed and split in float32, so the tiles are float32's, in each precision they take."""
+    geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
+    for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
+        for precision in ("highest", "medium"):
+            half, single = plan(geom, dtype=dtype, precision=precision), plan(geom, precision=precision)
+            assert half.defines == {**single.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16}
+            assert half.launches == single.launches and half.splits == single.splits
+    with pytest.raises(ValueError, match="^plan: precision 'high' splits float32 operands into two TF32 parts; "
+                                         "bfloat16 values are exact in TF32, so bfloat16 takes 'medium' "
+                                         r"\(tensor cores\) or 'highest'$"):
+        plan(geom, dtype="bfloat16", precision="high")
 
 
 def test_generated_sources_read_like_hand_written_cuda():

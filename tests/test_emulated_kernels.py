@@ -4,7 +4,8 @@ Every GPU thread is an OS thread, so the cases are few and small: the forced til
 weight (A staged four rows at a time and one element at a time, tests/test_launch_plans.py says which)
 on the forced geometries and a grouped one, float32 and float64; the rare path of non-finite values; a
 circular convolution (its pad and fold kernels); the tensor-core precisions on forced mma tiles with issue
-11's bounds. `pytest -m cuda` runs the same kernels on a GPU."""
+11's bounds; float16 and bfloat16 elements through every family. `pytest -m cuda` runs the same kernels on a
+GPU."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from convgen.cuda import Tape as CudaTape
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
-from precision_bounds import FLOAT32_UNIT, TF32_BOUND, high_bound
+from half_support import HALF_DTYPES, draw_half
+from half_support import relative_errors as half_errors
+from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND, high_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from suite.stand_in import imports_as  # how the host-path benchmark swaps CuPy in too
@@ -120,3 +123,31 @@ def test_tensor_core_precisions_on_forced_mma_tiles(tile) -> None:
             assert h <= high_bound(f), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
             if name != "dbias":  # the bias gradient is a plain sum in every precision, the others GEMMs
                 assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"
+
+
+# 16-bit cases: a grouped, dilated conv whose weight is repacked, a strided transpose with output padding,
+# a circular conv, and each pool (smooth max's pivots and sums are float32 arrays between its kernels).
+HALF_GEOMETRIES = [
+    GROUPED,
+    Geometry.build(Family.CONV_TRANSPOSE, 6, 4, (4, 5), (3, 2), (2, 2), (1, 0), batch=2, output_padding=(1, 0)),
+    Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True),
+    Geometry.build(Family.MAX_POOL, 3, 3, (7, 9), (3, 2), (2, 1), (1, 1), batch=2),
+    Geometry.build(Family.AVG_POOL, 3, 3, (7, 9), (3, 3), (2, 2), (1, 1)),
+    Geometry.build(Family.SMOOTH_MAX_POOL, 3, 3, (7, 9), (2, 3), (1, 2), (1, 1), 1.5, batch=2),
+]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_bit_elements_are_read_and_written_in_16_bits_and_summed_in_float32(dtype) -> None:
+    """Every stage of each family on float16 or bfloat16 arrays (FMAs and, for the convolutions, TF32
+    tensor cores, which hold 16-bit values exactly) within issue 11's 1e-2 of the float64 reference;
+    results come back in the 16-bit dtype (half_support.widened checks)."""
+    rng = reference.case_rng("emulated 16-bit", dtype)
+    for geom in HALF_GEOMETRIES:
+        inputs, grad = draw_half(rng, geom, dtype)
+        for precision in ("highest", "medium") if geom.family.is_conv else ("highest",):
+            backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True})
+            with imports_as(emulated_cupy()):
+                errors = half_errors(backend(dtype, precision), geom, inputs, grad)
+            assert max(errors) <= HALF_BOUND, f"{geom} {precision}: {errors}"
+

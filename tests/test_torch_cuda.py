@@ -1,8 +1,9 @@
 """convgen.torch on CUDA tensors: the functional ops against torch's CUDA ops in strict float32 (TF32
 off) and in float64, gradcheck at rank 4, opcheck, a non-default current stream, a second device,
 CUDA graph capture of forward and backward, outputs from torch's caching allocator (not CuPy's pool),
-non-contiguous inputs, autocast, and the precision of float32 convolutions under torch's TF32 switches
-and convgen's setting (issue 11's bounds against float64). Skipped without a GPU, CuPy or torch."""
+non-contiguous inputs, float16 and bfloat16 tensors, autocast, and the precision of float32 convolutions
+under torch's TF32 switches and convgen's setting (issue 11's bounds against float64). Skipped without a
+GPU, CuPy or torch."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import convgen.torch as ct  # noqa: E402
 import test_torch_functional as functional_tests  # noqa: E402
 import test_torch_library as library_tests  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from precision_bounds import TF32_BOUND, high_bound  # noqa: E402
+from precision_bounds import HALF_BOUND, TF32_BOUND, high_bound  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -36,6 +37,12 @@ def strict_float32():
 @pytest.mark.parametrize("case", functional_tests.CASES, ids=str)
 def test_against_torch_cuda(case, dtype) -> None:
     functional_tests.check(case, dtype, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", functional_tests.HALF_DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", functional_tests.CASES, ids=str)
+def test_16_bit_against_torch_in_float64_on_cuda(case, dtype) -> None:
+    functional_tests.check_half(case, dtype, device="cuda")
 
 
 def test_noncontiguous_input() -> None:
@@ -137,15 +144,21 @@ def test_outputs_come_from_torch_memory() -> None:
     assert pool.total_bytes() == pool_before
 
 
-def test_autocast_runs_in_float32() -> None:
-    x = torch.randn(2, 3, 8, 8, device="cuda")
-    w = torch.randn(4, 3, 3, 3, device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        half = torch.nn.functional.linear(x, torch.eye(8, device="cuda"))  # bfloat16 under autocast
-        out = ct.conv(half, w, padding=1)
-        pooled = ct.avg_pool(half, (2, 2))
-    assert half.dtype == torch.bfloat16 and out.dtype == torch.float32 and pooled.dtype == torch.float32
-    torch.testing.assert_close(out, F.conv2d(half.float(), w, padding=1), rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("dtype", functional_tests.HALF_DTYPES, ids=["float16", "bfloat16"])
+def test_autocast_runs_the_convolutions_in_16_bits_as_torch_does(dtype) -> None:
+    """The dtypes torch's own ops give under autocast, forward and backward, and issue 11's bound
+    against float64 on the values autocast rounded."""
+    x = torch.randn(2, 3, 8, 8, device="cuda", requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=dtype):
+        out, expected = ct.conv(x, w, padding=1), F.conv2d(x, w, padding=1)
+        pooled, expected_pooled = ct.avg_pool(out, (2, 2)), F.avg_pool2d(expected, 2)
+    assert (out.dtype, pooled.dtype) == (expected.dtype, expected_pooled.dtype) == (dtype, dtype)
+    grads = torch.autograd.grad(pooled.float().sum(), (x, w))
+    assert [g.dtype for g in grads] == [torch.float32, torch.float32]  # autocast's casts are differentiable
+    rounded = [t.detach().to(dtype).double() for t in (x, w)]
+    error = functional_tests._relative_error(out, F.conv2d(*rounded, padding=1))
+    assert error <= HALF_BOUND, error
 
 
 # Issue 11's bounds against float64: tests/precision_bounds.py.

@@ -1,9 +1,10 @@
 """convgen.torch's functional ops against torch.nn.functional at ranks 1..3, float32 and float64, with
 batch, groups, dilation, stride, zero and circular padding, output padding and unbatched inputs: the
 outputs and the gradients of (output · r).sum() for a random r. Smooth max has no torch op: its oracle
-is logsumexp over windows built with F.pad and unfold. Also the adapter's error texts.
+is logsumexp over windows built with F.pad and unfold. float16 and bfloat16 against torch's float64 on
+the same values, within issue 11's bound; autocast; the adapter's error texts.
 
-`check` and CASES serve tests/test_torch_cuda.py too, on CUDA tensors."""
+`check`, `check_half` and CASES serve tests/test_torch_cuda.py too, on CUDA tensors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from precision_bounds import HALF_BOUND
 
 torch = pytest.importorskip("torch")
 
@@ -159,6 +161,40 @@ def test_against_torch(case: Case, dtype) -> None:
     check(case, dtype)
 
 
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _relative_error(got, expected) -> float:
+    """‖got − expected‖ / ‖expected‖ in float64 (0 when both are zero)."""
+    scale = torch.linalg.vector_norm(expected).item()
+    error = torch.linalg.vector_norm(got.double() - expected).item()
+    return error / scale if scale else error
+
+
+def check_half(case: Case, dtype, device: str = "cpu") -> None:
+    """A 16-bit call: output and gradients in `dtype`, each within HALF_BOUND (norm-relative) of torch's
+    float64 answer on the same 16-bit values."""
+    tensors = make_tensors(case, dtype, device)
+    wide = [t.detach().double().requires_grad_() for t in tensors]
+    got = call(case, tensors)
+    expected = reference(case, wide)
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    weights = weights.to(dtype=dtype, device=device)
+    got_grads = torch.autograd.grad((got * weights).sum(), tensors)
+    expected_grads = torch.autograd.grad((expected * weights.double()).sum(), wide)
+    names = ("output", *(f"grad {i}" for i in range(len(tensors))))
+    for name, g, e in zip(names, (got, *got_grads), (expected, *expected_grads), strict=True):
+        assert g.dtype == dtype and g.device == e.device, f"{case}: {name}: {g.dtype} on {g.device}"
+        error = _relative_error(g, e)
+        assert error <= HALF_BOUND, f"{case}: {name}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_16_bit_against_torch_in_float64(case: Case, dtype) -> None:
+    check_half(case, dtype)
+
+
 def test_noncontiguous_input() -> None:
     check(_conv_cases(2)[1], torch.float64, noncontiguous=True)
     check(_pool_cases(2)[0], torch.float64, noncontiguous=True)
@@ -170,14 +206,19 @@ def test_int_kernel_size_reads_the_input_as_batched() -> None:
     torch.testing.assert_close(ct.avg_pool(x, 3, stride=1, padding=1), F.avg_pool2d(x, 3, 1, 1))
 
 
-def test_autocast_runs_in_float32() -> None:
-    x = torch.randn(2, 3, 6, 5, dtype=torch.bfloat16)
-    weight = torch.randn(4, 3, 3, 3)
+def test_autocast_casts_the_convolutions_as_torch_casts_its_own() -> None:
+    """Under autocast a convolution's float32 tensors run in the autocast dtype and give it, float64 ones
+    stay; pools run in their input's dtype: torch's own ops give the same dtypes."""
+    x, weight, bias = torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3), torch.randn(4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = ct.conv(x, weight, padding=1)
-        pooled = ct.max_pool(x, (2, 2))
-    assert out.dtype == torch.float32 and pooled.dtype == torch.float32
-    torch.testing.assert_close(out, F.conv2d(x.float(), weight, padding=1), rtol=1e-4, atol=1e-4)
+        out, expected = ct.conv(x, weight, bias, padding=1), F.conv2d(x, weight, bias, padding=1)
+        pooled, expected_pooled = ct.max_pool(x, (2, 2)), F.max_pool2d(x, 2)
+        wide = ct.conv(x.double(), weight.double(), padding=1)
+        expected_wide = F.conv2d(x.double(), weight.double(), padding=1)
+    assert (out.dtype, pooled.dtype, wide.dtype) == (expected.dtype, expected_pooled.dtype, expected_wide.dtype)
+    assert (out.dtype, pooled.dtype, wide.dtype) == (torch.bfloat16, torch.float32, torch.float64)
+    rounded = [t.bfloat16().double() for t in (x, weight, bias)]
+    assert _relative_error(out, F.conv2d(*rounded, padding=1)) <= HALF_BOUND
 
 
 def test_empty_batch_gives_empty_output_and_zero_gradients() -> None:
@@ -235,11 +276,11 @@ ERRORS = [
      "convgen.torch.conv: input must have 3 (unbatched) or 4 (batched) dimensions for a weight of 4 dimensions, got 2"),
     (lambda: ct.conv(X, W.double()), TypeError,
      "convgen.torch.conv: weight dtype torch.float64 does not match input dtype torch.float32"),
-    (lambda: ct.conv(X.half(), W.half()), TypeError,
-     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16; float16 and "
-     "bfloat16 run (in float32) only under torch.autocast"),
+    (lambda: ct.conv(X.half(), W), TypeError,
+     "convgen.torch.conv: weight dtype torch.float32 does not match input dtype torch.float16"),
     (lambda: ct.conv(X.long(), W), TypeError,
-     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.int64"),
+     "convgen.torch.conv: input dtype must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, "
+     "got torch.int64"),
     (lambda: ct.conv([[1.0]], W), TypeError, "convgen.torch.conv: input must be a torch.Tensor, got list"),
     (lambda: ct.conv_transpose(None, W), TypeError,
      "convgen.torch.conv_transpose: input must be a torch.Tensor, got NoneType"),

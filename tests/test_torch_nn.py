@@ -270,9 +270,11 @@ def test_wrong_arguments_name_the_layer_and_the_values(build, error, message):
      "ConvTranspose2d: output_size must be a list or tuple of ints, got [9.0, 9]"),
     (lambda: cnn.ConvTranspose2d(3, 4, 3, stride=2)(torch.zeros(1, 3, 4, 4), output_size="99"), TypeError,
      "ConvTranspose2d: output_size must be a list or tuple of ints, got '99'"),
-    (lambda: cnn.Conv2d(3, 4, 3).half()(torch.zeros(1, 3, 5, 5).half()), TypeError,
-     "convgen.torch.conv: input dtype must be torch.float32 or torch.float64, got torch.float16; float16 and "
-     "bfloat16 run (in float32) only under torch.autocast"),
+    (lambda: cnn.Conv2d(3, 4, 3).half()(torch.zeros(1, 3, 5, 5)), TypeError,
+     "convgen.torch.conv: weight dtype torch.float16 does not match input dtype torch.float32"),
+    (lambda: cnn.MaxPool2d(2)(torch.zeros(1, 3, 4, 4, dtype=torch.int32)), TypeError,
+     "convgen.torch.max_pool: input dtype must be torch.float32, torch.float64, torch.float16 or torch.bfloat16, "
+     "got torch.int32"),
 ])
 def test_wrong_calls_name_the_layer_and_the_values(call, error, message):
     with pytest.raises(error) as caught:

@@ -1,6 +1,7 @@
 """The contestants: convgen's CUDA tape (in each precision of issue 11), its PyTorch adapter `convgen.torch`
-(issue 10), PyTorch/cuDNN (strict fp32, TF32, bf16 channels-last for the batched cases, and the float64
-reference) with the conv3d-made 4-D convolution, each a forward and a forward+backward call on one case's inputs."""
+(issue 10; on bfloat16 tensors too for the batched convolutions), PyTorch/cuDNN (strict fp32, TF32, bf16
+channels-last for the batched cases, and the float64 reference) with the conv3d-made 4-D convolution, each a
+forward and a forward+backward call on one case's inputs."""
 
 from __future__ import annotations
 
@@ -290,6 +291,8 @@ class TorchContestant(Contestant):
 
 
 ADAPTER = "convgen_torch"  # convgen.torch's label in the report and the JSON
+ADAPTER_BF16 = "convgen_torch_bf16"  # convgen.torch on bfloat16 tensors, beside torch_bf16_cl (issue 11)
+ADAPTER_LABELS = {"float32": ADAPTER, "bfloat16": ADAPTER_BF16}  # by the dtype of its tensors
 
 
 def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
@@ -303,24 +306,34 @@ def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
 
 
 class AdapterContestant(Contestant):
-    """convgen.torch (issue 10) on torch copies of the same float32 inputs, every input requiring grad.
-    Forward+backward is a training step's: gradients cleared (set to None), `torch.autograd.backward`
-    with the upstream gradient, then the inputs' `.grad`. With NumPy inputs it runs on the CPU backend."""
+    """convgen.torch (issue 10) on torch copies of the same float32 inputs in `dtype` (a torch dtype's name, a
+    key of ADAPTER_LABELS), every input requiring grad; bfloat16 copies stay contiguous (NCHW: convgen has no
+    channels-last). Forward+backward is a training step's: gradients cleared (set to None),
+    `torch.autograd.backward` with the upstream gradient, then the inputs' `.grad`. With NumPy inputs it runs
+    on the CPU backend."""
 
-    label = ADAPTER
+    def __init__(self, case: Case, inputs: dict[str, Any], torch: Any, adapter: Any, dtype: str = "float32"):
+        self.torch, self.adapter, self.label = torch, adapter, ADAPTER_LABELS[dtype]
+        self.dtype_name, self.dtype = dtype, getattr(torch, dtype)
 
-    def __init__(self, case: Case, inputs: dict[str, Any], torch: Any, adapter: Any):
-        self.torch = torch
+        def tensor(name: str) -> Any:
+            return torch.from_dlpack(inputs[name]).to(self.dtype, memory_format=torch.contiguous_format, copy=True)
+
         self.names = ("x", "weight", "bias") if case.is_conv else ("x",)
-        self.inputs = [torch.from_dlpack(inputs[name]).clone().requires_grad_(True) for name in self.names]
-        self.seed = torch.from_dlpack(inputs["seed"]).clone()
+        self.inputs = [tensor(name).requires_grad_(True) for name in self.names]
+        self.seed = tensor("seed")
         self.op = adapter_op(case, adapter)
-        self.adapter = adapter
         self.device = TorchDevice(torch)
 
     @contextlib.contextmanager
     def active(self) -> Any:
-        """convgen.torch in the tape's precision ("highest"), whatever torch's TF32 switch says; reported."""
+        """float32: convgen.torch in the tape's precision ("highest"), whatever torch's TF32 switch says. 16-bit
+        tensors have no such setting (convgen.torch picks their precision from the dtype: tensor cores, exact
+        for 16-bit values), so only what it picks is reported."""
+        if self.dtype_name != "float32":
+            precision = self.adapter.precision.conv_precision(self.dtype)
+            yield {"dtype": self.dtype_name, "convgen.torch precision": f"{precision} ({self.dtype_name} tensors)"}
+            return
         saved = self.adapter.get_float32_precision()
         self.adapter.set_float32_precision("highest")
         try:

@@ -6,23 +6,89 @@
 // batch are one run of channels.
 
 // Geometry arrives as -D defines (convgen.circular).
-#if !defined(IN_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || !defined(P0) || !defined(IN1) || \
-    !defined(P1) || !defined(IN2) || !defined(P2) || !defined(IN3) || !defined(P3) || !defined(IN4) || !defined(P4) || \
-    !defined(IN5) || !defined(P5) || !defined(IN6) || !defined(P6) || !defined(IN7) || !defined(P7)
+#if !defined(IN_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(ELEMENT_BF16) || !defined(IN0) || \
+    !defined(P0) || !defined(IN1) || !defined(P1) || !defined(IN2) || !defined(P2) || !defined(IN3) || !defined(P3) || \
+    !defined(IN4) || !defined(P4) || !defined(IN5) || !defined(P5) || !defined(IN6) || !defined(P6) || \
+    !defined(IN7) || !defined(P7)
 #error "missing a -D define (the set is listed above)"
 #endif
 
-// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+// The element type `real` of the arrays in global memory, and `scalar`, the type the kernels
+// compute in: float (ELEMENT_BYTES 4) and double (8) compute in themselves; the 16-bit types
+// (ELEMENT_BYTES 2: bfloat16 with ELEMENT_BF16 1, else float16) are read into float, summed in float
+// and rounded to 16 bits once, when a result is stored. Loads of `real` go through load_element and
+// stores through narrowed, so the same kernel text serves every element type.
 #if ELEMENT_BYTES == 8
 typedef double real;
-#else
+typedef double scalar;
+#elif ELEMENT_BYTES == 4
 typedef float real;
+typedef float scalar;
+#else
+struct real {
+    unsigned short bits;  // the 16-bit pattern; no arithmetic happens on it
+};
+typedef float scalar;
 #endif
 
-// +inf of the element type (NVRTC has no <limits>).
-__device__ __forceinline__ real positive_infinity()
+#if ELEMENT_BYTES == 2
+// The conversions are integer arithmetic that g++ runs too (the CPU emulation of the kernels), and
+// they happen only where an element is loaded or a result stored.
+#if ELEMENT_BF16
+// bfloat16 is the top half of a float: widening is exact; narrowing rounds to nearest even, and a
+// NaN stays a NaN (a quiet one) rather than rounding into the infinities.
+__device__ __forceinline__ scalar widened(real x) { return __uint_as_float((unsigned)x.bits << 16); }
+__device__ __forceinline__ real narrowed(scalar x)
 {
-    if constexpr (sizeof(real) == 8) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return real{(unsigned short)(u >> 16 | 0x40u)};
+    return real{(unsigned short)((u + 0x7fffu + (u >> 16 & 1u)) >> 16)};
+}
+#else
+// float16: 5 exponent bits, 10 mantissa bits. Widening moves the exponent and mantissa into a float
+// and rescales by 2^112, which renormalises the subnormals exactly; inf and NaN keep all ones.
+__device__ __forceinline__ scalar widened(real x)
+{
+    const unsigned h = x.bits, sign = (h & 0x8000u) << 16;
+    const float magnitude = (h & 0x7c00u) == 0x7c00u ? __uint_as_float(0x7f800000u | (h & 0x3ffu) << 13)
+                                                      : __uint_as_float((h & 0x7fffu) << 13) * 0x1p112f;
+    return __uint_as_float(sign | __float_as_uint(magnitude));
+}
+// Round to nearest even: values from 65520 on become inf, NaN a quiet NaN; below 2^-14 a float add of
+// 0.5 aligns the subnormal's 10 bits at the bottom and rounds them (the float adder's own rounding).
+__device__ __forceinline__ real narrowed(scalar x)
+{
+    unsigned u = __float_as_uint(x);
+    const unsigned sign = u >> 16 & 0x8000u;
+    u &= 0x7fffffffu;
+    unsigned short bits;
+    if (u >= 0x47800000u) {  // 65536 or more: inf, or NaN
+        bits = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {  // below 2^-14: subnormal or zero
+        bits = (unsigned short)(__float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u);
+    } else {
+        bits = (unsigned short)((u + 0xc8000fffu + (u >> 13 & 1u)) >> 13);  // rebias by -112 << 23, round
+    }
+    return real{(unsigned short)(bits | sign)};
+}
+#endif
+__device__ __forceinline__ real load_stored(const real* p)
+{
+    return real{__ldg(reinterpret_cast<const unsigned short*>(p))};
+}
+#else
+__device__ __forceinline__ scalar widened(real x) { return x; }
+__device__ __forceinline__ real narrowed(scalar x) { return x; }
+__device__ __forceinline__ real load_stored(const real* p) { return __ldg(p); }
+#endif
+
+// An element of global memory through the read-only cache, as the kernels compute with it.
+__device__ __forceinline__ scalar load_element(const real* p) { return widened(load_stored(p)); }
+
+// +inf of the compute type (NVRTC has no <limits>).
+__device__ __forceinline__ scalar positive_infinity()
+{
+    if constexpr (sizeof(scalar) == 8) {
         return __longlong_as_double(0x7ff0000000000000ll);
     } else {
         return __int_as_float(0x7f800000);
@@ -152,7 +218,7 @@ extern "C" __global__ void circular_r8_fold(
     const unsigned first6 = i6 >= IN6 - P6 ? i6 - (IN6 - P6) : i6 + P6;
     const unsigned first7 = i7 >= IN7 - P7 ? i7 - (IN7 - P7) : i7 + P7;
     const real* __restrict__ source = grad_padded + channel * PAD_SIZE;
-    real sum = 0;
+    scalar sum = 0;
     for (unsigned long long q0 = first0; q0 < PAD0; q0 += IN0) {
         const unsigned long long row0 = q0;
         for (unsigned long long q1 = first1; q1 < PAD1; q1 += IN1) {
@@ -169,7 +235,7 @@ extern "C" __global__ void circular_r8_fold(
                                 const unsigned long long row6 = row5 * PAD6 + q6;
                                 for (unsigned long long q7 = first7; q7 < PAD7; q7 += IN7) {
                                     const unsigned long long row7 = row6 * PAD7 + q7;
-                                    sum += source[row7];
+                                    sum += widened(source[row7]);
                                 }
                             }
                         }
@@ -178,5 +244,5 @@ extern "C" __global__ void circular_r8_fold(
             }
         }
     }
-    grad_x[cell] = sum;
+    grad_x[cell] = narrowed(sum);
 }

@@ -5,15 +5,15 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
-    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
-    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
-    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || \
-    !defined(FWD_BN) || !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || \
-    !defined(FWD_MIN_BLOCKS) || !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
-    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || \
-    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
-    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(ELEMENT_BF16) || \
+    !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || \
+    !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || \
+    !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || !defined(D2) || \
+    !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || \
+    !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || !defined(FWD_PACKED) || \
+    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
+    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -31,17 +31,82 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2);
 
-// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+// The element type `real` of the arrays in global memory, and `scalar`, the type the kernels
+// compute in: float (ELEMENT_BYTES 4) and double (8) compute in themselves; the 16-bit types
+// (ELEMENT_BYTES 2: bfloat16 with ELEMENT_BF16 1, else float16) are read into float, summed in float
+// and rounded to 16 bits once, when a result is stored. Loads of `real` go through load_element and
+// stores through narrowed, so the same kernel text serves every element type.
 #if ELEMENT_BYTES == 8
 typedef double real;
-#else
+typedef double scalar;
+#elif ELEMENT_BYTES == 4
 typedef float real;
+typedef float scalar;
+#else
+struct real {
+    unsigned short bits;  // the 16-bit pattern; no arithmetic happens on it
+};
+typedef float scalar;
 #endif
 
-// +inf of the element type (NVRTC has no <limits>).
-__device__ __forceinline__ real positive_infinity()
+#if ELEMENT_BYTES == 2
+// The conversions are integer arithmetic that g++ runs too (the CPU emulation of the kernels), and
+// they happen only where an element is loaded or a result stored.
+#if ELEMENT_BF16
+// bfloat16 is the top half of a float: widening is exact; narrowing rounds to nearest even, and a
+// NaN stays a NaN (a quiet one) rather than rounding into the infinities.
+__device__ __forceinline__ scalar widened(real x) { return __uint_as_float((unsigned)x.bits << 16); }
+__device__ __forceinline__ real narrowed(scalar x)
 {
-    if constexpr (sizeof(real) == 8) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return real{(unsigned short)(u >> 16 | 0x40u)};
+    return real{(unsigned short)((u + 0x7fffu + (u >> 16 & 1u)) >> 16)};
+}
+#else
+// float16: 5 exponent bits, 10 mantissa bits. Widening moves the exponent and mantissa into a float
+// and rescales by 2^112, which renormalises the subnormals exactly; inf and NaN keep all ones.
+__device__ __forceinline__ scalar widened(real x)
+{
+    const unsigned h = x.bits, sign = (h & 0x8000u) << 16;
+    const float magnitude = (h & 0x7c00u) == 0x7c00u ? __uint_as_float(0x7f800000u | (h & 0x3ffu) << 13)
+                                                      : __uint_as_float((h & 0x7fffu) << 13) * 0x1p112f;
+    return __uint_as_float(sign | __float_as_uint(magnitude));
+}
+// Round to nearest even: values from 65520 on become inf, NaN a quiet NaN; below 2^-14 a float add of
+// 0.5 aligns the subnormal's 10 bits at the bottom and rounds them (the float adder's own rounding).
+__device__ __forceinline__ real narrowed(scalar x)
+{
+    unsigned u = __float_as_uint(x);
+    const unsigned sign = u >> 16 & 0x8000u;
+    u &= 0x7fffffffu;
+    unsigned short bits;
+    if (u >= 0x47800000u) {  // 65536 or more: inf, or NaN
+        bits = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {  // below 2^-14: subnormal or zero
+        bits = (unsigned short)(__float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u);
+    } else {
+        bits = (unsigned short)((u + 0xc8000fffu + (u >> 13 & 1u)) >> 13);  // rebias by -112 << 23, round
+    }
+    return real{(unsigned short)(bits | sign)};
+}
+#endif
+__device__ __forceinline__ real load_stored(const real* p)
+{
+    return real{__ldg(reinterpret_cast<const unsigned short*>(p))};
+}
+#else
+__device__ __forceinline__ scalar widened(real x) { return x; }
+__device__ __forceinline__ real narrowed(scalar x) { return x; }
+__device__ __forceinline__ real load_stored(const real* p) { return __ldg(p); }
+#endif
+
+// An element of global memory through the read-only cache, as the kernels compute with it.
+__device__ __forceinline__ scalar load_element(const real* p) { return widened(load_stored(p)); }
+
+// +inf of the compute type (NVRTC has no <limits>).
+__device__ __forceinline__ scalar positive_infinity()
+{
+    if constexpr (sizeof(scalar) == 8) {
         return __longlong_as_double(0x7ff0000000000000ll);
     } else {
         return __int_as_float(0x7f800000);
@@ -186,8 +251,9 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
 }
 
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
-// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract) and
-// `real`, the element type (common.cuh).
+// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract),
+// `real`, the element type, and `scalar`, the compute type (common.cuh): shared memory, registers and
+// the partial buffers of split stages hold scalars; only the operands and results are `real`.
 
 // Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
 __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
@@ -195,10 +261,10 @@ __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { r
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
 template <int N>
-__device__ __forceinline__ void block_sum(real (&acc)[N])
+__device__ __forceinline__ void block_sum(scalar (&acc)[N])
 {
     constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ real per_warp[WARPS][N];
+    __shared__ scalar per_warp[WARPS][N];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
         for (unsigned offset = 16; offset > 0; offset /= 2) {
@@ -299,8 +365,49 @@ __device__ __forceinline__ void store4(double* p, double a, double b, double c, 
     reinterpret_cast<double2*>(p)[1] = make_double2(c, d);
 }
 
+#if ELEMENT_BYTES == 2
+// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), widened
+// to scalars or narrowed from them.
+__device__ __forceinline__ void ldg4(const real* p, size_t i, scalar (&v)[4])
+{
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
+    v[0] = widened(real{(unsigned short)q.x}), v[1] = widened(real{(unsigned short)(q.x >> 16)});
+    v[2] = widened(real{(unsigned short)q.y}), v[3] = widened(real{(unsigned short)(q.y >> 16)});
+}
+__device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b)
+{
+    return (unsigned)narrowed(a).bits | (unsigned)narrowed(b).bits << 16;
+}
+__device__ __forceinline__ void store4(real* p, scalar a, scalar b, scalar c, scalar d)
+{
+    *reinterpret_cast<uint2*>(p) = make_uint2(narrowed_pair(a, b), narrowed_pair(c, d));
+}
+__device__ __forceinline__ void store2(real* p, scalar a, scalar b)
+{
+    *reinterpret_cast<unsigned*>(p) = narrowed_pair(a, b);
+}
+// One result to global memory: a split stage's partial buffer keeps the scalar.
+__device__ __forceinline__ void put(real* p, scalar x) { *p = narrowed(x); }
+#endif
+// Two consecutive elements at an aligned address (float: one 8-byte access), and one element.
+__device__ __forceinline__ void store2(float* p, float a, float b)
+{
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void store2(double* p, double a, double b)
+{
+    *reinterpret_cast<double2*>(p) = make_double2(a, b);
+}
+__device__ __forceinline__ void put(scalar* p, scalar x) { *p = x; }
+
+// The array a GEMM kernel writes: its output of `real`s, or with SPLIT > 1 the partial buffer
+// [SPLIT][...] of scalars that the runtime passes in the output's place (16-bit elements keep their
+// partial sums in float until the reduce kernel adds them up).
+template <bool PARTIAL> struct gemm_output { typedef real type; };
+template <> struct gemm_output<true> { typedef scalar type; };
+
 template <unsigned B, unsigned T>
-__device__ __forceinline__ void load_fragment(const real* row, unsigned t, real (&v)[T])
+__device__ __forceinline__ void load_fragment(const scalar* row, unsigned t, scalar (&v)[T])
 {
     if constexpr (T % 4 == 0) {
 #pragma unroll
@@ -318,7 +425,7 @@ __device__ __forceinline__ void load_fragment(const real* row, unsigned t, real 
 // A thread's T values of one staged row at its tile positions (tile_row / tile_col): the FMA fragment,
 // or in tensor-core mode the scalar elements of its C fragment positions.
 template <unsigned MODE, unsigned B, unsigned T, bool ROWS>
-__device__ __forceinline__ void load_tile_values(const real* row, unsigned t, real (&v)[T])
+__device__ __forceinline__ void load_tile_values(const scalar* row, unsigned t, scalar (&v)[T])
 {
     if constexpr (MODE == 0) {
         load_fragment<B, T>(row, t, v);
@@ -336,13 +443,13 @@ __device__ __forceinline__ double fused_multiply_add(double a, double b, double 
 
 // One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD elements).
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                          const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          real (&acc)[TM][TN])
+__device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          scalar (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned kk = 0; kk < BK; ++kk) {
-        real a[TM], b[TN];
+        scalar a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
@@ -357,9 +464,9 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
 
 // One staged slice by MODE: FMAs in the element type (0) or the tensor cores (1, 3).
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                              const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                              real (&acc)[TM][TN])
+__device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                              const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                              scalar (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
@@ -372,7 +479,7 @@ __device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_R
 // rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
 // values as they are).
 template <unsigned MODE>
-__device__ __forceinline__ real staged_value(real x, bool rounded)
+__device__ __forceinline__ scalar staged_value(scalar x, bool rounded)
 {
     if constexpr (MODE == 1) {
         return rounded ? __uint_as_float(to_tf32(x)) : x;
@@ -386,10 +493,10 @@ __device__ __forceinline__ real staged_value(real x, bool rounded)
 // NaN). The rare path: not unrolled over kk, so it adds little code; FMAs in every MODE, at the
 // accumulators' tile positions.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const real (&Bs)[BK][BN + SHARED_ROW_PAD],
+__device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const scalar (&Bs)[BK][BN + SHARED_ROW_PAD],
                                                  const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 real (&acc)[TM][TN])
+                                                 scalar (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -399,7 +506,7 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
     }
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
-        real a[TM], b[TN];
+        scalar a[TM], b[TN];
         load_tile_values<MODE, BM, TM, true>(As[kk], tm, a);
         load_tile_values<MODE, BN, TN, false>(Bs[kk], tn, b);
 #pragma unroll
@@ -417,7 +524,7 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
 // rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
 // integer arithmetic that is exact only for the values left (slice_mma).
 template <unsigned MODE>
-__device__ __forceinline__ bool rare_value(real x)
+__device__ __forceinline__ bool rare_value(scalar x)
 {
     if constexpr (MODE == 0) {
         return !isfinite(x);
@@ -426,7 +533,7 @@ __device__ __forceinline__ bool rare_value(real x)
     }
 }
 template <unsigned MODE, unsigned N>
-__device__ __forceinline__ bool any_rare(const real (&values)[N])
+__device__ __forceinline__ bool any_rare(const scalar (&values)[N])
 {
     bool found = false;
 #pragma unroll
@@ -436,7 +543,7 @@ __device__ __forceinline__ bool any_rare(const real (&values)[N])
     return found;
 }
 template <unsigned MODE, unsigned R, unsigned N>
-__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
+__device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
 {
     bool found = false;
 #pragma unroll
@@ -447,7 +554,7 @@ __device__ __forceinline__ bool any_rare(const real (&values)[R][N])
 }
 // A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
-__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
+__device__ __forceinline__ bool any_rare_staged(const scalar (&a)[NA], const BStage& b)
 {
     if constexpr (MODE == 0) {
         return any_rare<MODE>(a);
@@ -456,16 +563,17 @@ __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStag
     }
 }
 
-// The register tile to dest[m * N + n], rows m < M and columns n < N only.
-template <unsigned MODE, unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
-__device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
-                                           unsigned tn, const real (&acc)[TM][TN])
+// The register tile to dest[m * N + n], rows m < M and columns n < N only; dest is the stage's
+// output (`real`) or its partial buffer (`scalar`, gemm_output).
+template <unsigned MODE, unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN, typename Out>
+__device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
+                                           unsigned tn, const scalar (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + tile_row<MODE, BM, TM>(tm, i);
         if (m >= M) continue;
-        real* __restrict__ row = dest + (size_t)m * N;
+        Out* __restrict__ row = dest + (size_t)m * N;
         if constexpr (MODE == 0 && TN % 4 == 0 && N % 4 == 0) {
 #pragma unroll
             for (unsigned g = 0; g < TN / 4; ++g) {
@@ -473,17 +581,17 @@ __device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0,
                 if (n < N) store4(row + n, acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
             }
         } else if constexpr (MODE != 0 && N % 2 == 0) {
-            // Columns j, j + 1 of a C fragment are adjacent, the first even: one 8-byte store.
+            // Columns j, j + 1 of a C fragment are adjacent, the first even: one store of the pair.
 #pragma unroll
             for (unsigned g = 0; g < TN / 2; ++g) {
                 const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, 2 * g);
-                if (n < N) *reinterpret_cast<float2*>(row + n) = make_float2(acc[i][2 * g], acc[i][2 * g + 1]);
+                if (n < N) store2(row + n, acc[i][2 * g], acc[i][2 * g + 1]);
             }
         } else {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, j);
-                if (n < N) row[n] = acc[i][j];
+                if (n < N) put(row + n, acc[i][j]);
             }
         }
     }
@@ -492,18 +600,18 @@ __device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0,
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
 // `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const real* __restrict__ partial, real* __restrict__ dest,
+__device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
     if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
         if (i >= count / 4) return;
-        real sum[4];
+        scalar sum[4];
         ldg4(partial, i, sum);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            real v[4];
+            scalar v[4];
             ldg4(partial + s * count, i, v);
             sum[0] += v[0];
             sum[1] += v[1];
@@ -513,12 +621,12 @@ __device__ __forceinline__ void split_sum(const real* __restrict__ partial, real
         store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
         if (i >= count) return;
-        real sum = __ldg(partial + i);
+        scalar sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
             sum += __ldg(partial + s * count + i);
         }
-        dest[i] = sum;
+        put(dest + i, sum);
     }
 }
 
@@ -535,7 +643,7 @@ extern "C" __global__ void conv_r3_forward_pack(
     const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
     const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
     const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
-    packed[i] = __ldg(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+    packed[i] = load_stored(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
 }
 
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
@@ -562,11 +670,11 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
     // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
     constexpr unsigned MMA = MMA_MODE;
-    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+    static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -600,7 +708,8 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     bias += group * M;
-    real* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
+    typedef typename gemm_output<(SPLIT > 1)>::type Out;
+    Out* __restrict__ out = reinterpret_cast<Out*>(dest) + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -622,7 +731,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
         base2[col] = d2 * S2 - P2;
     }
 
-    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    scalar a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         const unsigned c0 = chunk / K_SIZE * BK;
@@ -640,7 +749,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
                 const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
-                real quad[4] = {real(0), real(0), real(0), real(0)};
+                scalar quad[4] = {scalar(0), scalar(0), scalar(0), scalar(0)};
                 if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
 #pragma unroll
                 for (unsigned j = 0; j < 4; ++j) {
@@ -655,7 +764,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
                 a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                                 ? __ldg(weight + w) : real(0);
+                                 ? load_element(weight + w) : scalar(0);
             }
         }
 #pragma unroll
@@ -675,7 +784,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? __ldg(source + (size_t)c * IN_SIZE + offset) : real(0);
+                                      ? load_element(source + (size_t)c * IN_SIZE + offset) : scalar(0);
             }
             b_valid[col] = ok;
         }
@@ -700,7 +809,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const real value = staged_value<MMA>(a_stage[i], rounded);
+                const scalar value = staged_value<MMA>(a_stage[i], rounded);
                 if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
             }
         }
@@ -714,11 +823,11 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
         }
     };
 
-    real acc[TM][TN];
+    scalar acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + tile_row<MMA, BM, TM>(tm, i);
-        const real start = split == 0 && m < M ? __ldg(bias + m) : real(0);
+        const scalar start = split == 0 && m < M ? load_element(bias + m) : scalar(0);
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -757,7 +866,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r3_forward(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_r3_forward_reduce(
-    const real* __restrict__ partial,
+    const scalar* __restrict__ partial,
     const unsigned images,
     real* __restrict__ dest)
 {
@@ -777,7 +886,7 @@ extern "C" __global__ void conv_r3_backward_input_pack(
     const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
     const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
     const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
-    packed[i] = __ldg(weight + group_base + ((size_t)c * M + m) * K_SIZE + kappa);
+    packed[i] = load_stored(weight + group_base + ((size_t)c * M + m) * K_SIZE + kappa);
 }
 
 // dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].
@@ -803,11 +912,11 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
     // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
     constexpr unsigned MMA = MMA_MODE;
-    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+    static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -902,7 +1011,8 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
     // This block's image and group; with SPLIT > 1, dest is the partial buffer [SPLIT][images][M][N].
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
-    real* __restrict__ out = dest + (((size_t)split * images + image) * GROUPS + group) * M * N;
+    typedef typename gemm_output<(SPLIT > 1)>::type Out;
+    Out* __restrict__ out = reinterpret_cast<Out*>(dest) + (((size_t)split * images + image) * GROUPS + group) * M * N;
 
     // This thread's B columns: where their windows start, worked out once.
     bool column_ok[COLS];
@@ -943,7 +1053,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
         }
     }
 
-    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    scalar a_stage[A_LOADS], b_stage[COLS][B_ROWS];
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         unsigned c0;
@@ -993,7 +1103,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
                 const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)c * M + m) * K_SIZE + kappa;
-                real quad[4] = {real(0), real(0), real(0), real(0)};
+                scalar quad[4] = {scalar(0), scalar(0), scalar(0), scalar(0)};
                 if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
 #pragma unroll
                 for (unsigned j = 0; j < 4; ++j) {
@@ -1008,7 +1118,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)c * M + m) * K_SIZE + kappa;
                 a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                                 ? __ldg(weight + w) : real(0);
+                                 ? load_element(weight + w) : scalar(0);
             }
         }
 #pragma unroll
@@ -1028,7 +1138,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? __ldg(source + (size_t)c * OUT_SIZE + offset) : real(0);
+                                      ? load_element(source + (size_t)c * OUT_SIZE + offset) : scalar(0);
             }
             b_valid[col] = ok;
         }
@@ -1053,7 +1163,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const real value = staged_value<MMA>(a_stage[i], rounded);
+                const scalar value = staged_value<MMA>(a_stage[i], rounded);
                 if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
             }
         }
@@ -1067,10 +1177,10 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
         }
     };
 
-    real acc[TM][TN];
+    scalar acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const real start = 0;
+        const scalar start = 0;
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -1131,10 +1241,10 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
         for (unsigned i = 0; i < TM; ++i) {
             const unsigned m = m0 + tile_row<MMA, BM, TM>(tm, i);
             if (m >= M) continue;
-            real* __restrict__ row = out + (size_t)m * N;
+            auto* __restrict__ row = out + (size_t)m * N;
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
-                if (column_in[j]) row[column[j]] = acc[i][j];
+                if (column_in[j]) put(row + column[j], acc[i][j]);
             }
         }
     }
@@ -1142,7 +1252,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r3_backward_input(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_r3_backward_input_reduce(
-    const real* __restrict__ partial,
+    const scalar* __restrict__ partial,
     const unsigned images,
     real* __restrict__ dest)
 {
@@ -1172,11 +1282,11 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
     // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
     constexpr unsigned MMA = MMA_MODE;
-    static_assert(MMA == 0 || (ELEMENT_BYTES == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
+    static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) real As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) real Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
+    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M rows of D and U_C channels of U.
@@ -1203,7 +1313,8 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
     // This block's group; with SPLIT > 1, dest is the partial buffer [SPLIT][GROUPS * M][N].
     d_values += (size_t)group * M * REDUCTION;
     u_values += (size_t)group * U_C * IN_SIZE;
-    real* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * N;
+    typedef typename gemm_output<(SPLIT > 1)>::type Out;
+    Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)split * GROUPS + group) * M * N;
     const unsigned b_k = tid % BK, b_n = tid / BK;
 
     // This thread's B columns: channel and window offset (less the padding), worked out once.
@@ -1229,7 +1340,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
         shift2[i] = k2 * D2 - P2;
     }
 
-    real a_stage[A_LOADS], b_stage[B_LOADS];
+    scalar a_stage[A_LOADS], b_stage[B_LOADS];
     bool b_valid[B_LOADS];  // the staged element's window position lies in U
     auto load = [&](unsigned chunk) {
         const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
@@ -1239,7 +1350,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
             const unsigned e = tid + i * THREADS;
             const unsigned m = m0 + (false ? e % BM : e / BK), p = p0 + (false ? e / BM : e % BK);
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? __ldg(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : real(0);
+                             ? load_element(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : scalar(0);
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -1262,7 +1373,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
             const pos_t j2 = d2 * S2 + shift2[i];
             ok = ok && j2 >= 0 && j2 < IN2;
             offset = offset * IN2 + (unsigned)j2;
-            b_stage[i] = ok ? __ldg(u_image + column_base[i] + offset) : real(0);
+            b_stage[i] = ok ? load_element(u_image + column_base[i] + offset) : scalar(0);
             b_valid[i] = ok;
         }
     };
@@ -1282,7 +1393,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            const real value = staged_value<MMA>(a_stage[i], rounded);
+            const scalar value = staged_value<MMA>(a_stage[i], rounded);
             if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = value;
         }
 #pragma unroll
@@ -1292,10 +1403,10 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
         }
     };
 
-    real acc[TM][TN];
+    scalar acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
-        const real start = 0;
+        const scalar start = 0;
 #pragma unroll
         for (unsigned j = 0; j < TN; ++j) {
             acc[i][j] = start;
@@ -1334,7 +1445,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r3_backward_weight(
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_r3_backward_weight_reduce(
-    const real* __restrict__ partial,
+    const scalar* __restrict__ partial,
     real* __restrict__ dest)
 {
     split_sum<(unsigned long long)OUT_C * (IN_C / GROUPS) * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
@@ -1346,15 +1457,15 @@ extern "C" __global__ void conv_r3_backward_bias(
     const unsigned images,
     real* __restrict__ bias_grad)
 {
-    real acc[1] = {0};
+    scalar acc[1] = {0};
     for (unsigned image = 0; image < images; ++image) {
         const real* __restrict__ channel = grad + ((size_t)image * OUT_C + blockIdx.x) * OUT_SIZE;
         for (unsigned cell = threadIdx.x; cell < OUT_SIZE; cell += BLOCK) {
-            acc[0] += __ldg(channel + cell);
+            acc[0] += load_element(channel + cell);
         }
     }
     block_sum(acc);
     if (threadIdx.x == 0) {
-        bias_grad[blockIdx.x] = acc[0];
+        bias_grad[blockIdx.x] = narrowed(acc[0]);
     }
 }

@@ -8,11 +8,12 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
-    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
-    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
-    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
-    !defined(OUT3) || !defined(D3) || !defined(POOL_V) || !defined(ARGMAX_BYTES)
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(ELEMENT_BF16) || \
+    !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || \
+    !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || \
+    !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || !defined(D2) || \
+    !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3) || !defined(D3) || \
+    !defined(POOL_V) || !defined(ARGMAX_BYTES)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -30,17 +31,82 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2 * OUT3);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2 * K3);
 
-// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+// The element type `real` of the arrays in global memory, and `scalar`, the type the kernels
+// compute in: float (ELEMENT_BYTES 4) and double (8) compute in themselves; the 16-bit types
+// (ELEMENT_BYTES 2: bfloat16 with ELEMENT_BF16 1, else float16) are read into float, summed in float
+// and rounded to 16 bits once, when a result is stored. Loads of `real` go through load_element and
+// stores through narrowed, so the same kernel text serves every element type.
 #if ELEMENT_BYTES == 8
 typedef double real;
-#else
+typedef double scalar;
+#elif ELEMENT_BYTES == 4
 typedef float real;
+typedef float scalar;
+#else
+struct real {
+    unsigned short bits;  // the 16-bit pattern; no arithmetic happens on it
+};
+typedef float scalar;
 #endif
 
-// +inf of the element type (NVRTC has no <limits>).
-__device__ __forceinline__ real positive_infinity()
+#if ELEMENT_BYTES == 2
+// The conversions are integer arithmetic that g++ runs too (the CPU emulation of the kernels), and
+// they happen only where an element is loaded or a result stored.
+#if ELEMENT_BF16
+// bfloat16 is the top half of a float: widening is exact; narrowing rounds to nearest even, and a
+// NaN stays a NaN (a quiet one) rather than rounding into the infinities.
+__device__ __forceinline__ scalar widened(real x) { return __uint_as_float((unsigned)x.bits << 16); }
+__device__ __forceinline__ real narrowed(scalar x)
 {
-    if constexpr (sizeof(real) == 8) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return real{(unsigned short)(u >> 16 | 0x40u)};
+    return real{(unsigned short)((u + 0x7fffu + (u >> 16 & 1u)) >> 16)};
+}
+#else
+// float16: 5 exponent bits, 10 mantissa bits. Widening moves the exponent and mantissa into a float
+// and rescales by 2^112, which renormalises the subnormals exactly; inf and NaN keep all ones.
+__device__ __forceinline__ scalar widened(real x)
+{
+    const unsigned h = x.bits, sign = (h & 0x8000u) << 16;
+    const float magnitude = (h & 0x7c00u) == 0x7c00u ? __uint_as_float(0x7f800000u | (h & 0x3ffu) << 13)
+                                                      : __uint_as_float((h & 0x7fffu) << 13) * 0x1p112f;
+    return __uint_as_float(sign | __float_as_uint(magnitude));
+}
+// Round to nearest even: values from 65520 on become inf, NaN a quiet NaN; below 2^-14 a float add of
+// 0.5 aligns the subnormal's 10 bits at the bottom and rounds them (the float adder's own rounding).
+__device__ __forceinline__ real narrowed(scalar x)
+{
+    unsigned u = __float_as_uint(x);
+    const unsigned sign = u >> 16 & 0x8000u;
+    u &= 0x7fffffffu;
+    unsigned short bits;
+    if (u >= 0x47800000u) {  // 65536 or more: inf, or NaN
+        bits = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {  // below 2^-14: subnormal or zero
+        bits = (unsigned short)(__float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u);
+    } else {
+        bits = (unsigned short)((u + 0xc8000fffu + (u >> 13 & 1u)) >> 13);  // rebias by -112 << 23, round
+    }
+    return real{(unsigned short)(bits | sign)};
+}
+#endif
+__device__ __forceinline__ real load_stored(const real* p)
+{
+    return real{__ldg(reinterpret_cast<const unsigned short*>(p))};
+}
+#else
+__device__ __forceinline__ scalar widened(real x) { return x; }
+__device__ __forceinline__ real narrowed(scalar x) { return x; }
+__device__ __forceinline__ real load_stored(const real* p) { return __ldg(p); }
+#endif
+
+// An element of global memory through the read-only cache, as the kernels compute with it.
+__device__ __forceinline__ scalar load_element(const real* p) { return widened(load_stored(p)); }
+
+// +inf of the compute type (NVRTC has no <limits>).
+__device__ __forceinline__ scalar positive_infinity()
+{
+    if constexpr (sizeof(scalar) == 8) {
         return __longlong_as_double(0x7ff0000000000000ll);
     } else {
         return __int_as_float(0x7f800000);
@@ -117,7 +183,7 @@ extern "C" __global__ void max_pool_r4_forward(
     const pos_t d0 = (pos_t)rest;
     // A window with no real cell (only with dilation) keeps -inf and the poison offset, which no
     // window cell matches: it passes no gradient.
-    real best[V];
+    scalar best[V];
     unsigned best_kappa[V];
     bool found[V];
 #pragma unroll
@@ -149,18 +215,18 @@ extern "C" __global__ void max_pool_r4_forward(
                 const real* __restrict__ line = channel + (size_t)src_off * IN3;
                 const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
                 if constexpr (SPAN <= MAX_SEGMENT) {
-                    real seg[SPAN];
+                    scalar seg[SPAN];
                     bool seg_in[SPAN];
                     #pragma unroll
                     for (unsigned s = 0; s < SPAN; ++s) {
                         seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN3;
-                        seg[s] = seg_in[s] ? __ldg(line + j_first + s) : real(0);
+                        seg[s] = seg_in[s] ? load_element(line + j_first + s) : scalar(0);
                     }
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         #pragma unroll
                         for (unsigned k = 0; k < K_LAST; ++k) {
-                            const real value = seg[v * S_LAST + k * D_LAST];
+                            const scalar value = seg[v * S_LAST + k * D_LAST];
                             [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                             if (in && (!found[v] || value > best[v])) {
                                 best[v] = value;
@@ -175,7 +241,7 @@ extern "C" __global__ void max_pool_r4_forward(
                     for (unsigned k = 0; k < K_LAST; ++k) {
                         const pos_t j = j_first + (pos_t)(k * D_LAST);
                         const bool in = j >= 0 && j < IN3;
-                        const real value = in ? __ldg(line + j) : real(0);
+                        const scalar value = in ? load_element(line + j) : scalar(0);
                         if (in && (!found[v] || value > best[v])) {
                             best[v] = value;
                             best_kappa[v] = kappa * K_LAST + k;
@@ -190,13 +256,13 @@ extern "C" __global__ void max_pool_r4_forward(
         Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)best[v];
+            group.v[v] = narrowed(best[v]);
         }
         *reinterpret_cast<Group<real>*>(y + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT3) y[first_index + v] = (real)best[v];
+            if (slot.first + v < OUT3) y[first_index + v] = narrowed(best[v]);
         }
     }
 
@@ -204,13 +270,13 @@ extern "C" __global__ void max_pool_r4_forward(
         Group<argmax_t> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (argmax_t)best_kappa[v];
+            group.v[v] = (argmax_t)(best_kappa[v]);
         }
         *reinterpret_cast<Group<argmax_t>*>(argmax + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT3) argmax[first_index + v] = (argmax_t)best_kappa[v];
+            if (slot.first + v < OUT3) argmax[first_index + v] = (argmax_t)(best_kappa[v]);
         }
     }
 
@@ -237,7 +303,7 @@ extern "C" __global__ void max_pool_r4_backward_input(
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
-    real acc[V];
+    scalar acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         acc[v] = 0;
@@ -280,7 +346,7 @@ extern "C" __global__ void max_pool_r4_backward_input(
                     const pos_t o = o_low + (pos_t)s;
                     if (o < 0 || o >= OUT3) continue;
                     const unsigned chosen = __ldg(argmax + line + o);
-                    const real g = __ldg(grad + line + o);
+                    const scalar g = load_element(grad + line + o);
                     #pragma unroll
                     for (unsigned v = 0; v < V; ++v) {
                         const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
@@ -296,13 +362,13 @@ extern "C" __global__ void max_pool_r4_backward_input(
         Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)acc[v];
+            group.v[v] = narrowed(acc[v]);
         }
         *reinterpret_cast<Group<real>*>(grad_x + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < IN3) grad_x[first_index + v] = (real)acc[v];
+            if (slot.first + v < IN3) grad_x[first_index + v] = narrowed(acc[v]);
         }
     }
 

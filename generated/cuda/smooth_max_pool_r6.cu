@@ -8,13 +8,14 @@
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
 // compilable copy with them set.
-#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(IN0) || \
-    !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || !defined(IN1) || !defined(K1) || \
-    !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || !defined(IN2) || !defined(K2) || !defined(S2) || \
-    !defined(P2) || !defined(OUT2) || !defined(D2) || !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || \
-    !defined(OUT3) || !defined(D3) || !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || \
-    !defined(OUT4) || !defined(D4) || !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || \
-    !defined(OUT5) || !defined(D5) || !defined(POOL_V)
+#if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(ELEMENT_BF16) || \
+    !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || \
+    !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || \
+    !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || !defined(D2) || \
+    !defined(IN3) || !defined(K3) || !defined(S3) || !defined(P3) || !defined(OUT3) || !defined(D3) || \
+    !defined(IN4) || !defined(K4) || !defined(S4) || !defined(P4) || !defined(OUT4) || !defined(D4) || \
+    !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || !defined(OUT5) || !defined(D5) || \
+    !defined(POOL_V)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -33,17 +34,82 @@ typedef long long pos_t;
 [[maybe_unused]] constexpr unsigned OUT_SIZE = (unsigned)(1ull * OUT0 * OUT1 * OUT2 * OUT3 * OUT4 * OUT5);
 [[maybe_unused]] constexpr unsigned K_SIZE = (unsigned)(1ull * K0 * K1 * K2 * K3 * K4 * K5);
 
-// The element type of every array: float, or double with ELEMENT_BYTES 8 (the tape's dtype).
+// The element type `real` of the arrays in global memory, and `scalar`, the type the kernels
+// compute in: float (ELEMENT_BYTES 4) and double (8) compute in themselves; the 16-bit types
+// (ELEMENT_BYTES 2: bfloat16 with ELEMENT_BF16 1, else float16) are read into float, summed in float
+// and rounded to 16 bits once, when a result is stored. Loads of `real` go through load_element and
+// stores through narrowed, so the same kernel text serves every element type.
 #if ELEMENT_BYTES == 8
 typedef double real;
-#else
+typedef double scalar;
+#elif ELEMENT_BYTES == 4
 typedef float real;
+typedef float scalar;
+#else
+struct real {
+    unsigned short bits;  // the 16-bit pattern; no arithmetic happens on it
+};
+typedef float scalar;
 #endif
 
-// +inf of the element type (NVRTC has no <limits>).
-__device__ __forceinline__ real positive_infinity()
+#if ELEMENT_BYTES == 2
+// The conversions are integer arithmetic that g++ runs too (the CPU emulation of the kernels), and
+// they happen only where an element is loaded or a result stored.
+#if ELEMENT_BF16
+// bfloat16 is the top half of a float: widening is exact; narrowing rounds to nearest even, and a
+// NaN stays a NaN (a quiet one) rather than rounding into the infinities.
+__device__ __forceinline__ scalar widened(real x) { return __uint_as_float((unsigned)x.bits << 16); }
+__device__ __forceinline__ real narrowed(scalar x)
 {
-    if constexpr (sizeof(real) == 8) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return real{(unsigned short)(u >> 16 | 0x40u)};
+    return real{(unsigned short)((u + 0x7fffu + (u >> 16 & 1u)) >> 16)};
+}
+#else
+// float16: 5 exponent bits, 10 mantissa bits. Widening moves the exponent and mantissa into a float
+// and rescales by 2^112, which renormalises the subnormals exactly; inf and NaN keep all ones.
+__device__ __forceinline__ scalar widened(real x)
+{
+    const unsigned h = x.bits, sign = (h & 0x8000u) << 16;
+    const float magnitude = (h & 0x7c00u) == 0x7c00u ? __uint_as_float(0x7f800000u | (h & 0x3ffu) << 13)
+                                                      : __uint_as_float((h & 0x7fffu) << 13) * 0x1p112f;
+    return __uint_as_float(sign | __float_as_uint(magnitude));
+}
+// Round to nearest even: values from 65520 on become inf, NaN a quiet NaN; below 2^-14 a float add of
+// 0.5 aligns the subnormal's 10 bits at the bottom and rounds them (the float adder's own rounding).
+__device__ __forceinline__ real narrowed(scalar x)
+{
+    unsigned u = __float_as_uint(x);
+    const unsigned sign = u >> 16 & 0x8000u;
+    u &= 0x7fffffffu;
+    unsigned short bits;
+    if (u >= 0x47800000u) {  // 65536 or more: inf, or NaN
+        bits = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {  // below 2^-14: subnormal or zero
+        bits = (unsigned short)(__float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u);
+    } else {
+        bits = (unsigned short)((u + 0xc8000fffu + (u >> 13 & 1u)) >> 13);  // rebias by -112 << 23, round
+    }
+    return real{(unsigned short)(bits | sign)};
+}
+#endif
+__device__ __forceinline__ real load_stored(const real* p)
+{
+    return real{__ldg(reinterpret_cast<const unsigned short*>(p))};
+}
+#else
+__device__ __forceinline__ scalar widened(real x) { return x; }
+__device__ __forceinline__ real narrowed(scalar x) { return x; }
+__device__ __forceinline__ real load_stored(const real* p) { return __ldg(p); }
+#endif
+
+// An element of global memory through the read-only cache, as the kernels compute with it.
+__device__ __forceinline__ scalar load_element(const real* p) { return widened(load_stored(p)); }
+
+// +inf of the compute type (NVRTC has no <limits>).
+__device__ __forceinline__ scalar positive_infinity()
+{
+    if constexpr (sizeof(scalar) == 8) {
         return __longlong_as_double(0x7ff0000000000000ll);
     } else {
         return __int_as_float(0x7f800000);
@@ -54,7 +120,7 @@ __device__ __forceinline__ real positive_infinity()
 // would divide by it is still compiled.
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
-// exp and log in the element type: expf and logf for float, exp and log for double.
+// exp and log in the compute type: expf and logf for float, exp and log for double.
 __device__ __forceinline__ float exponential(float x) { return expf(x); }
 __device__ __forceinline__ double exponential(double x) { return exp(x); }
 __device__ __forceinline__ float logarithm(float x) { return logf(x); }
@@ -104,8 +170,8 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
     const float beta,
     const unsigned images,
     real* __restrict__ y,
-    real* __restrict__ pivots,
-    real* __restrict__ sums)
+    scalar* __restrict__ pivots,
+    scalar* __restrict__ sums)
 {
     const unsigned index = blockIdx.x * BLOCK + threadIdx.x;
     if (index >= images * OUT_THREADS) return;  // channels of every image, image after image
@@ -123,8 +189,8 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
     rest /= nonzero(OUT1);
     const pos_t d0 = (pos_t)rest;
     // beta is a float (rounded so by the tape); with double elements it widens exactly.
-    const real infinity = positive_infinity();
-    real pivot[V], sum[V], result[V];
+    const scalar infinity = positive_infinity();
+    scalar pivot[V], sum[V], result[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         pivot[v] = beta > 0.0f ? -infinity : infinity;
@@ -166,18 +232,18 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
                         const real* __restrict__ line = channel + (size_t)src_off * IN5;
                         const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
                         if constexpr (SPAN <= MAX_SEGMENT) {
-                            real seg[SPAN];
+                            scalar seg[SPAN];
                             bool seg_in[SPAN];
                             #pragma unroll
                             for (unsigned s = 0; s < SPAN; ++s) {
                                 seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN5;
-                                seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : real(0);
+                                seg[s] = inside && seg_in[s] ? load_element(line + j_first + s) : scalar(0);
                             }
                             #pragma unroll
                             for (unsigned v = 0; v < V; ++v) {
                                 #pragma unroll
                                 for (unsigned k = 0; k < K_LAST; ++k) {
-                                    const real value = seg[v * S_LAST + k * D_LAST];
+                                    const scalar value = seg[v * S_LAST + k * D_LAST];
                                     [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                                     const bool beyond = beta > 0.0f ? value > pivot[v] : value < pivot[v];
                                     pivot[v] = beyond ? value : pivot[v];
@@ -189,7 +255,7 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
                             for (unsigned k = 0; k < K_LAST; ++k) {
                                 const pos_t j = j_first + (pos_t)(k * D_LAST);
                                 const bool in = j >= 0 && j < IN5;
-                                const real value = inside && in ? __ldg(line + j) : real(0);
+                                const scalar value = inside && in ? load_element(line + j) : scalar(0);
                                 const bool beyond = beta > 0.0f ? value > pivot[v] : value < pivot[v];
                                 pivot[v] = beyond ? value : pivot[v];
                             }
@@ -235,18 +301,18 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
                         const real* __restrict__ line = channel + (size_t)src_off * IN5;
                         const pos_t j_first = (pos_t)slot.first * S_LAST - P_LAST;
                         if constexpr (SPAN <= MAX_SEGMENT) {
-                            real seg[SPAN];
+                            scalar seg[SPAN];
                             bool seg_in[SPAN];
                             #pragma unroll
                             for (unsigned s = 0; s < SPAN; ++s) {
                                 seg_in[s] = j_first + (pos_t)s >= 0 && j_first + (pos_t)s < IN5;
-                                seg[s] = inside && seg_in[s] ? __ldg(line + j_first + s) : real(0);
+                                seg[s] = inside && seg_in[s] ? load_element(line + j_first + s) : scalar(0);
                             }
                             #pragma unroll
                             for (unsigned v = 0; v < V; ++v) {
                                 #pragma unroll
                                 for (unsigned k = 0; k < K_LAST; ++k) {
-                                    const real value = seg[v * S_LAST + k * D_LAST];
+                                    const scalar value = seg[v * S_LAST + k * D_LAST];
                                     [[maybe_unused]] const bool in = seg_in[v * S_LAST + k * D_LAST];
                                     sum[v] += exponential(beta * (value - pivot[v]));
                                 }
@@ -257,7 +323,7 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
                             for (unsigned k = 0; k < K_LAST; ++k) {
                                 const pos_t j = j_first + (pos_t)(k * D_LAST);
                                 const bool in = j >= 0 && j < IN5;
-                                const real value = inside && in ? __ldg(line + j) : real(0);
+                                const scalar value = inside && in ? load_element(line + j) : scalar(0);
                                 sum[v] += exponential(beta * (value - pivot[v]));
                             }
                         }
@@ -274,41 +340,41 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
         Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)result[v];
+            group.v[v] = narrowed(result[v]);
         }
         *reinterpret_cast<Group<real>*>(y + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT5) y[first_index + v] = (real)result[v];
+            if (slot.first + v < OUT5) y[first_index + v] = narrowed(result[v]);
         }
     }
 
     if constexpr (OUT5 % V == 0) {
-        Group<real> group;
+        Group<scalar> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)pivot[v];
+            group.v[v] = (pivot[v]);
         }
-        *reinterpret_cast<Group<real>*>(pivots + first_index) = group;
+        *reinterpret_cast<Group<scalar>*>(pivots + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT5) pivots[first_index + v] = (real)pivot[v];
+            if (slot.first + v < OUT5) pivots[first_index + v] = (pivot[v]);
         }
     }
 
     if constexpr (OUT5 % V == 0) {
-        Group<real> group;
+        Group<scalar> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)sum[v];
+            group.v[v] = (sum[v]);
         }
-        *reinterpret_cast<Group<real>*>(sums + first_index) = group;
+        *reinterpret_cast<Group<scalar>*>(sums + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < OUT5) sums[first_index + v] = (real)sum[v];
+            if (slot.first + v < OUT5) sums[first_index + v] = (sum[v]);
         }
     }
 
@@ -318,8 +384,8 @@ extern "C" __global__ void smooth_max_pool_r6_forward(
 extern "C" __global__ void smooth_max_pool_r6_backward_input(
     const real* __restrict__ x,
     const real* __restrict__ grad,
-    const real* __restrict__ pivots,
-    const real* __restrict__ sums,
+    const scalar* __restrict__ pivots,
+    const scalar* __restrict__ sums,
     const float beta,
     const unsigned images,
     real* __restrict__ grad_x)
@@ -339,15 +405,15 @@ extern "C" __global__ void smooth_max_pool_r6_backward_input(
     const pos_t d1 = (pos_t)(rest % nonzero(IN1));
     rest /= nonzero(IN1);
     const pos_t d0 = (pos_t)rest;
-    real value[V];
+    scalar value[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
-        value[v] = slot.first + v < IN5 ? __ldg(x + first_index + v) : real(0);
+        value[v] = slot.first + v < IN5 ? load_element(x + first_index + v) : scalar(0);
     }
     // Output cells o along the last axis with a window over first..first+V-1: o_low + 0..OUT_SPAN-1.
     const pos_t low = (pos_t)slot.first + P_LAST - (pos_t)K_SPAN + 1;
     const pos_t o_low = low <= 0 ? low / (pos_t)S_LAST : (low + S_LAST - 1) / S_LAST;
-    real acc[V];
+    scalar acc[V];
 #pragma unroll
     for (unsigned v = 0; v < V; ++v) {
         acc[v] = 0;
@@ -409,8 +475,8 @@ extern "C" __global__ void smooth_max_pool_r6_backward_input(
                         for (unsigned s = 0; s < OUT_SPAN; ++s) {
                             const pos_t o = o_low + (pos_t)s;
                             if (o < 0 || o >= OUT5) continue;
-                            const real pivot = __ldg(pivots + line + o), sum = __ldg(sums + line + o);
-                            const real g = __ldg(grad + line + o);
+                            const scalar pivot = __ldg(pivots + line + o), sum = __ldg(sums + line + o);
+                            const scalar g = load_element(grad + line + o);
                             #pragma unroll
                             for (unsigned v = 0; v < V; ++v) {
                                 const pos_t dk = (pos_t)(slot.first + v) + P_LAST - o * (pos_t)S_LAST;  // k*D
@@ -428,13 +494,13 @@ extern "C" __global__ void smooth_max_pool_r6_backward_input(
         Group<real> group;
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            group.v[v] = (real)acc[v];
+            group.v[v] = narrowed(acc[v]);
         }
         *reinterpret_cast<Group<real>*>(grad_x + first_index) = group;
     } else {
 #pragma unroll
         for (unsigned v = 0; v < V; ++v) {
-            if (slot.first + v < IN5) grad_x[first_index + v] = (real)acc[v];
+            if (slot.first + v < IN5) grad_x[first_index + v] = narrowed(acc[v]);
         }
     }
 

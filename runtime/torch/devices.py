@@ -11,6 +11,10 @@ Tensors in and out are in the backend's order: conv families (weight, bias, inpu
 smooth max: pivots and sums), `backward` one gradient per input. `precision` (convgen.backend.PRECISIONS,
 chosen by convgen.torch.precision) is how the conv families multiply; the pools ignore it, and so does
 the NumPy backend, which computes every precision as "highest".
+
+float16 and bfloat16 tensors are stored in 16 bits and computed in float32 (sums included) on both
+devices: the CUDA kernels compile for 16-bit elements, the NumPy backend runs in float32 on widened
+copies and its results are rounded to the tensors' dtype.
 """
 
 from __future__ import annotations
@@ -25,24 +29,28 @@ import torch
 from convgen.backend import BackendError, OutOfMemory
 from convgen.cpu import NumpyBackend
 from convgen.cuda import TENSOR_CORE_CAPABILITY
-from convgen.cuda_launch import argmax_dtype
+from convgen.cuda_launch import argmax_dtype, scalar_dtype
 from convgen.geometry import Family, Geometry
 
-DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
-_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8,
-                 "uint16": torch.uint16, "uint32": torch.uint32}
+DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+               torch.bfloat16: "bfloat16"}
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                 "bfloat16": torch.bfloat16, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
 
 
 def saved_dtypes(family: Family, device_type: str, dtype: torch.dtype, kernel_numel: int) -> tuple[torch.dtype, ...]:
     """The dtypes of the saved state `forward` returns after the output, exactly as each backend makes
     it: the NumPy backend keeps max pool's offsets as intp (int64, -1 for a window with no real cell)
     and smooth max's pivots and sums in float64; the CUDA kernels keep the narrowest unsigned type
-    that holds every offset (cuda_launch.argmax_dtype) and pivots and sums in the input's dtype."""
+    that holds every offset (cuda_launch.argmax_dtype) and pivots and sums in the dtype they compute in
+    (the input's, float32 for 16-bit inputs)."""
     on_cuda = device_type == "cuda"
     if family is Family.MAX_POOL:
         return (_TORCH_DTYPES[argmax_dtype(kernel_numel)] if on_cuda else torch.int64,)
     if family is Family.SMOOTH_MAX_POOL:
-        return (dtype, dtype) if on_cuda else (torch.float64, torch.float64)
+        scalar = _TORCH_DTYPES[scalar_dtype(DTYPE_NAMES[dtype])]
+        return (scalar, scalar) if on_cuda else (torch.float64, torch.float64)
     return ()
 
 
@@ -80,15 +88,20 @@ def _failure(op: str, error: Exception) -> RuntimeError:
 
 
 class _CpuRunner:
-    """The NumPy backend on contiguous CPU tensors, one backend per dtype; every precision computes as
-    "highest" there, so the precision is not looked at."""
+    """The NumPy backend on contiguous CPU tensors, one backend per dtype (float32 for the 16-bit ones,
+    whose results are rounded back); every precision computes as "highest" there, so the precision is
+    not looked at."""
 
     def __init__(self) -> None:
-        self._backends = {name: NumpyBackend(name) for name in DTYPE_NAMES.values()}
+        self._backends = {name: NumpyBackend(name) for name in ("float32", "float64")}
+
+    def _backend(self, dtype: torch.dtype) -> NumpyBackend:
+        return self._backends["float64" if dtype == torch.float64 else "float32"]
 
     def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
                 precision: str) -> tuple[torch.Tensor, ...]:
-        backend = self._backends[DTYPE_NAMES[tensors[-1].dtype]]
+        dtype = tensors[-1].dtype
+        backend = self._backend(dtype)
         try:
             output, saved = backend.forward(geom, _host_arrays(geom, tensors))
         except MemoryError as error:
@@ -97,11 +110,12 @@ class _CpuRunner:
             raise _failure(op, error) from None
         # The state is given back shaped like the output (batch=1 runs unbatched: see _saved_arrays).
         state = () if saved is None else saved if isinstance(saved, tuple) else (saved,)
-        return tuple(torch.from_numpy(a.reshape(geom.output_shape)) for a in (output, *state))
+        output = torch.from_numpy(output.reshape(geom.output_shape)).to(dtype)
+        return output, *(torch.from_numpy(a.reshape(geom.output_shape)) for a in state)
 
     def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
                  grad: torch.Tensor, precision: str) -> tuple[torch.Tensor, ...]:
-        backend = self._backends[DTYPE_NAMES[grad.dtype]]
+        backend = self._backend(grad.dtype)
         state = _saved_arrays(geom, saved)
         try:
             grads = backend.backward(geom, _host_arrays(geom, tensors), state, _numpy(grad))
@@ -109,17 +123,22 @@ class _CpuRunner:
             raise _failure(op, OutOfMemory.of(error, sum(t.numel() * t.element_size() for t in tensors))) from None
         except BackendError as error:
             raise _failure(op, error) from None
-        return tuple(torch.from_numpy(np.ascontiguousarray(g)) for g in grads)
+        return tuple(torch.from_numpy(np.ascontiguousarray(g)).to(grad.dtype) for g in grads)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().contiguous().numpy()
+    """A tensor's values as the NumPy backend takes them: 16-bit ones widened to float32."""
+    tensor = tensor.detach()
+    if tensor.dtype in HALF_DTYPES:
+        return tensor.to(torch.float32, memory_format=torch.contiguous_format).numpy()
+    return tensor.contiguous().numpy()
 
 
 def _host_arrays(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, ...]:
     """The backend's inputs; a missing bias is zeros (the kernels always add one)."""
     if geom.family.is_conv and tensors[1] is None:
-        return (_numpy(tensors[0]), np.zeros(geom.out_c, DTYPE_NAMES[tensors[0].dtype]), _numpy(tensors[2]))
+        weight = _numpy(tensors[0])
+        return (weight, np.zeros(geom.out_c, weight.dtype), _numpy(tensors[2]))
     return tuple(_numpy(t) for t in tensors)
 
 
@@ -159,12 +178,12 @@ def _cuda_backend_class() -> type:
         def _launch_stream(self) -> Any:
             return self.call.stream
 
-        def _output(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
-            dtype = self.dtype if dtype is None else dtype
+        def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+            torch_dtype = _TORCH_DTYPES[self.dtype if dtype is None else dtype]
             try:
-                tensor = torch.empty(shape, dtype=_TORCH_DTYPES[str(dtype)], device=self.call.device)
+                tensor = torch.empty(shape, dtype=torch_dtype, device=self.call.device)
             except torch.OutOfMemoryError:
-                raise OutOfMemory(math.prod(shape) * np.dtype(dtype).itemsize) from None
+                raise OutOfMemory(math.prod(shape) * torch_dtype.itemsize) from None
             return as_cupy(cupy, tensor)
 
     return TorchCupyBackend
@@ -189,17 +208,20 @@ def torch_of(array: Any) -> torch.Tensor:
     return array.data.mem._owner
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.uint8: np.uint8,
-                 torch.uint16: np.uint16, torch.uint32: np.uint32}
+# bfloat16 as its bit patterns (CuPy has no bfloat16; the kernels read the bits).
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+                 torch.bfloat16: np.uint16, torch.uint8: np.uint8, torch.uint16: np.uint16, torch.uint32: np.uint32}
 
 
 def device_precision(dtype: str, precision: str, capability: tuple[int, int]) -> str:
     """The precision a CUDA device of compute `capability` (torch's (major, minor)) runs `precision` in
     for `dtype` tensors: as asked, or "highest", which is at least as accurate as any, for float64 (the
     tensor cores take float32 only) and on devices without TF32 tensor cores, where torch's own TF32
-    switches do nothing either."""
-    if dtype != "float32" or capability[0] * 10 + capability[1] < TENSOR_CORE_CAPABILITY:
+    switches do nothing either. 16-bit values are exact in TF32, so "high" is "medium" for them."""
+    if dtype == "float64" or capability[0] * 10 + capability[1] < TENSOR_CORE_CAPABILITY:
         return "highest"
+    if dtype in ("float16", "bfloat16") and precision == "high":
+        return "medium"
     return precision
 
 

@@ -5,9 +5,11 @@ pool's stride None is its kernel_size.
 The rank comes from the weight (weight.dim() - 2), from a tuple kernel_size, or else from the input
 taken as batched [N, C, *S]: an int kernel_size cannot tell [C, *S] of rank r + 1 from [N, C, *S] of
 rank r, so pools with an int kernel_size read the input as batched (layers know their rank and pass
-tuples). Supported dtypes: float32 and float64; under autocast, float16 and bfloat16 tensors run in
-float32 and the result is float32. The convolutions' precision on float32 tensors is chosen per call by
-convgen.torch.precision (torch's TF32 switch for convolutions, or set_float32_precision).
+tuples). Supported dtypes: float32, float64, float16 and bfloat16 (stored in 16 bits, computed in
+float32). Under autocast the convolutions cast as torch's do: float32 tensors to the autocast dtype
+(float64 stays); the pools run in their input's dtype. The convolutions' precision on float32 tensors is
+chosen per call by convgen.torch.precision (torch's TF32 switch for convolutions, or
+set_float32_precision).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from convgen.torch.precision import conv_precision
 __all__ = ["avg_pool", "conv", "conv_transpose", "max_pool", "smooth_max_pool"]
 
 Tensor = torch.Tensor
-_AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _integer(value: Any) -> Any:
@@ -55,36 +56,39 @@ def _plain(*sequences: Any, scalars: tuple[Any, ...] = ()) -> bool:
 
 
 def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
-    """Under autocast, half-precision tensors as float32 (the kernels have no 16-bit path yet)."""
+    """A convolution's tensors under autocast, cast as torch casts its own convolutions' (autocast's
+    lower-precision list): every floating tensor but float64 to the autocast dtype."""
     tensors = (input, *others)
     device_type = input.device.type
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
         return tensors
-    return tuple(t.float() if t is not None and t.dtype in _AUTOCAST_DTYPES else t for t in tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
 
 
 def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> tuple[Tensor | None, ...]:
-    """The tensors of `named` (input first, bias may be None) after autocast, checked by _check_tensors."""
+    """The tensors of `named` (input first, bias may be None), checked by _check_tensors; a convolution's
+    (the ones with a weight) after autocast."""
     for name, tensor in named:
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    tensors = _autocast(*(tensor for _, tensor in named))
+    tensors = tuple(tensor for _, tensor in named)
+    if len(tensors) > 1:
+        tensors = _autocast(*tensors)
     _check_tensors(op, tuple((name, tensor) for (name, _), tensor in zip(named, tensors)))
     return tensors
 
 
 def _check_tensors(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> None:
-    """Tensors of float32 or float64, all of the input's dtype and on its device."""
+    """Tensors of float32, float64, float16 or bfloat16, all of the input's dtype and on its device."""
     input = named[0][1]
     for name, tensor in named:
         if tensor is None:
             continue
         if tensor.dtype not in devices.DTYPE_NAMES:
-            # The rule of .half() models: half precision runs, in float32, only where autocast asks for it.
-            hint = "; float16 and bfloat16 run (in float32) only under torch.autocast" \
-                if tensor.dtype in _AUTOCAST_DTYPES else ""
-            raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32 or torch.float64, "
-                            f"got {tensor.dtype}{hint}")
+            raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
+                            f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
         if tensor.dtype != input.dtype:
             raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {input.dtype}")
         if tensor.device != input.device:

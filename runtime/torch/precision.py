@@ -3,7 +3,9 @@
 The precisions are the tape's (convgen.backend.PRECISIONS): "highest" (float32 FMAs), "high" (3xTF32,
 float32 accuracy on the tensor cores) and "medium" (TF32). By default convgen follows the switch PyTorch
 users already set for torch's own CUDA convolutions: TF32 ("medium") where cuDNN would use TF32, else
-"highest". `set_float32_precision` overrides it. float64 tensors always run "highest".
+"highest". `set_float32_precision` overrides it. float64 tensors always run "highest"; float16 and
+bfloat16 tensors "medium", as cuDNN runs them on its tensor cores (their values are exact in TF32, and
+the products are summed in float32).
 
 The precision is chosen per call, from the tensors' dtype alone: it travels as an argument of the custom
 ops (so torch.compile records it) down to the device layer. The CPU backend computes every precision as
@@ -80,8 +82,10 @@ def _torch_precision() -> str:
 
 
 def conv_precision(dtype: torch.dtype) -> str:
-    """The precision of a convolution on tensors of `dtype`: float64 "highest"; float32 convgen's
-    setting, or torch's switch when there is none."""
+    """The precision of a convolution on tensors of `dtype`: float64 "highest"; float16 and bfloat16
+    "medium"; float32 convgen's setting, or torch's switch when there is none."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return "medium"
     if dtype != torch.float32:
         return "highest"
     return _float32_precision if _float32_precision is not None else _torch_precision()

@@ -1,6 +1,7 @@
 // Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
-// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract) and
-// `real`, the element type (common.cuh).
+// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract),
+// `real`, the element type, and `scalar`, the compute type (common.cuh): shared memory, registers and
+// the partial buffers of split stages hold scalars; only the operands and results are `real`.
 
 // Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
 __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
@@ -8,10 +9,10 @@ __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { r
 // Sum of N per-thread values over the block, in a fixed order (no atomics): a shuffle tree inside
 // each warp, then thread 0 adds the warps in order. Every thread of the block must call it.
 template <int N>
-__device__ __forceinline__ void block_sum(real (&acc)[N])
+__device__ __forceinline__ void block_sum(scalar (&acc)[N])
 {
     constexpr unsigned WARPS = (BLOCK + 31) / 32;
-    __shared__ real per_warp[WARPS][N];
+    __shared__ scalar per_warp[WARPS][N];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
         for (unsigned offset = 16; offset > 0; offset /= 2) {
@@ -112,8 +113,49 @@ __device__ __forceinline__ void store4(double* p, double a, double b, double c, 
     reinterpret_cast<double2*>(p)[1] = make_double2(c, d);
 }
 
+#if ELEMENT_BYTES == 2
+// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), widened
+// to scalars or narrowed from them.
+__device__ __forceinline__ void ldg4(const real* p, size_t i, scalar (&v)[4])
+{
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
+    v[0] = widened(real{(unsigned short)q.x}), v[1] = widened(real{(unsigned short)(q.x >> 16)});
+    v[2] = widened(real{(unsigned short)q.y}), v[3] = widened(real{(unsigned short)(q.y >> 16)});
+}
+__device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b)
+{
+    return (unsigned)narrowed(a).bits | (unsigned)narrowed(b).bits << 16;
+}
+__device__ __forceinline__ void store4(real* p, scalar a, scalar b, scalar c, scalar d)
+{
+    *reinterpret_cast<uint2*>(p) = make_uint2(narrowed_pair(a, b), narrowed_pair(c, d));
+}
+__device__ __forceinline__ void store2(real* p, scalar a, scalar b)
+{
+    *reinterpret_cast<unsigned*>(p) = narrowed_pair(a, b);
+}
+// One result to global memory: a split stage's partial buffer keeps the scalar.
+__device__ __forceinline__ void put(real* p, scalar x) { *p = narrowed(x); }
+#endif
+// Two consecutive elements at an aligned address (float: one 8-byte access), and one element.
+__device__ __forceinline__ void store2(float* p, float a, float b)
+{
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void store2(double* p, double a, double b)
+{
+    *reinterpret_cast<double2*>(p) = make_double2(a, b);
+}
+__device__ __forceinline__ void put(scalar* p, scalar x) { *p = x; }
+
+// The array a GEMM kernel writes: its output of `real`s, or with SPLIT > 1 the partial buffer
+// [SPLIT][...] of scalars that the runtime passes in the output's place (16-bit elements keep their
+// partial sums in float until the reduce kernel adds them up).
+template <bool PARTIAL> struct gemm_output { typedef real type; };
+template <> struct gemm_output<true> { typedef scalar type; };
+
 template <unsigned B, unsigned T>
-__device__ __forceinline__ void load_fragment(const real* row, unsigned t, real (&v)[T])
+__device__ __forceinline__ void load_fragment(const scalar* row, unsigned t, scalar (&v)[T])
 {
     if constexpr (T % 4 == 0) {
 #pragma unroll
@@ -131,7 +173,7 @@ __device__ __forceinline__ void load_fragment(const real* row, unsigned t, real 
 // A thread's T values of one staged row at its tile positions (tile_row / tile_col): the FMA fragment,
 // or in tensor-core mode the scalar elements of its C fragment positions.
 template <unsigned MODE, unsigned B, unsigned T, bool ROWS>
-__device__ __forceinline__ void load_tile_values(const real* row, unsigned t, real (&v)[T])
+__device__ __forceinline__ void load_tile_values(const scalar* row, unsigned t, scalar (&v)[T])
 {
     if constexpr (MODE == 0) {
         load_fragment<B, T>(row, t, v);
@@ -149,13 +191,13 @@ __device__ __forceinline__ double fused_multiply_add(double a, double b, double 
 
 // One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD elements).
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                          const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                          real (&acc)[TM][TN])
+__device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                          const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                          scalar (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned kk = 0; kk < BK; ++kk) {
-        real a[TM], b[TN];
+        scalar a[TM], b[TN];
         load_fragment<BM, TM>(As[kk], tm, a);
         load_fragment<BN, TN>(Bs[kk], tn, b);
 #pragma unroll
@@ -170,9 +212,9 @@ __device__ __forceinline__ void slice_fma(const real (&As)[BK][BM + SHARED_ROW_P
 
 // One staged slice by MODE: FMAs in the element type (0) or the tensor cores (1, 3).
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                              const real (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
-                                              real (&acc)[TM][TN])
+__device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                              const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+                                              scalar (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
@@ -185,7 +227,7 @@ __device__ __forceinline__ void slice_product(const real (&As)[BK][BM + SHARED_R
 // rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
 // values as they are).
 template <unsigned MODE>
-__device__ __forceinline__ real staged_value(real x, bool rounded)
+__device__ __forceinline__ scalar staged_value(scalar x, bool rounded)
 {
     if constexpr (MODE == 1) {
         return rounded ? __uint_as_float(to_tf32(x)) : x;
@@ -199,10 +241,10 @@ __device__ __forceinline__ real staged_value(real x, bool rounded)
 // NaN). The rare path: not unrolled over kk, so it adds little code; FMAs in every MODE, at the
 // accumulators' tile positions.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const real (&Bs)[BK][BN + SHARED_ROW_PAD],
+__device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
+                                                 const scalar (&Bs)[BK][BN + SHARED_ROW_PAD],
                                                  const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 real (&acc)[TM][TN])
+                                                 scalar (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -212,7 +254,7 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
     }
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
-        real a[TM], b[TN];
+        scalar a[TM], b[TN];
         load_tile_values<MODE, BM, TM, true>(As[kk], tm, a);
         load_tile_values<MODE, BN, TN, false>(Bs[kk], tn, b);
 #pragma unroll
@@ -230,7 +272,7 @@ __device__ __forceinline__ void slice_fma_masked(const real (&As)[BK][BM + SHARE
 // rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
 // integer arithmetic that is exact only for the values left (slice_mma).
 template <unsigned MODE>
-__device__ __forceinline__ bool rare_value(real x)
+__device__ __forceinline__ bool rare_value(scalar x)
 {
     if constexpr (MODE == 0) {
         return !isfinite(x);
@@ -239,7 +281,7 @@ __device__ __forceinline__ bool rare_value(real x)
     }
 }
 template <unsigned MODE, unsigned N>
-__device__ __forceinline__ bool any_rare(const real (&values)[N])
+__device__ __forceinline__ bool any_rare(const scalar (&values)[N])
 {
     bool found = false;
 #pragma unroll
@@ -249,7 +291,7 @@ __device__ __forceinline__ bool any_rare(const real (&values)[N])
     return found;
 }
 template <unsigned MODE, unsigned R, unsigned N>
-__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
+__device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
 {
     bool found = false;
 #pragma unroll
@@ -260,7 +302,7 @@ __device__ __forceinline__ bool any_rare(const real (&values)[R][N])
 }
 // A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
-__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
+__device__ __forceinline__ bool any_rare_staged(const scalar (&a)[NA], const BStage& b)
 {
     if constexpr (MODE == 0) {
         return any_rare<MODE>(a);
@@ -269,16 +311,17 @@ __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStag
     }
 }
 
-// The register tile to dest[m * N + n], rows m < M and columns n < N only.
-template <unsigned MODE, unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN>
-__device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
-                                           unsigned tn, const real (&acc)[TM][TN])
+// The register tile to dest[m * N + n], rows m < M and columns n < N only; dest is the stage's
+// output (`real`) or its partial buffer (`scalar`, gemm_output).
+template <unsigned MODE, unsigned M, unsigned N, unsigned BM, unsigned BN, unsigned TM, unsigned TN, typename Out>
+__device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, unsigned n0, unsigned tm,
+                                           unsigned tn, const scalar (&acc)[TM][TN])
 {
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
         const unsigned m = m0 + tile_row<MODE, BM, TM>(tm, i);
         if (m >= M) continue;
-        real* __restrict__ row = dest + (size_t)m * N;
+        Out* __restrict__ row = dest + (size_t)m * N;
         if constexpr (MODE == 0 && TN % 4 == 0 && N % 4 == 0) {
 #pragma unroll
             for (unsigned g = 0; g < TN / 4; ++g) {
@@ -286,17 +329,17 @@ __device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0,
                 if (n < N) store4(row + n, acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
             }
         } else if constexpr (MODE != 0 && N % 2 == 0) {
-            // Columns j, j + 1 of a C fragment are adjacent, the first even: one 8-byte store.
+            // Columns j, j + 1 of a C fragment are adjacent, the first even: one store of the pair.
 #pragma unroll
             for (unsigned g = 0; g < TN / 2; ++g) {
                 const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, 2 * g);
-                if (n < N) *reinterpret_cast<float2*>(row + n) = make_float2(acc[i][2 * g], acc[i][2 * g + 1]);
+                if (n < N) store2(row + n, acc[i][2 * g], acc[i][2 * g + 1]);
             }
         } else {
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 const unsigned n = n0 + tile_col<MODE, BN, TN>(tn, j);
-                if (n < N) row[n] = acc[i][j];
+                if (n < N) put(row + n, acc[i][j]);
             }
         }
     }
@@ -305,18 +348,18 @@ __device__ __forceinline__ void store_tile(real* __restrict__ dest, unsigned m0,
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
 // `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const real* __restrict__ partial, real* __restrict__ dest,
+__device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
     if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
         if (i >= count / 4) return;
-        real sum[4];
+        scalar sum[4];
         ldg4(partial, i, sum);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
-            real v[4];
+            scalar v[4];
             ldg4(partial + s * count, i, v);
             sum[0] += v[0];
             sum[1] += v[1];
@@ -326,11 +369,11 @@ __device__ __forceinline__ void split_sum(const real* __restrict__ partial, real
         store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
         if (i >= count) return;
-        real sum = __ldg(partial + i);
+        scalar sum = __ldg(partial + i);
 #pragma unroll 4
         for (unsigned s = 1; s < SPLIT; ++s) {
             sum += __ldg(partial + s * count + i);
         }
-        dest[i] = sum;
+        put(dest + i, sum);
     }
 }

@@ -1,0 +1,36 @@
+"""float16 and bfloat16 on the CUDA backend (`pytest -m cuda`, skipped without CuPy or a GPU): every family
+at every rank 1..8 with SEMANTICS §8 arguments mixed in, the convolutions in "highest" (FMAs in float32)
+and "medium" (TF32 tensor cores, exact on 16-bit values), each output and gradient in the 16-bit dtype and
+within issue 11's 1e-2 of the float64 CPU tape on the same values (tests/half_support.py); outputs are
+poisoned with NaN first, and a second run gives the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference
+from convgen.geometry import Family
+from cuda_support import RANKS, PoisonBackend, _has_gpu, host
+from half_support import HALF_DTYPES, draw_half, relative_errors, run_backend
+from precision_bounds import HALF_BOUND
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
+
+CASES_PER_RANK = 2
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", Family, ids=lambda f: f.value)
+def test_16_bit_elements_within_the_bound_at_every_rank(family: Family, rank: int, dtype: str) -> None:
+    rng = reference.case_rng("cuda 16-bit", family.value, rank, dtype)
+    for _ in range(CASES_PER_RANK):
+        geom = reference.random_geometry(rng, family, rank, budget=300, extended=True)
+        inputs, grad = draw_half(rng, geom, dtype)
+        for precision in ("highest", "medium") if family.is_conv else ("highest",):
+            backend = PoisonBackend(dtype, precision)
+            errors = relative_errors(backend, geom, inputs, grad)
+            assert max(errors) <= HALF_BOUND, f"{geom} {precision}: {errors}"
+            first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+            for a, b in zip(first, again, strict=True):
+                np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
