@@ -367,13 +367,13 @@ __device__ __forceinline__ void store4(double* p, double a, double b, double c, 
 }
 
 #if ELEMENT_BYTES == 2
-// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), widened
-// to scalars or narrowed from them.
-__device__ __forceinline__ void ldg4(const real* p, size_t i, scalar (&v)[4])
+// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), loaded as
+// they are stored (staging widens them later: staged_value) or narrowed from scalars.
+__device__ __forceinline__ void ldg4(const real* p, size_t i, real (&v)[4])
 {
     const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
-    v[0] = widened(real{(unsigned short)q.x}), v[1] = widened(real{(unsigned short)(q.x >> 16)});
-    v[2] = widened(real{(unsigned short)q.y}), v[3] = widened(real{(unsigned short)(q.y >> 16)});
+    v[0] = real{(unsigned short)q.x}, v[1] = real{(unsigned short)(q.x >> 16)};
+    v[2] = real{(unsigned short)q.y}, v[3] = real{(unsigned short)(q.y >> 16)};
 }
 __device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b)
 {
@@ -476,12 +476,14 @@ __device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED
     }
 }
 
-// A staged value as the slice multiplies it: TF32 (MODE 1) rounds it when it is staged, once per block
-// rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
-// values as they are).
+// A staged value as the slice multiplies it, from the element as loaded: widened to the scalar type,
+// and with TF32 (MODE 1) rounded when it is staged, once per block rather than once per warp that reads
+// it, unless `rounded` is false (the rare path multiplies the values as they are). The staging registers
+// hold elements as loaded so that no conversion waits on a load that the slice's products should hide.
 template <unsigned MODE>
-__device__ __forceinline__ scalar staged_value(scalar x, bool rounded)
+__device__ __forceinline__ scalar staged_value(real element, bool rounded)
 {
+    const scalar x = widened(element);
     if constexpr (MODE == 1) {
         return rounded ? __uint_as_float(to_tf32(x)) : x;
     } else {
@@ -534,17 +536,17 @@ __device__ __forceinline__ bool rare_value(scalar x)
     }
 }
 template <unsigned MODE, unsigned N>
-__device__ __forceinline__ bool any_rare(const scalar (&values)[N])
+__device__ __forceinline__ bool any_rare(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
     for (unsigned i = 0; i < N; ++i) {
-        found = found || rare_value<MODE>(values[i]);
+        found = found || rare_value<MODE>(widened(values[i]));
     }
     return found;
 }
 template <unsigned MODE, unsigned R, unsigned N>
-__device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
+__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
 {
     bool found = false;
 #pragma unroll
@@ -555,7 +557,7 @@ __device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
 }
 // A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
-__device__ __forceinline__ bool any_rare_staged(const scalar (&a)[NA], const BStage& b)
+__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
 {
     if constexpr (MODE == 0) {
         return any_rare<MODE>(a);
@@ -837,7 +839,7 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r4_forward(
         }
     }
 
-    scalar a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];  // as loaded (staged_value widens them)
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         unsigned c0;
@@ -897,7 +899,7 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r4_forward(
                 const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)c * M + m) * K_SIZE + kappa;
-                scalar quad[4] = {scalar(0), scalar(0), scalar(0), scalar(0)};
+                real quad[4] = {};  // zeros
                 if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
 #pragma unroll
                 for (unsigned j = 0; j < 4; ++j) {
@@ -912,7 +914,7 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r4_forward(
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)c * M + m) * K_SIZE + kappa;
                 a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                                 ? load_element(weight + w) : scalar(0);
+                                 ? load_stored(weight + w) : real{};
             }
         }
 #pragma unroll
@@ -935,7 +937,7 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r4_forward(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? load_element(source + (size_t)c * IN_SIZE + offset) : scalar(0);
+                                      ? load_stored(source + (size_t)c * IN_SIZE + offset) : real{};
             }
             b_valid[col] = ok;
         }
@@ -1163,7 +1165,7 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r4_backward_input(
         base3[col] = d3 * S3 - P3;
     }
 
-    scalar a_stage[A_LOADS], b_stage[COLS][B_ROWS];
+    real a_stage[A_LOADS], b_stage[COLS][B_ROWS];  // as loaded (staged_value widens them)
     bool b_valid[COLS];  // the staged column's window position lies in the source
     auto load = [&](unsigned chunk) {
         const unsigned c0 = chunk / K_SIZE * BK;
@@ -1183,7 +1185,7 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r4_backward_input(
                 const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
-                scalar quad[4] = {scalar(0), scalar(0), scalar(0), scalar(0)};
+                real quad[4] = {};  // zeros
                 if (m < M && c < SRC_C) ldg4(weight + w, 0, quad);
 #pragma unroll
                 for (unsigned j = 0; j < 4; ++j) {
@@ -1198,7 +1200,7 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r4_backward_input(
                 const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
                                  : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
                 a_stage[i] = (e < BM * BK && m < M && c < SRC_C)
-                                 ? load_element(weight + w) : scalar(0);
+                                 ? load_stored(weight + w) : real{};
             }
         }
 #pragma unroll
@@ -1221,7 +1223,7 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r4_backward_input(
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
                 b_stage[col][i] = (ok && row < BK && c < SRC_C)
-                                      ? load_element(source + (size_t)c * OUT_SIZE + offset) : scalar(0);
+                                      ? load_stored(source + (size_t)c * OUT_SIZE + offset) : real{};
             }
             b_valid[col] = ok;
         }
@@ -1394,7 +1396,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r4_backward_weight(
         shift3[i] = k3 * D3 - P3;
     }
 
-    scalar a_stage[A_LOADS], b_stage[B_LOADS];
+    real a_stage[A_LOADS], b_stage[B_LOADS];  // as loaded (staged_value widens them)
     bool b_valid[B_LOADS];  // the staged element's window position lies in U
     auto load = [&](unsigned chunk) {
         const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
@@ -1404,7 +1406,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r4_backward_weight(
             const unsigned e = tid + i * THREADS;
             const unsigned m = m0 + (false ? e % BM : e / BK), p = p0 + (false ? e / BM : e % BK);
             a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? load_element(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : scalar(0);
+                             ? load_stored(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : real{};
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -1432,7 +1434,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r4_backward_weight(
             const pos_t j3 = d3 * S3 + shift3[i];
             ok = ok && j3 >= 0 && j3 < OUT3;
             offset = offset * OUT3 + (unsigned)j3;
-            b_stage[i] = ok ? load_element(u_image + column_base[i] + offset) : scalar(0);
+            b_stage[i] = ok ? load_stored(u_image + column_base[i] + offset) : real{};
             b_valid[i] = ok;
         }
     };

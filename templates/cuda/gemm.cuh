@@ -114,13 +114,13 @@ __device__ __forceinline__ void store4(double* p, double a, double b, double c, 
 }
 
 #if ELEMENT_BYTES == 2
-// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), widened
-// to scalars or narrowed from them.
-__device__ __forceinline__ void ldg4(const real* p, size_t i, scalar (&v)[4])
+// The same for 16-bit elements in global memory: four in one 8-byte access (8-byte aligned), loaded as
+// they are stored (staging widens them later: staged_value) or narrowed from scalars.
+__device__ __forceinline__ void ldg4(const real* p, size_t i, real (&v)[4])
 {
     const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
-    v[0] = widened(real{(unsigned short)q.x}), v[1] = widened(real{(unsigned short)(q.x >> 16)});
-    v[2] = widened(real{(unsigned short)q.y}), v[3] = widened(real{(unsigned short)(q.y >> 16)});
+    v[0] = real{(unsigned short)q.x}, v[1] = real{(unsigned short)(q.x >> 16)};
+    v[2] = real{(unsigned short)q.y}, v[3] = real{(unsigned short)(q.y >> 16)};
 }
 __device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b)
 {
@@ -223,12 +223,14 @@ __device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED
     }
 }
 
-// A staged value as the slice multiplies it: TF32 (MODE 1) rounds it when it is staged, once per block
-// rather than once per warp that reads it, unless `rounded` is false (the rare path multiplies the
-// values as they are).
+// A staged value as the slice multiplies it, from the element as loaded: widened to the scalar type,
+// and with TF32 (MODE 1) rounded when it is staged, once per block rather than once per warp that reads
+// it, unless `rounded` is false (the rare path multiplies the values as they are). The staging registers
+// hold elements as loaded so that no conversion waits on a load that the slice's products should hide.
 template <unsigned MODE>
-__device__ __forceinline__ scalar staged_value(scalar x, bool rounded)
+__device__ __forceinline__ scalar staged_value(real element, bool rounded)
 {
+    const scalar x = widened(element);
     if constexpr (MODE == 1) {
         return rounded ? __uint_as_float(to_tf32(x)) : x;
     } else {
@@ -281,17 +283,17 @@ __device__ __forceinline__ bool rare_value(scalar x)
     }
 }
 template <unsigned MODE, unsigned N>
-__device__ __forceinline__ bool any_rare(const scalar (&values)[N])
+__device__ __forceinline__ bool any_rare(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
     for (unsigned i = 0; i < N; ++i) {
-        found = found || rare_value<MODE>(values[i]);
+        found = found || rare_value<MODE>(widened(values[i]));
     }
     return found;
 }
 template <unsigned MODE, unsigned R, unsigned N>
-__device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
+__device__ __forceinline__ bool any_rare(const real (&values)[R][N])
 {
     bool found = false;
 #pragma unroll
@@ -302,7 +304,7 @@ __device__ __forceinline__ bool any_rare(const scalar (&values)[R][N])
 }
 // A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
-__device__ __forceinline__ bool any_rare_staged(const scalar (&a)[NA], const BStage& b)
+__device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
 {
     if constexpr (MODE == 0) {
         return any_rare<MODE>(a);
