@@ -60,6 +60,8 @@ TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'MIN_BLOC
 # A tape's precision -> the MMA_MODE define of the conv sources: 0 FMAs in the element type, 1 one
 # TF32 tensor-core product (mma.sync), 3 three (3xTF32). Only "highest" runs in float64.
 PRECISION_MMA_MODES: dict[str, int] = {'highest': 0, 'high': 3, 'medium': 1}
+# "medium" on float16 and bfloat16 elements: MMA_MODE 2, one 16-bit mma.sync (m16n8k16) per product.
+HALF_MMA_MODE = 2
 # Each element type the sources compile in -> (ELEMENT_BYTES, ELEMENT_BF16): float and double compute in
 # themselves, float16 and bfloat16 in float (the `scalar` of templates/cuda/common.cuh).
 ELEMENT_TYPES: dict[str, tuple[int, int]] = {'float32': (4, 0), 'float64': (8, 0), 'float16': (2, 0), 'bfloat16': (2, 1)}

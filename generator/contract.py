@@ -39,11 +39,14 @@ ELEMENT_TYPES: dict[str, tuple[int, int]] = {"float32": (4, 0), "float64": (8, 0
 AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 # The conv families' groups (SEMANTICS §8): block-diagonal GEMMs, one per group; 1 compiles to one GEMM.
 # MMA_MODE: how the GEMM main loops multiply (docs/DESIGN.md, the tensor-core slice): 0 FMAs in the
-# element type, 1 one TF32 mma.sync per product, 3 three (3xTF32: big*big, big*small, small*big).
+# compute type, 1 one TF32 mma.sync per product, 3 three (3xTF32: big*big, big*small, small*big), 2 one
+# 16-bit mma.sync (m16n8k16) on float16 or bfloat16 elements staged as they are stored.
 CONV_DEFINES = ("GROUPS", "MMA_MODE")
 # A tape's precision (SEMANTICS §8) -> MMA_MODE. "highest" is the seed's contract: FMAs in the element
 # type, the only one a float64 tape takes.
 PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
+# "medium" on float16 and bfloat16 elements: the 16-bit tensor cores, exact products summed in float.
+HALF_MMA_MODE = 2
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 # MIN_BLOCKS: the blocks per SM the kernel's registers are fitted to (__launch_bounds__ where above 1).

@@ -18,6 +18,7 @@ from convgen.backend import PRECISIONS, precision_refusal
 from convgen.generated.contract import (
     ELEMENT_TYPES,
     GEMM_STAGES,
+    HALF_MMA_MODE,
     KERNELS,
     PACKED_FIELD,
     PRECISION_MMA_MODES,
@@ -184,7 +185,10 @@ def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = c
         raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile, dtype, PRECISION_MMA_MODES[precision])
+    mma = PRECISION_MMA_MODES[precision]
+    if mma and ELEMENT_TYPES[dtype][0] == 2:  # 16-bit elements: their own tensor-core product
+        mma = HALF_MMA_MODE
+    return _plan(geom, hardware, choose_tile, dtype, mma)
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from convgen.generated.contract import gemm_shared_bytes
+from convgen.generated.contract import HALF_MMA_MODE, gemm_shared_bytes
 from convgen.geometry import Family, Geometry
 
 
@@ -52,7 +52,8 @@ MAX_SPLIT = 64  # most blocks one reduction is cut into
 SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves of the SMs
 BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
 MAX_BM, MAX_BN = 128, 256
-MMA_K = 8  # reduction depth of one mma.sync.m16n8k8 (the tensor-core k step)
+MMA_K = 8  # reduction depth of one mma.sync.m16n8k8 (the TF32 tensor-core k step)
+HALF_MMA_K = 16  # ... of one mma.sync.m16n8k16 (the 16-bit one, MMA_MODE 2)
 
 # Conv-shaped stages of this many multiply-adds, whose block tile stages more of A than of B (bm >= bn),
 # read A from a repacked weight P[group][kappa][c][m]. Measured on the H200 (benchmarks/tile_sweep.py,
@@ -82,7 +83,8 @@ KERNEL_CYCLES = 10000
 SPLIT_KERNEL_CYCLES = 2000  # the launch of a split's second kernel
 # Tensor cores (not yet timed: guesses from the H200's rates, for the next sweep to fit): an
 # mma.sync.m16n8k8 TF32 (1024 multiply-adds) holds a scheduler's tensor pipe for about this many issue
-# slots (the TF32 mma.sync rate ~4x the FP32 FMA rate); 3xTF32 splits each fragment value it reads (two
+# slots (the TF32 mma.sync rate ~4x the FP32 FMA rate; an m16n8k16 16-bit one, twice the work at twice the
+# rate, about as many); 3xTF32 splits each fragment value it reads (two
 # integer roundings and a subtraction: 5 instructions), TF32 rounds each value it stages (2).
 MMA_ISSUE_SLOTS = 8
 SPLIT_INSTRUCTIONS = 5
@@ -151,8 +153,9 @@ class GemmShape:
     # Bytes of one element (the ELEMENT_BYTES define): 8 for a float64 tape, whose staged slices take
     # twice the shared memory and whose values twice the registers.
     element_bytes: int = 4
-    # The MMA_MODE define (contract PRECISION_MMA_MODES): 0 FMAs; 1 and 3 TF32 and 3xTF32 mma.sync,
-    # whose tiles are made of whole mma tiles and k steps (mma_tile_fits, MMA_K).
+    # The MMA_MODE define (contract PRECISION_MMA_MODES, HALF_MMA_MODE): 0 FMAs; 1 and 3 TF32 and 3xTF32
+    # mma.sync, 2 16-bit mma.sync, whose tiles are made of whole mma tiles and k steps (mma_tile_fits,
+    # mma_k).
     mma: int = 0
 
     @property
@@ -166,7 +169,12 @@ class GemmShape:
             return WEIGHT_BK
         bk = ceil_div(self.source_c, ceil_div(self.source_c, MAX_BK)) if self.source_c else 1
         # The tensor cores take whole k steps: channels past the source's are staged as zeros.
-        return ceil_div(bk, MMA_K) * MMA_K if self.mma else bk
+        return ceil_div(bk, mma_k(self.mma)) * mma_k(self.mma) if self.mma else bk
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes of one staged value in shared memory: the 16-bit mma stages the elements as stored."""
+        return 2 if self.mma == HALF_MMA_MODE else self.element_bytes
 
     @property
     def columns(self) -> int:
@@ -246,14 +254,19 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     return GemmShape(**common, k_size=ceil_div(offsets, phases), phases=phases, phase_n=phase_n)
 
 
-def mma_tile_fits(bm: int, bn: int, bk: int, tm: int, tn: int) -> bool:
+def mma_k(mma: int) -> int:
+    """The k step of MMA_MODE `mma`'s mma.sync."""
+    return HALF_MMA_K if mma == HALF_MMA_MODE else MMA_K
+
+
+def mma_tile_fits(bm: int, bn: int, bk: int, tm: int, tn: int, k_step: int = MMA_K) -> bool:
     """Whether a block tile runs on the tensor cores (gemm.cuh, tile_owner): each warp an 8tm x 4tn
     warp tile of whole 16 x 8 mma tiles (tm, tn even), the warp tiles filling the block tile, and
     slices of whole k steps."""
-    return tm % 2 == 0 and tn % 2 == 0 and bm % (8 * tm) == 0 and bn % (4 * tn) == 0 and bk % MMA_K == 0
+    return tm % 2 == 0 and tn % 2 == 0 and bm % (8 * tm) == 0 and bn % (4 * tn) == 0 and bk % k_step == 0
 
 
-def _block_tiles(bk: int, conv: bool, element_bytes: int, mma: int,
+def _block_tiles(bk: int, conv: bool, staged_bytes: int, mma: int,
                  hardware: Hardware) -> list[tuple[int, int, int, int]]:
     """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block (and, for the
     tensor cores, that mma_tile_fits)."""
@@ -265,9 +278,9 @@ def _block_tiles(bk: int, conv: bool, element_bytes: int, mma: int,
                     threads, bm, bn = rows * cols, tm * rows, tn * cols
                     if threads not in BLOCK_THREADS or bm > MAX_BM or bn > MAX_BN:
                         continue
-                    if mma and not mma_tile_fits(bm, bn, bk, tm, tn):
+                    if mma and not mma_tile_fits(bm, bn, bk, tm, tn, mma_k(mma)):
                         continue
-                    if gemm_shared_bytes(bm, bn, bk, element_bytes) > hardware.shared_per_block:
+                    if gemm_shared_bytes(bm, bn, bk, staged_bytes) > hardware.shared_per_block:
                         continue
                     if not conv and threads % bk:  # the weight kernel's B rows per thread
                         continue
@@ -292,13 +305,13 @@ def fitted_blocks(shape: GemmShape, bm: int, bn: int, tm: int, tn: int) -> int:
     if not shape.mma or not shape.conv or (2 if shape.mma == 3 else 1) * tm * tn > MMA_FITTED_ACCUMULATORS:
         return 1
     # 3xTF32's fragments (big and small) leave no room for B-heavy staging: bm < bn spilled at 128.
-    return 2 if shape.mma == 1 or bm >= bn else 1
+    return 2 if shape.mma != 3 or bm >= bn else 1
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
     """Every candidate block tile of `shape` with every allowed split."""
     return [GemmTile(bm, bn, shape.bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
-            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.element_bytes, shape.mma, hardware)
+            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.staged_bytes, shape.mma, hardware)
             for split in _splits(shape, bm, bn, hardware)]
 
 
@@ -318,9 +331,9 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         # Per warp and slice: the mma.sync instructions (3xTF32 three per tile), the scalar fragment
         # reads (4 A words per 16 rows, 2 B words per 8 columns, per k step) and 3xTF32's splits of them
         # (TF32 rounds its staged values instead: below, with the staging).
-        steps, copies = bk // MMA_K, 2 if shape.mma == 3 else 1
+        steps, copies = bk // mma_k(shape.mma), 2 if shape.mma == 3 else 1
         fragments = steps * (2 * tm + tn)
-        fma = steps * (tm // 2) * (tn // 2) * shape.mma * MMA_ISSUE_SLOTS
+        fma = steps * (tm // 2) * (tn // 2) * (3 if shape.mma == 3 else 1) * MMA_ISSUE_SLOTS
         if shape.mma == 3:
             fma += fragments * SPLIT_INSTRUCTIONS
         lds = fragments
@@ -351,7 +364,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     registers = tile_registers + (words + 1) * (a_loads + b_loads) + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
-    shared = gemm_shared_bytes(bm, bn, bk, shape.element_bytes) + hardware.shared_reserved_per_block
+    shared = gemm_shared_bytes(bm, bn, bk, shape.staged_bytes) + hardware.shared_reserved_per_block
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
     busiest = ceil_div(blocks, hardware.sm_count)

@@ -4,8 +4,8 @@ Arrays are NumPy arrays. `RawModule` compiles the generated source with the host
 a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __shared__, __syncthreads,
 __syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
 blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
-for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 stands in for
-mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
+for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 and mma_16bit stand
+in for mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
 sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
 sanitizer), as it would fault on a GPU. Other inline PTX is not emulated: a source that needs it fails to
 compile, with the compiler's message.
@@ -154,6 +154,47 @@ inline void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned 
     const auto dot = [&](unsigned row, unsigned col) {
         double sum = 0;
         for (unsigned k = 0; k < 8; ++k) sum += A[row][k] * B[k][col];
+        return sum;
+    };
+    c0 = (float)(c0 + dot(g, 2 * t)), c1 = (float)(c1 + dot(g, 2 * t + 1));
+    c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} likewise: the 16-bit halves of each register decoded
+// here on their own (bfloat16: the top half of a float; float16: by its fields), products in double.
+inline double emulated_half(unsigned bits)
+{
+#if ELEMENT_BF16
+    return emulated_bits<float>(bits << 16);
+#else
+    const int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    const double sign = bits & 0x8000 ? -1.0 : 1.0;
+    if (exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
+    return sign * (exponent ? std::ldexp(1024 + mantissa, exponent - 25) : std::ldexp(mantissa, -24));
+#endif
+}
+inline void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4], const unsigned (&b)[2])
+{
+    emulated_warp& warp = emulated_current->warps[threadIdx.x / 32];
+    const unsigned lane = threadIdx.x % 32;
+    for (unsigned i = 0; i < 4; ++i) warp.a[lane][i] = a[i];
+    for (unsigned i = 0; i < 2; ++i) warp.b[lane][i] = b[i];
+    warp.barrier->arrive_and_wait();
+    double A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; ++l) {
+        const unsigned g = l / 4, t = l % 4;
+        for (unsigned h = 0; h < 2; ++h) {
+            const auto half = [&](unsigned word) { return emulated_half(word >> (16 * h) & 0xffffu); };
+            A[g][2 * t + h] = half(warp.a[l][0]), A[g + 8][2 * t + h] = half(warp.a[l][1]);
+            A[g][2 * t + 8 + h] = half(warp.a[l][2]), A[g + 8][2 * t + 8 + h] = half(warp.a[l][3]);
+            B[2 * t + h][g] = half(warp.b[l][0]), B[2 * t + 8 + h][g] = half(warp.b[l][1]);
+        }
+    }
+    warp.barrier->arrive_and_wait();  // every lane has read the fragments before any publishes again
+    const unsigned g = lane / 4, t = lane % 4;
+    const auto dot = [&](unsigned row, unsigned col) {
+        double sum = 0;
+        for (unsigned k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
         return sum;
     };
     c0 = (float)(c0 + dot(g, 2 * t)), c1 = (float)(c1 + dot(g, 2 * t + 1));

@@ -112,15 +112,18 @@ def test_the_element_type_is_a_define_of_the_plan():
     assert [t for t in single_tiles if gemm_shared_bytes(t.bm, t.bn, t.bk, 8) > H200.shared_per_block]
 
 
-def test_16_bit_plans_stage_float32_and_take_the_float32_tiles():
-    """float16 and bfloat16 differ from float32 only in their element defines: their values are staged,
-    summed and split in float32, so the tiles are float32's, in each precision they take."""
+def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
+    """float16 and bfloat16 in "highest" differ from float32 only in their element defines (FMAs on values
+    staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2),
+    whose slices are whole k steps of 16 staged in 16 bits."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
-        for precision in ("highest", "medium"):
-            half, single = plan(geom, dtype=dtype, precision=precision), plan(geom, precision=precision)
-            assert half.defines == {**single.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16}
-            assert half.launches == single.launches and half.splits == single.splits
+        half, single = plan(geom, dtype=dtype), plan(geom)
+        assert half.defines == {**single.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16}
+        assert half.launches == single.launches and half.splits == single.splits
+        medium = plan(geom, dtype=dtype, precision="medium").defines
+        assert (medium["MMA_MODE"], medium["ELEMENT_BYTES"], medium["ELEMENT_BF16"]) == (2, 2, bf16)
+        assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
     with pytest.raises(ValueError, match="^plan: precision 'high' splits float32 operands into two TF32 parts; "
                                          "bfloat16 values are exact in TF32, so bfloat16 takes 'medium' "
                                          r"\(tensor cores\) or 'highest'$"):
@@ -220,11 +223,12 @@ BENCHMARK_CONVS = [
 ]
 
 
-@pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize(("dtype", "precision"), [("float32", p) for p in TENSOR_CORE_PRECISIONS] +
+                         [("float16", "medium"), ("bfloat16", "medium")])
 @pytest.mark.parametrize("geom", [g for g in EXTENDED if g.family.is_conv] + BENCHMARK_CONVS,
                          ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}_g{g.groups}")
-def test_extended_geometry_compiles_on_tensor_cores_without_spills(geom, precision):
-    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision)
+def test_extended_geometry_compiles_on_tensor_cores_without_spills(geom, dtype, precision):
+    report = nvrtc_check.compile_plan(geom, "sm_90", dtype, precision)
     assert report.error is None, report.error
     assert not [k for k in report.kernels if k.spills]
 

@@ -22,7 +22,7 @@ from convgen.cuda import Tape as CudaTape
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
-from half_support import HALF_DTYPES, draw_half
+from half_support import HALF_DTYPES, draw_half, run_backend, stored, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND, high_bound
 
@@ -151,3 +151,26 @@ def test_16_bit_elements_are_read_and_written_in_16_bits_and_summed_in_float32(d
                 errors = half_errors(backend(dtype, precision), geom, inputs, grad)
             assert max(errors) <= HALF_BOUND, f"{geom} {precision}: {errors}"
 
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_bit_non_finite_values_take_the_rare_path(dtype) -> None:
+    """An inf and a NaN in a 16-bit weight, a -inf in the upstream gradient: the 16-bit mma's slices go
+    down the masked path (which reads the k-paired staging), and exactly the cells the float64 CPU tape
+    makes non-finite are, with the same signs."""
+    geom = Geometry.build(Family.CONV, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    rng = reference.case_rng("emulated 16-bit non-finite", dtype)
+    (weight, bias, x), grad = draw_half(rng, geom, dtype)
+    infinity, nan, minus_infinity = stored(np.array([np.inf, np.nan, -np.inf], np.float32), dtype)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1], grad[1, 2, 0, 0] = infinity, nan, minus_infinity
+    backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True})
+    with imports_as(emulated_cupy()):
+        got = run_backend(backend(dtype, "medium"), geom, (weight, bias, x), grad)
+    wide = [widened(a, dtype) for a in (weight, bias, x)]
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide, widened(grad, dtype))
+    for got_array, ref in zip(got, [ref_output, *ref_grads], strict=True):
+        got_array, ref = widened(got_array, dtype).reshape(np.shape(ref)), np.asarray(ref)
+        np.testing.assert_array_equal(np.isnan(got_array), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got_array) * np.sign(got_array), np.isinf(ref) * np.sign(ref))
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(got_array[finite], ref[finite], rtol=1e-2, atol=1e-2)

@@ -116,9 +116,9 @@ __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { re
 
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
 
-// The tensor-core slice of the implicit-GEMM kernels (MMA_MODE 1 and 3; docs/DESIGN.md, the
-// tensor-core slice), inlined into each conv source by `convgen build` before gemm.cuh, whose
-// slice_product calls it. Needs SHARED_ROW_PAD (printed from the contract); float only.
+// The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
+// docs/DESIGN.md, the tensor-core slice), inlined into each conv source by `convgen build` before
+// gemm.cuh, whose slice_product calls them. Needs SHARED_ROW_PAD (printed from the contract).
 
 // Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
 // accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away
@@ -151,14 +151,39 @@ __device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float&
         : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// c += a b for one 16 x 8 x 16 tile of the 16-bit element type (ELEMENT_BF16: bfloat16, else float16),
+// float accumulation: each fragment register holds two elements of consecutive k, the lower k in the
+// low half (a0..a3 at (row, k) (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..); b0, b1 at
+// (k, col) (2t.., g), (2t + 8.., g); c as mma_tf32's).
+#if ELEMENT_BF16
+#define MMA16_TYPE "bf16"
+#else
+#define MMA16_TYPE "f16"
+#endif
+__device__ __forceinline__ void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
+                                          const unsigned (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA16_TYPE "." MMA16_TYPE ".f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 #endif
 
-// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
-template <unsigned TM, unsigned TN>
+// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col);
+// TF32 operands, or 16-bit ones with SIXTEEN.
+template <bool SIXTEEN = false, unsigned TM, unsigned TN>
 __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsigned ni, const unsigned (&a)[4],
                                          const unsigned (&b)[2])
 {
-    mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1], a, b);
+    if constexpr (SIXTEEN) {
+        mma_16bit(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1],
+                  a, b);
+    } else {
+        mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1],
+                 a, b);
+    }
 }
 
 // One staged slice on the tensor cores: acc += As^T Bs in k steps of 8, each warp over its warp tile
@@ -242,6 +267,45 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 acc[i][j] += slice_sum[i][j];
+            }
+        }
+    }
+}
+
+// One staged slice of 16-bit elements (staged_rows<2>: k pairs in words) on the tensor cores: acc += As^T Bs
+// in k steps of 16, each warp over its warp tile, products summed in float by the mma into acc (16-bit
+// values multiply exactly). As in slice_mma, fragment k positions may read any pair of slice rows as long
+// as A and B agree: positions 2t, 2t + 1 read word row 2t of the step and 2t + 8, 2t + 9 word row 2t + 1,
+// which puts a warp's fragment reads on 32 distinct banks (word rows are 4 mod 8 words apart).
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_mma16(const unsigned (&As)[BK / 2][BM + SHARED_ROW_PAD],
+                                            const unsigned (&Bs)[BK / 2][BN + SHARED_ROW_PAD], unsigned tm,
+                                            unsigned tn, float (&acc)[TM][TN])
+{
+    static_assert(BK % 16 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
+    const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
+#pragma unroll
+    for (unsigned p0 = 0; p0 < BK / 2; p0 += 8) {
+        const unsigned* a_lo = As[p0 + 2 * t];  // k positions 2t, 2t + 1
+        const unsigned* a_hi = As[p0 + 2 * t + 1];  // k positions 2t + 8, 2t + 9
+        const unsigned* b_lo = Bs[p0 + 2 * t];
+        const unsigned* b_hi = Bs[p0 + 2 * t + 1];
+        unsigned a[TM / 2][4], b[TN / 2][2];
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+            a[mi][0] = a_lo[row + 16 * mi], a[mi][1] = a_lo[row + 16 * mi + 8];
+            a[mi][2] = a_hi[row + 16 * mi], a[mi][3] = a_hi[row + 16 * mi + 8];
+        }
+#pragma unroll
+        for (unsigned ni = 0; ni < TN / 2; ++ni) {
+            b[ni][0] = b_lo[col + 8 * ni], b[ni][1] = b_hi[col + 8 * ni];
+        }
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+#pragma unroll
+            for (unsigned ni = 0; ni < TN / 2; ++ni) {
+                mma_tile<true>(acc, mi, ni, a[mi], b[ni]);
             }
         }
     }
@@ -419,18 +483,28 @@ __device__ __forceinline__ void load_fragment(const scalar* row, unsigned t, sca
     }
 }
 
-// A thread's T values of one staged row at its tile positions (tile_row / tile_col): the FMA fragment,
+// A thread's T values of staged row kk at its tile positions (tile_row / tile_col): the FMA fragment,
 // or in tensor-core mode the scalar elements of its C fragment positions.
-template <unsigned MODE, unsigned B, unsigned T, bool ROWS>
-__device__ __forceinline__ void load_tile_values(const scalar* row, unsigned t, scalar (&v)[T])
+template <unsigned MODE, unsigned B, unsigned T, bool ROWS, unsigned K, unsigned W>
+__device__ __forceinline__ void load_tile_values(const scalar (&tile)[K][W], unsigned kk, unsigned t, scalar (&v)[T])
 {
     if constexpr (MODE == 0) {
-        load_fragment<B, T>(row, t, v);
+        load_fragment<B, T>(tile[kk], t, v);
     } else {
 #pragma unroll
         for (unsigned i = 0; i < T; ++i) {
-            v[i] = row[ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i)];
+            v[i] = tile[kk][ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i)];
         }
+    }
+}
+template <unsigned MODE, unsigned B, unsigned T, bool ROWS, unsigned K, unsigned W>
+__device__ __forceinline__ void load_tile_values(const unsigned (&tile)[K][W], unsigned kk, unsigned t,
+                                                 scalar (&v)[T])
+{
+#pragma unroll
+    for (unsigned i = 0; i < T; ++i) {
+        const unsigned w = ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i);
+        v[i] = widened(reinterpret_cast<const real*>(&tile[kk / 2][w])[kk % 2]);
     }
 }
 
@@ -459,14 +533,17 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
     }
 }
 
-// One staged slice by MODE: FMAs in the element type (0) or the tensor cores (1, 3).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
-                                              const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+// One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
+// 16-bit ones (2).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
+    } else if constexpr (MODE == 2) {
+        slice_mma16<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
         slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
@@ -487,15 +564,56 @@ __device__ __forceinline__ scalar staged_value(real element, bool rounded)
     }
 }
 
+// A block's staged slice of A (BK x BM) or B (BK x BN) in shared memory, by MODE: scalars [BK][W + pad],
+// or for the 16-bit mma (2) the elements as stored, two slice rows to a 32-bit word: word [k / 2][w]
+// holds row k's element in its low half when k is even, in its high half when k is odd, which is how an
+// m16n8k16 fragment register pairs consecutive k.
+template <unsigned MODE, unsigned BK, unsigned W> struct staged_rows {
+    typedef scalar type[BK][W + SHARED_ROW_PAD];
+};
+template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
+    typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
+};
+
+// One loaded element into its place (k, w) of a staged slice, as the slice multiplies it: a scalar
+// (staged_value), or the 16-bit element itself.
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_element(scalar (&tile)[K][W], unsigned k, unsigned w, real element,
+                                              bool rounded)
+{
+    tile[k][w] = staged_value<MODE>(element, rounded);
+}
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_element(unsigned (&tile)[K][W], unsigned k, unsigned w, real element, bool)
+{
+    reinterpret_cast<real*>(&tile[k / 2][w])[k % 2] = element;
+}
+// Four consecutive places (k, w .. w + 3), w a multiple of 4: one 16-byte store of scalars.
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_quad(scalar (&tile)[K][W], unsigned k, unsigned w, const real* elements,
+                                           bool rounded)
+{
+    store4(&tile[k][w], staged_value<MODE>(elements[0], rounded), staged_value<MODE>(elements[1], rounded),
+           staged_value<MODE>(elements[2], rounded), staged_value<MODE>(elements[3], rounded));
+}
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_quad(unsigned (&tile)[K][W], unsigned k, unsigned w, const real* elements,
+                                           bool rounded)
+{
+#pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+        stage_element<MODE>(tile, k, w + j, elements[j], rounded);
+    }
+}
+
 // A staged slice whose A holds an inf or NaN: acc += As^T Bs over only the terms whose B element
 // exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
 // NaN). The rare path: not unrolled over kk, so it adds little code; FMAs in every MODE, at the
 // accumulators' tile positions.
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const scalar (&Bs)[BK][BN + SHARED_ROW_PAD],
-                                                 const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 scalar (&acc)[TM][TN])
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void slice_fma_masked(const ATile& As, const BTile& Bs, const unsigned (&valid_rows)[BN],
+                                                 unsigned tm, unsigned tn, scalar (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -506,8 +624,8 @@ __device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHA
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
         scalar a[TM], b[TN];
-        load_tile_values<MODE, BM, TM, true>(As[kk], tm, a);
-        load_tile_values<MODE, BN, TN, false>(Bs[kk], tn, b);
+        load_tile_values<MODE, BM, TM, true>(As, kk, tm, a);
+        load_tile_values<MODE, BN, TN, false>(Bs, kk, tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
@@ -519,13 +637,14 @@ __device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHA
 }
 
 // Whether a staged value sends its slice down the rare path: an inf or NaN (SEMANTICS §3 skips the
-// terms of padding, which 0 * inf would poison). The tensor-core modes also send values whose TF32
+// terms of padding, which 0 * inf would poison). The TF32 modes (1, 3) also send values whose TF32
 // rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
-// integer arithmetic that is exact only for the values left (slice_mma).
+// integer arithmetic that is exact only for the values left (slice_mma). The 16-bit mma (2) multiplies
+// the values as they are, like the FMAs.
 template <unsigned MODE>
 __device__ __forceinline__ bool rare_value(scalar x)
 {
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == 0 || MODE == 2) {
         return !isfinite(x);
     } else {
         return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
@@ -551,11 +670,11 @@ __device__ __forceinline__ bool any_rare(const real (&values)[R][N])
     }
     return found;
 }
-// A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
+// A thread's staged slice: A's values, and in the TF32 modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
 __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
 {
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == 0 || MODE == 2) {
         return any_rare<MODE>(a);
     } else {
         return any_rare<MODE>(a) || any_rare<MODE>(b);
@@ -666,14 +785,16 @@ extern "C" __global__ void FWD_BOUNDS conv_r1_forward(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
-    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
-    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
+    // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
+    // tiles over whole k steps of 8 (16 for the 16-bit mma).
     constexpr unsigned MMA = MMA_MODE;
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
-                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
+                               && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
+    static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -782,16 +903,16 @@ extern "C" __global__ void FWD_BOUNDS conv_r1_forward(
 #pragma unroll
             for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
                 const unsigned q = tid + i * THREADS;
-                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], staged_value<MMA>(a_stage[4 * i], rounded),
-                       staged_value<MMA>(a_stage[4 * i + 1], rounded), staged_value<MMA>(a_stage[4 * i + 2], rounded),
-                       staged_value<MMA>(a_stage[4 * i + 3], rounded));
+                stage_quad<MMA>(As[buffer], q / (BM / 4), 4 * (q % (BM / 4)), a_stage + 4 * i, rounded);
             }
         } else {
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const scalar value = staged_value<MMA>(a_stage[i], rounded);
-                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
+                if (e < BM * BK) {
+                    stage_element<MMA>(As[buffer], PACKED ? e / BM : e % BK, PACKED ? e % BM : e / BK,
+                                       a_stage[i], rounded);
+                }
             }
         }
 #pragma unroll
@@ -799,7 +920,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r1_forward(
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP;
-                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = staged_value<MMA>(b_stage[col][i], rounded);
+                if (row < BK) stage_element<MMA>(Bs[buffer], row, tid % BN + col * THREADS, b_stage[col][i], rounded);
             }
         }
     };
@@ -890,14 +1011,16 @@ extern "C" __global__ void BWI_BOUNDS conv_r1_backward_input(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
-    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
-    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
+    // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
+    // tiles over whole k steps of 8 (16 for the 16-bit mma).
     constexpr unsigned MMA = MMA_MODE;
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
-                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
+                               && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
+    static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -1063,16 +1186,16 @@ extern "C" __global__ void BWI_BOUNDS conv_r1_backward_input(
 #pragma unroll
             for (unsigned i = 0; 4 * i < A_LOADS; ++i) {  // A_VECTOR: A_LOADS / 4 quads
                 const unsigned q = tid + i * THREADS;
-                store4(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))], staged_value<MMA>(a_stage[4 * i], rounded),
-                       staged_value<MMA>(a_stage[4 * i + 1], rounded), staged_value<MMA>(a_stage[4 * i + 2], rounded),
-                       staged_value<MMA>(a_stage[4 * i + 3], rounded));
+                stage_quad<MMA>(As[buffer], q / (BM / 4), 4 * (q % (BM / 4)), a_stage + 4 * i, rounded);
             }
         } else {
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const scalar value = staged_value<MMA>(a_stage[i], rounded);
-                if (e < BM * BK) As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK] = value;
+                if (e < BM * BK) {
+                    stage_element<MMA>(As[buffer], PACKED ? e / BM : e % BK, PACKED ? e % BM : e / BK,
+                                       a_stage[i], rounded);
+                }
             }
         }
 #pragma unroll
@@ -1080,7 +1203,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r1_backward_input(
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP;
-                if (row < BK) Bs[buffer][row][tid % BN + col * THREADS] = staged_value<MMA>(b_stage[col][i], rounded);
+                if (row < BK) stage_element<MMA>(Bs[buffer], row, tid % BN + col * THREADS, b_stage[col][i], rounded);
             }
         }
     };
@@ -1180,14 +1303,16 @@ extern "C" __global__ void BWW_BOUNDS conv_r1_backward_weight(
     constexpr unsigned THREADS = (BM / TM) * (BN / TN);
     static_assert(BM % TM == 0 && BN % TN == 0 && (TM < 4 || TM % 4 == 0) && (TN < 4 || TN % 4 == 0),
                   "tile shape");
-    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, whose
-    // warps own 8TM x 4TN warp tiles of whole 16 x 8 mma tiles over whole k steps of 8.
+    // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
+    // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
+    // tiles over whole k steps of 8 (16 for the 16-bit mma).
     constexpr unsigned MMA = MMA_MODE;
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
-                               && BN % (4 * TN) == 0 && BK % 8 == 0), "tensor-core tile shape");
+                               && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
+    static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) scalar As[2][BK][BM + SHARED_ROW_PAD];
-    __shared__ __align__(16) scalar Bs[2][BK][BN + SHARED_ROW_PAD];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
+    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M rows of D and U_C channels of U.
@@ -1276,13 +1401,15 @@ extern "C" __global__ void BWW_BOUNDS conv_r1_backward_weight(
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            const scalar value = staged_value<MMA>(a_stage[i], rounded);
-            if (e < BM * BK) As[buffer][false ? e / BM : e % BK][false ? e % BM : e / BK] = value;
+            if (e < BM * BK) {
+                stage_element<MMA>(As[buffer], false ? e / BM : e % BK, false ? e % BM : e / BK,
+                                   a_stage[i], rounded);
+            }
         }
 #pragma unroll
         for (unsigned i = 0; i < B_LOADS; ++i) {
             const unsigned local = b_n + i * N_STEP;
-            if (local < BN) Bs[buffer][b_k][local] = staged_value<MMA>(b_stage[i], rounded);
+            if (local < BN) stage_element<MMA>(Bs[buffer], b_k, local, b_stage[i], rounded);
         }
     };
 

@@ -170,18 +170,28 @@ __device__ __forceinline__ void load_fragment(const scalar* row, unsigned t, sca
     }
 }
 
-// A thread's T values of one staged row at its tile positions (tile_row / tile_col): the FMA fragment,
+// A thread's T values of staged row kk at its tile positions (tile_row / tile_col): the FMA fragment,
 // or in tensor-core mode the scalar elements of its C fragment positions.
-template <unsigned MODE, unsigned B, unsigned T, bool ROWS>
-__device__ __forceinline__ void load_tile_values(const scalar* row, unsigned t, scalar (&v)[T])
+template <unsigned MODE, unsigned B, unsigned T, bool ROWS, unsigned K, unsigned W>
+__device__ __forceinline__ void load_tile_values(const scalar (&tile)[K][W], unsigned kk, unsigned t, scalar (&v)[T])
 {
     if constexpr (MODE == 0) {
-        load_fragment<B, T>(row, t, v);
+        load_fragment<B, T>(tile[kk], t, v);
     } else {
 #pragma unroll
         for (unsigned i = 0; i < T; ++i) {
-            v[i] = row[ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i)];
+            v[i] = tile[kk][ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i)];
         }
+    }
+}
+template <unsigned MODE, unsigned B, unsigned T, bool ROWS, unsigned K, unsigned W>
+__device__ __forceinline__ void load_tile_values(const unsigned (&tile)[K][W], unsigned kk, unsigned t,
+                                                 scalar (&v)[T])
+{
+#pragma unroll
+    for (unsigned i = 0; i < T; ++i) {
+        const unsigned w = ROWS ? tile_row<MODE, B, T>(t, i) : tile_col<MODE, B, T>(t, i);
+        v[i] = widened(reinterpret_cast<const real*>(&tile[kk / 2][w])[kk % 2]);
     }
 }
 
@@ -210,14 +220,17 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
     }
 }
 
-// One staged slice by MODE: FMAs in the element type (0) or the tensor cores (1, 3).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_product(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
-                                              const scalar (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
+// One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
+// 16-bit ones (2).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
+    } else if constexpr (MODE == 2) {
+        slice_mma16<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
         slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
@@ -238,15 +251,56 @@ __device__ __forceinline__ scalar staged_value(real element, bool rounded)
     }
 }
 
+// A block's staged slice of A (BK x BM) or B (BK x BN) in shared memory, by MODE: scalars [BK][W + pad],
+// or for the 16-bit mma (2) the elements as stored, two slice rows to a 32-bit word: word [k / 2][w]
+// holds row k's element in its low half when k is even, in its high half when k is odd, which is how an
+// m16n8k16 fragment register pairs consecutive k.
+template <unsigned MODE, unsigned BK, unsigned W> struct staged_rows {
+    typedef scalar type[BK][W + SHARED_ROW_PAD];
+};
+template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
+    typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
+};
+
+// One loaded element into its place (k, w) of a staged slice, as the slice multiplies it: a scalar
+// (staged_value), or the 16-bit element itself.
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_element(scalar (&tile)[K][W], unsigned k, unsigned w, real element,
+                                              bool rounded)
+{
+    tile[k][w] = staged_value<MODE>(element, rounded);
+}
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_element(unsigned (&tile)[K][W], unsigned k, unsigned w, real element, bool)
+{
+    reinterpret_cast<real*>(&tile[k / 2][w])[k % 2] = element;
+}
+// Four consecutive places (k, w .. w + 3), w a multiple of 4: one 16-byte store of scalars.
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_quad(scalar (&tile)[K][W], unsigned k, unsigned w, const real* elements,
+                                           bool rounded)
+{
+    store4(&tile[k][w], staged_value<MODE>(elements[0], rounded), staged_value<MODE>(elements[1], rounded),
+           staged_value<MODE>(elements[2], rounded), staged_value<MODE>(elements[3], rounded));
+}
+template <unsigned MODE, unsigned K, unsigned W>
+__device__ __forceinline__ void stage_quad(unsigned (&tile)[K][W], unsigned k, unsigned w, const real* elements,
+                                           bool rounded)
+{
+#pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+        stage_element<MODE>(tile, k, w + j, elements[j], rounded);
+    }
+}
+
 // A staged slice whose A holds an inf or NaN: acc += As^T Bs over only the terms whose B element
 // exists, bit kk of valid_rows[n] (SEMANTICS §3 forms no product with padding, and 0 * inf would be
 // NaN). The rare path: not unrolled over kk, so it adds little code; FMAs in every MODE, at the
 // accumulators' tile positions.
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
-__device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHARED_ROW_PAD],
-                                                 const scalar (&Bs)[BK][BN + SHARED_ROW_PAD],
-                                                 const unsigned (&valid_rows)[BN], unsigned tm, unsigned tn,
-                                                 scalar (&acc)[TM][TN])
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void slice_fma_masked(const ATile& As, const BTile& Bs, const unsigned (&valid_rows)[BN],
+                                                 unsigned tm, unsigned tn, scalar (&acc)[TM][TN])
 {
     static_assert(BK <= 32, "one bit per slice row");
     unsigned bits[TN];
@@ -257,8 +311,8 @@ __device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHA
 #pragma unroll 1
     for (unsigned kk = 0; kk < BK; ++kk) {
         scalar a[TM], b[TN];
-        load_tile_values<MODE, BM, TM, true>(As[kk], tm, a);
-        load_tile_values<MODE, BN, TN, false>(Bs[kk], tn, b);
+        load_tile_values<MODE, BM, TM, true>(As, kk, tm, a);
+        load_tile_values<MODE, BN, TN, false>(Bs, kk, tn, b);
 #pragma unroll
         for (unsigned i = 0; i < TM; ++i) {
 #pragma unroll
@@ -270,13 +324,14 @@ __device__ __forceinline__ void slice_fma_masked(const scalar (&As)[BK][BM + SHA
 }
 
 // Whether a staged value sends its slice down the rare path: an inf or NaN (SEMANTICS §3 skips the
-// terms of padding, which 0 * inf would poison). The tensor-core modes also send values whose TF32
+// terms of padding, which 0 * inf would poison). The TF32 modes (1, 3) also send values whose TF32
 // rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
-// integer arithmetic that is exact only for the values left (slice_mma).
+// integer arithmetic that is exact only for the values left (slice_mma). The 16-bit mma (2) multiplies
+// the values as they are, like the FMAs.
 template <unsigned MODE>
 __device__ __forceinline__ bool rare_value(scalar x)
 {
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == 0 || MODE == 2) {
         return !isfinite(x);
     } else {
         return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
@@ -302,11 +357,11 @@ __device__ __forceinline__ bool any_rare(const real (&values)[R][N])
     }
     return found;
 }
-// A thread's staged slice: A's values, and in the tensor-core modes B's ([columns][rows] in conv kernels).
+// A thread's staged slice: A's values, and in the TF32 modes B's ([columns][rows] in conv kernels).
 template <unsigned MODE, unsigned NA, typename BStage>
 __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
 {
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == 0 || MODE == 2) {
         return any_rare<MODE>(a);
     } else {
         return any_rare<MODE>(a) || any_rare<MODE>(b);

@@ -1,6 +1,6 @@
-// The tensor-core slice of the implicit-GEMM kernels (MMA_MODE 1 and 3; docs/DESIGN.md, the
-// tensor-core slice), inlined into each conv source by `convgen build` before gemm.cuh, whose
-// slice_product calls it. Needs SHARED_ROW_PAD (printed from the contract); float only.
+// The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
+// docs/DESIGN.md, the tensor-core slice), inlined into each conv source by `convgen build` before
+// gemm.cuh, whose slice_product calls them. Needs SHARED_ROW_PAD (printed from the contract).
 
 // Tensor cores (MMA_MODE 1 and 3, float only): mma.sync.m16n8k8 with TF32 operands and float
 // accumulators. A TF32 value is a float with its mantissa cut to 10 bits, rounded to nearest, ties away
@@ -33,14 +33,39 @@ __device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float&
         : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// c += a b for one 16 x 8 x 16 tile of the 16-bit element type (ELEMENT_BF16: bfloat16, else float16),
+// float accumulation: each fragment register holds two elements of consecutive k, the lower k in the
+// low half (a0..a3 at (row, k) (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..); b0, b1 at
+// (k, col) (2t.., g), (2t + 8.., g); c as mma_tf32's).
+#if ELEMENT_BF16
+#define MMA16_TYPE "bf16"
+#else
+#define MMA16_TYPE "f16"
+#endif
+__device__ __forceinline__ void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
+                                          const unsigned (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA16_TYPE "." MMA16_TYPE ".f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 #endif
 
-// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col).
-template <unsigned TM, unsigned TN>
+// The mma tile (mi, ni) of a warp: acc's 2 x 2 block at (2 mi, 2 ni) is its C fragment (tile_row, tile_col);
+// TF32 operands, or 16-bit ones with SIXTEEN.
+template <bool SIXTEEN = false, unsigned TM, unsigned TN>
 __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsigned ni, const unsigned (&a)[4],
                                          const unsigned (&b)[2])
 {
-    mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1], a, b);
+    if constexpr (SIXTEEN) {
+        mma_16bit(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1],
+                  a, b);
+    } else {
+        mma_tf32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni], acc[2 * mi + 1][2 * ni + 1],
+                 a, b);
+    }
 }
 
 // One staged slice on the tensor cores: acc += As^T Bs in k steps of 8, each warp over its warp tile
@@ -124,6 +149,45 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
 #pragma unroll
             for (unsigned j = 0; j < TN; ++j) {
                 acc[i][j] += slice_sum[i][j];
+            }
+        }
+    }
+}
+
+// One staged slice of 16-bit elements (staged_rows<2>: k pairs in words) on the tensor cores: acc += As^T Bs
+// in k steps of 16, each warp over its warp tile, products summed in float by the mma into acc (16-bit
+// values multiply exactly). As in slice_mma, fragment k positions may read any pair of slice rows as long
+// as A and B agree: positions 2t, 2t + 1 read word row 2t of the step and 2t + 8, 2t + 9 word row 2t + 1,
+// which puts a warp's fragment reads on 32 distinct banks (word rows are 4 mod 8 words apart).
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+__device__ __forceinline__ void slice_mma16(const unsigned (&As)[BK / 2][BM + SHARED_ROW_PAD],
+                                            const unsigned (&Bs)[BK / 2][BN + SHARED_ROW_PAD], unsigned tm,
+                                            unsigned tn, float (&acc)[TM][TN])
+{
+    static_assert(BK % 16 == 0 && TM % 2 == 0 && TN % 2 == 0, "whole mma tiles and k steps");
+    const unsigned g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const unsigned row = tm * 8 * TM + g, col = tn * 4 * TN + g;
+#pragma unroll
+    for (unsigned p0 = 0; p0 < BK / 2; p0 += 8) {
+        const unsigned* a_lo = As[p0 + 2 * t];  // k positions 2t, 2t + 1
+        const unsigned* a_hi = As[p0 + 2 * t + 1];  // k positions 2t + 8, 2t + 9
+        const unsigned* b_lo = Bs[p0 + 2 * t];
+        const unsigned* b_hi = Bs[p0 + 2 * t + 1];
+        unsigned a[TM / 2][4], b[TN / 2][2];
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+            a[mi][0] = a_lo[row + 16 * mi], a[mi][1] = a_lo[row + 16 * mi + 8];
+            a[mi][2] = a_hi[row + 16 * mi], a[mi][3] = a_hi[row + 16 * mi + 8];
+        }
+#pragma unroll
+        for (unsigned ni = 0; ni < TN / 2; ++ni) {
+            b[ni][0] = b_lo[col + 8 * ni], b[ni][1] = b_hi[col + 8 * ni];
+        }
+#pragma unroll
+        for (unsigned mi = 0; mi < TM / 2; ++mi) {
+#pragma unroll
+            for (unsigned ni = 0; ni < TN / 2; ++ni) {
+                mma_tile<true>(acc, mi, ni, a[mi], b[ni]);
             }
         }
     }
