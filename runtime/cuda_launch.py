@@ -27,6 +27,7 @@ from convgen.generated.contract import (
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
     H200,
+    HALF_MMA_K,
     PACK_MIN_MACS,
     SPLIT_WORKSPACE_BYTES,
     GemmShape,
@@ -118,7 +119,10 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
-    tile_shapes = gemm_shapes(bucketed, staged_bytes, mma)
+    # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
+    # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
+    # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
+    tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
     for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
@@ -185,10 +189,22 @@ def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = c
         raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
+    return _plan(geom, hardware, choose_tile, dtype, _tensor_core_mode(geom, dtype, precision))
+
+
+TF32_MMA_MODE = PRECISION_MMA_MODES["medium"]
+
+
+def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
+    """The MMA_MODE of `geom`'s conv GEMMs: `precision`'s; for 16-bit elements on the tensor cores their
+    own m16n8k16 (HALF_MMA_MODE) where every stage's slices are whole k steps of 16 as the TF32 tiles
+    cut them, else the TF32 mma on their widened values (exact too). A conv of few channels would stage
+    mostly zeros in k steps of 16: on the H200 conv4d 8->8 bf16 took 1.02 against 0.533 ms forward."""
     mma = PRECISION_MMA_MODES[precision]
-    if mma and ELEMENT_TYPES[dtype][0] == 2:  # 16-bit elements: their own tensor-core product
-        mma = HALF_MMA_MODE
-    return _plan(geom, hardware, choose_tile, dtype, mma)
+    if not mma or ELEMENT_TYPES[dtype][0] != 2 or not geom.family.is_conv:
+        return mma
+    whole = all(shape.bk % HALF_MMA_K == 0 for shape in gemm_shapes(geom, 4, TF32_MMA_MODE).values())
+    return HALF_MMA_MODE if whole else mma
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

@@ -114,16 +114,18 @@ def test_the_element_type_is_a_define_of_the_plan():
 
 def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
     """float16 and bfloat16 in "highest" differ from float32 only in their element defines (FMAs on values
-    staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2),
-    whose slices are whole k steps of 16 staged in 16 bits."""
+    staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2) on the
+    TF32 mma's tiles where those cut whole k steps of 16, else the TF32 mma (1) on their widened values."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
         half, single = plan(geom, dtype=dtype), plan(geom)
         assert half.defines == {**single.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16}
         assert half.launches == single.launches and half.splits == single.splits
-        medium = plan(geom, dtype=dtype, precision="medium").defines
-        assert (medium["MMA_MODE"], medium["ELEMENT_BYTES"], medium["ELEMENT_BF16"]) == (2, 2, bf16)
+        medium, tf32 = plan(geom, dtype=dtype, precision="medium").defines, plan(geom, precision="medium").defines
+        assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2}  # TF32's tiles
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
+        few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8
+        assert plan(few, dtype=dtype, precision="medium").defines["MMA_MODE"] == 1
     with pytest.raises(ValueError, match="^plan: precision 'high' splits float32 operands into two TF32 parts; "
                                          "bfloat16 values are exact in TF32, so bfloat16 takes 'medium' "
                                          r"\(tensor cores\) or 'highest'$"):

@@ -1,6 +1,7 @@
 """float16 and bfloat16 on the CUDA backend (`pytest -m cuda`, skipped without CuPy or a GPU): every family
 at every rank 1..8 with SEMANTICS §8 arguments mixed in, the convolutions in "highest" (FMAs in float32)
-and "medium" (TF32 tensor cores, exact on 16-bit values), each output and gradient in the 16-bit dtype and
+and "medium" (few channels: the TF32 mma on widened values; 16 and more: the 16-bit mma, cases of their
+own), each output and gradient in the 16-bit dtype and
 within issue 11's 1e-2 of the float64 CPU tape on the same values (tests/half_support.py); outputs are
 poisoned with NaN first, and a second run gives the same bits."""
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
-from convgen.geometry import Family
+from convgen.cuda_launch import plan
+from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, PoisonBackend, _has_gpu, host
 from half_support import HALF_DTYPES, draw_half, relative_errors, run_backend
 from precision_bounds import HALF_BOUND
@@ -34,3 +36,30 @@ def test_16_bit_elements_within_the_bound_at_every_rank(family: Family, rank: in
             first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
             for a, b in zip(first, again, strict=True):
                 np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
+
+
+def _mma_geometries(rank: int) -> list[Geometry]:
+    """A conv and a transpose with channels for whole k steps of 16 (so "medium" is the 16-bit mma), kernel
+    2 on the first two axes, stride 2 with padding and output padding on the first."""
+    spatial = (5, 4, 3, 2, 2, 2, 2, 2)[:rank]
+    kernel = tuple(2 if axis < 2 else 1 for axis in range(rank))
+    stride = tuple(2 if axis == 0 else 1 for axis in range(rank))
+    padding = tuple(1 if axis == 0 else 0 for axis in range(rank))
+    return [Geometry.build(Family.CONV, 16, 32, spatial, kernel, stride, padding, batch=2),
+            Geometry.build(Family.CONV_TRANSPOSE, 32, 16, spatial, kernel, stride, padding, batch=2,
+                           output_padding=padding)]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("rank", RANKS)
+def test_16_bit_mma_within_the_bound_at_every_rank(rank: int, dtype: str) -> None:
+    rng = reference.case_rng("cuda 16-bit mma", rank, dtype)
+    for geom in _mma_geometries(rank):
+        assert plan(geom, dtype=dtype, precision="medium").defines["MMA_MODE"] == 2
+        inputs, grad = draw_half(rng, geom, dtype)
+        backend = PoisonBackend(dtype, "medium")
+        errors = relative_errors(backend, geom, inputs, grad)
+        assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
+        first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+        for a, b in zip(first, again, strict=True):
+            np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))

@@ -19,6 +19,7 @@ import reference
 from convgen.cpu import Tape as CpuTape
 from convgen.cuda import CupyBackend
 from convgen.cuda import Tape as CudaTape
+from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
@@ -125,9 +126,16 @@ def test_tensor_core_precisions_on_forced_mma_tiles(tile) -> None:
                 assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"
 
 
-# 16-bit cases: a grouped, dilated conv whose weight is repacked, a strided transpose with output padding,
-# a circular conv, and each pool (smooth max's pivots and sums are float32 arrays between its kernels).
+# 16-bit cases: a grouped, dilated conv whose weight is repacked and a strided transpose with output
+# padding, each with channels for whole k steps of 16 (the 16-bit mma, MMA_MODE 2) and with too few (the
+# TF32 mma on widened values); a circular conv, and each pool (smooth max's pivots and sums are float32
+# arrays between its kernels).
+HALF_MMA_GEOMETRIES = [
+    Geometry.build(Family.CONV, 16, 32, (6, 5), (3, 2), (1, 2), (1, 0), dilation=(2, 1), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 32, 16, (4, 3), (3, 3), (2, 2), (1, 1), batch=2, output_padding=(1, 0)),
+]
 HALF_GEOMETRIES = [
+    *HALF_MMA_GEOMETRIES,
     GROUPED,
     Geometry.build(Family.CONV_TRANSPOSE, 6, 4, (4, 5), (3, 2), (2, 2), (1, 0), batch=2, output_padding=(1, 0)),
     Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True),
@@ -143,6 +151,8 @@ def test_16_bit_elements_are_read_and_written_in_16_bits_and_summed_in_float32(d
     tensor cores, which hold 16-bit values exactly) within issue 11's 1e-2 of the float64 reference;
     results come back in the 16-bit dtype (half_support.widened checks)."""
     rng = reference.case_rng("emulated 16-bit", dtype)
+    modes = {plan(geom, dtype=dtype, precision="medium").defines["MMA_MODE"] for geom in HALF_GEOMETRIES[:4]}
+    assert modes == {1, 2}  # both tensor-core paths of 16-bit elements run below
     for geom in HALF_GEOMETRIES:
         inputs, grad = draw_half(rng, geom, dtype)
         for precision in ("highest", "medium") if geom.family.is_conv else ("highest",):
@@ -158,7 +168,8 @@ def test_16_bit_non_finite_values_take_the_rare_path(dtype) -> None:
     """An inf and a NaN in a 16-bit weight, a -inf in the upstream gradient: the 16-bit mma's slices go
     down the masked path (which reads the k-paired staging), and exactly the cells the float64 CPU tape
     makes non-finite are, with the same signs."""
-    geom = Geometry.build(Family.CONV, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    geom = Geometry.build(Family.CONV, 16, 16, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    assert plan(geom, dtype=dtype, precision="medium").defines["MMA_MODE"] == 2
     rng = reference.case_rng("emulated 16-bit non-finite", dtype)
     (weight, bias, x), grad = draw_half(rng, geom, dtype)
     infinity, nan, minus_infinity = stored(np.array([np.inf, np.nan, -np.inf], np.float32), dtype)
