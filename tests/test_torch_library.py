@@ -72,6 +72,18 @@ def test_opcheck(sample) -> None:
     torch.library.opcheck(op, args)
 
 
+HALF_SAMPLES = [sample for dtype in (torch.float16, torch.bfloat16)
+                for sample in forward_samples(dtype=dtype) + backward_samples(dtype=dtype)]
+
+
+@pytest.mark.parametrize("sample", HALF_SAMPLES, ids=lambda s: f"{_id(s)}-{s[1][0].dtype}")
+def test_opcheck_16_bit(sample) -> None:
+    """The fakes give 16-bit tensors the dtypes the real ops do (outputs in the input's, saved state as
+    each device keeps it)."""
+    op, args = sample
+    torch.library.opcheck(op, args)
+
+
 def test_every_op_is_checked() -> None:
     checked = {op._qualified_op_name for op, _ in forward_samples() + backward_samples()}
     assert checked == {op._qualname for op in library.FORWARD_OPS + library.BACKWARD_OPS}

@@ -340,3 +340,25 @@ def test_torch_compile_fullgraph_matches_eager_forward_and_backward():
     torch.testing.assert_close(compiled_dx, eager_dx)
     for compiled_grad, eager_grad in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(compiled_grad, eager_grad)
+
+
+def test_torch_compile_fullgraph_under_autocast_matches_eager():
+    """Under CPU autocast the compiled graph casts the convolutions to bfloat16 as eager does: the same
+    bfloat16 output and the same float32 parameter gradients."""
+    torch.manual_seed(0)
+    model = SmallNet4d()
+    x = torch.randn(2, 2, 4, 4, 4, 4)
+    compiled = torch.compile(model, fullgraph=True)
+    results = []
+    for run in (model, compiled):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = run(x)
+        y.float().sum().backward()
+        results.append((y.detach(), [p.grad.clone() for p in model.parameters()]))
+    (eager_y, eager_grads), (compiled_y, compiled_grads) = results
+    assert eager_y.dtype == compiled_y.dtype == torch.bfloat16
+    assert all(g.dtype == torch.float32 for g in compiled_grads)
+    torch.testing.assert_close(compiled_y, eager_y, rtol=0, atol=0)
+    for compiled_grad, eager_grad in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(compiled_grad, eager_grad, rtol=0, atol=0)
