@@ -13,8 +13,8 @@ with their errors, targets and share of the TF32 tensor-core peak. Also
 measured: peak device memory of the op, and, in child processes, the first-call compile time (fresh
 CuPy kernel cache) and the warm-disk-cache load time; with --host, the host overhead of tiny ops.
 The adapter runs on torch tensors of the same inputs, with the adapter/tape time ratio per case, and on the
-batched cases on bfloat16 copies too (beside PyTorch's bf16 channels-last); it is skipped, with a note,
-where convgen.torch does not import. Prints markdown tables last (with issue 9's targets and issue 10's
+batched cases on bfloat16 copies (beside PyTorch's bf16 channels-last) and float16 copies too; it is skipped,
+with a note, where convgen.torch does not import. Prints markdown tables last (with issue 9's targets and issue 10's
 adapter target under the batched one, then issue 11's precision table and targets) and writes everything
 to JSON. The parts live in suite/.
 

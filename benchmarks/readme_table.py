@@ -46,7 +46,8 @@ def table(results: dict) -> str:
 MODES = (("convgen", '"highest" (fp32 FMA)'), ("convgen_high", '"high" (3xTF32)'),
          ("convgen_medium", '"medium" (TF32)'), ("torch_strict", "cuDNN strict fp32"), ("torch_tf32", "cuDNN TF32"),
          ("convgen_torch_bf16", "convgen.torch bf16"), ("torch_bf16_cl", "cuDNN bf16 channels-last"))
-ERROR_MODES = ("convgen", "convgen_high", "convgen_medium", "convgen_torch_bf16")
+# The error column, in its heading's order; fp16 has no time column (the table is wide; no cuDNN fp16 beside it).
+ERROR_MODES = ("convgen", "convgen_high", "convgen_medium", "convgen_torch_bf16", "convgen_torch_fp16")
 
 
 def kernels(case: dict, contestant: str) -> str:
@@ -65,7 +66,8 @@ def precision_table(results: dict) -> str | None:
     cases = [case for case in results["cases"] if "convgen_high" in case.get("timings", {})]
     if not cases:
         return None
-    rows = ["| case | " + " | ".join(heading for _, heading in MODES) + " | error highest / high / medium / bf16 |",
+    rows = ["| case | " + " | ".join(heading for _, heading in MODES)
+            + " | error highest / high / medium / bf16 / fp16 |",
             "|---" * (len(MODES) + 2) + "|"]
     for case in cases:
         errors = " / ".join(worst_error(case, contestant) for contestant in ERROR_MODES)

@@ -1,6 +1,6 @@
-"""The benchmark's convgen.torch contestant (issue 10; in float32, and in bfloat16 as issue 11's bf16 contestant)
-without a GPU: on NumPy inputs it runs on the adapter's CPU backend (bfloat16: float32 arithmetic rounded to
-bfloat16), is checked against the float64 PyTorch reference and timed through the suite's own code on a host clock
+"""The benchmark's convgen.torch contestant (issue 10; in float32, and in bfloat16 and float16 as issue 11's
+16-bit contestants) without a GPU: on NumPy inputs it runs on the adapter's CPU backend (16-bit: float32
+arithmetic rounded to the dtype), is checked against the float64 PyTorch reference and timed through the suite's own code on a host clock
 (no CUDA graph, so the back-to-back fallback); the report's adapter columns, the adapter target and the JSON are
 exercised with made-up times, and old JSONs still print through readme_table.py."""
 
@@ -26,6 +26,7 @@ from suite.cases import BATCHED_CASES, UNBATCHED_CASES, Case  # noqa: E402
 from suite.contestants import (  # noqa: E402
     ADAPTER,
     ADAPTER_BF16,
+    ADAPTER_FP16,
     TORCH_REFERENCE,
     AdapterContestant,
     Libraries,
@@ -34,7 +35,7 @@ from suite.contestants import (  # noqa: E402
 )
 from suite.measure import eager_outputs, measure_contestant  # noqa: E402
 from suite.report import MISMATCH_REL_ERR, CaseReport  # noqa: E402
-from suite.targets import BF16_MAX_REL_ERR, check_adapter, format_adapter_target  # noqa: E402
+from suite.targets import HALF_MAX_REL_ERR, check_adapter, format_adapter_target  # noqa: E402
 from suite.timing import QUICK, Captured, TorchDevice, relative_error  # noqa: E402
 
 SMALL_CASES = (
@@ -78,26 +79,29 @@ def test_the_adapter_matches_the_float64_reference(case):
 
 
 CONV_CASES = tuple(case for case in SMALL_CASES if case.is_conv)
+# dtype, label, the NumPy dtype its outputs come back in (NumPy has no bfloat16: widened to float32)
+HALF_ADAPTERS = [("bfloat16", ADAPTER_BF16, np.float32), ("float16", ADAPTER_FP16, np.float16)]
 
 
+@pytest.mark.parametrize(("dtype", "label", "numpy_dtype"), HALF_ADAPTERS, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[case.name for case in CONV_CASES])
-def test_the_bf16_adapter_is_within_issue_11s_bound(case):
-    """bfloat16 copies of the inputs, contiguous; its outputs come back widened to float32 (NumPy has no
-    bfloat16) and are off the float64 reference by bf16's rounding: within 1e-2, and the worst over fp32's bound."""
+def test_the_16_bit_adapter_is_within_issue_11s_bound(case, dtype, label, numpy_dtype):
+    """16-bit copies of the inputs, contiguous; its outputs are off the float64 reference by the dtype's
+    rounding: within 1e-2, and the worst over fp32's bound."""
     inputs = host_inputs(case)
     expected = reference_outputs(case, inputs)
-    contestant = AdapterContestant(case, inputs, torch, convgen.torch, "bfloat16")
-    assert contestant.label == ADAPTER_BF16
-    assert all(tensor.dtype == torch.bfloat16 and tensor.is_contiguous()
+    contestant = AdapterContestant(case, inputs, torch, convgen.torch, dtype)
+    assert contestant.label == label
+    assert all(tensor.dtype == getattr(torch, dtype) and tensor.is_contiguous()
                for tensor in (*contestant.inputs, contestant.seed))
     report = CaseReport(case)
-    actual = eager_outputs(contestant, ADAPTER_BF16, report)
+    actual = eager_outputs(contestant, label, report)
     assert report.errors == []
     outputs = {name: array for by_name in actual.values() for name, array in by_name.items()}
     assert outputs.keys() == expected.keys() == {"y", "grad_x", "grad_weight", "grad_bias"}
     errors = {name: relative_error(array, expected[name]) for name, array in outputs.items()}
-    assert all(array.dtype == np.float32 and array.shape == expected[name].shape for name, array in outputs.items())
-    assert max(errors.values()) > MISMATCH_REL_ERR and all(error <= BF16_MAX_REL_ERR for error in errors.values())
+    assert all(array.dtype == numpy_dtype and array.shape == expected[name].shape for name, array in outputs.items())
+    assert max(errors.values()) > MISMATCH_REL_ERR and all(error <= HALF_MAX_REL_ERR for error in errors.values())
 
 
 def test_forward_backward_clears_the_gradients_first():
@@ -123,15 +127,16 @@ def test_the_adapter_runs_in_the_tapes_precision_whatever_torch_says():
         convgen.torch.set_float32_precision(None)
 
 
-def test_the_bf16_adapter_pins_no_precision_and_reports_the_one_convgen_torch_picks():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_16_bit_adapter_pins_no_precision_and_reports_the_one_convgen_torch_picks(dtype):
     """16-bit tensors always run "medium" (tensor cores, exact for their values): the float32 setting is left
     alone, and the flags say the dtype and that precision."""
-    contestant = AdapterContestant(SMALL_CASES[0], host_inputs(SMALL_CASES[0]), torch, convgen.torch, "bfloat16")
+    contestant = AdapterContestant(SMALL_CASES[0], host_inputs(SMALL_CASES[0]), torch, convgen.torch, dtype)
     convgen.torch.set_float32_precision("high")
     try:
         with contestant.active() as flags:
             assert convgen.torch.get_float32_precision() == "high"
-        assert flags == {"dtype": "bfloat16", "convgen.torch precision": "medium (bfloat16 tensors)"}
+        assert flags == {"dtype": dtype, "convgen.torch precision": f"medium ({dtype} tensors)"}
     finally:
         convgen.torch.set_float32_precision(None)
 
@@ -168,8 +173,10 @@ class HostClockDevice:
 
 @pytest.mark.parametrize(("dtype", "label", "bound", "flags"), [
     ("float32", ADAPTER, MISMATCH_REL_ERR, {"convgen.torch float32 precision": "highest"}),
-    ("bfloat16", ADAPTER_BF16, BF16_MAX_REL_ERR,
+    ("bfloat16", ADAPTER_BF16, HALF_MAX_REL_ERR,
      {"dtype": "bfloat16", "convgen.torch precision": "medium (bfloat16 tensors)"}),
+    ("float16", ADAPTER_FP16, HALF_MAX_REL_ERR,
+     {"dtype": "float16", "convgen.torch precision": "medium (float16 tensors)"}),
 ])
 def test_measure_contestant_checks_and_times_the_adapter(capsys, dtype, label, bound, flags):
     case = SMALL_CASES[0]
@@ -298,7 +305,7 @@ def test_list_needs_no_gpu():
 def test_readme_table_prints_the_tensor_core_modes_of_a_batched_run():
     """A batched run with the precisions also prints their table: per case the kernels fwd / fwd+bwd of each
     mode and of cuDNN's, and the worst output's error per mode, as the JSON holds them; a run from before the
-    bf16 contestant has — in its column and error."""
+    bf16 contestant has — in its column and error, and one from before the fp16 contestant — in its error."""
     path = BENCH_DIR / "measured" / "2026-11-30-h200-75c30c5-bench-batched.json"
     case = json.loads(path.read_text())["cases"][1]
     printed = run_script("readme_table.py", str(path))
@@ -307,9 +314,20 @@ def test_readme_table_prints_the_tensor_core_modes_of_a_batched_run():
     high = case["timings"]["convgen_high"]
     assert f"{high['fwd']['kernels']['median_ms']:.3g} / {high['fwd_bwd']['kernels']['median_ms']:.3g}" in row
     worst = max(case["check_rel_err"]["convgen_medium"].values())
-    assert row.endswith(f"/ {worst:.1e} / — |".replace("e-0", "e-")) and " | — | " in row
+    assert row.endswith(f"/ {worst:.1e} / — / — |".replace("e-0", "e-")) and " | — | " in row
     assert "| case | \"highest\" (fp32 FMA) | \"high\" (3xTF32) | \"medium\" (TF32) | cuDNN strict fp32 |" in printed
-    assert ("| cuDNN TF32 | convgen.torch bf16 | cuDNN bf16 channels-last | error highest / high / medium / bf16 |"
-            in printed)
+    assert ("| cuDNN TF32 | convgen.torch bf16 | cuDNN bf16 channels-last "
+            "| error highest / high / medium / bf16 / fp16 |") in printed
     unbatched = run_script("readme_table.py", str(BENCH_DIR / "measured" / "2026-11-30-h200-e305a1c-unbatched.json"))
     assert "Tensor-core modes" not in unbatched
+
+
+def test_readme_table_prints_a_run_from_before_the_fp16_contestant():
+    """A run with bf16 but no fp16: bf16's worst error, then — for fp16's."""
+    path = BENCH_DIR / "measured" / "2026-12-01-h200-59cda4f-quick-bench.json"
+    cases = json.loads(path.read_text())["cases"]
+    printed = run_script("readme_table.py", str(path)).splitlines()
+    for case in cases:
+        worst = max(case["check_rel_err"]["convgen_torch_bf16"].values())
+        (row,) = [line for line in printed if line.startswith(f"| {case['title']} |") and line.count("|") == 10]
+        assert row.endswith(f"/ {worst:.1e} / — |".replace("e-0", "e-"))

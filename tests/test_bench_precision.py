@@ -1,7 +1,7 @@
 """The benchmark's tensor-core precisions (issue 11) without a GPU: the tape contestant in each precision on the
 suite's stand-in CuPy (the real CUDA tape and backend, kernels compiled and launched as no-ops), the contestants a
-case runs (convgen.torch in bf16 on the batched convolutions), the precision table, issue 11's targets on hand-made
-times and errors (bf16's too), the share of the TF32 peak, and bench.py's --precisions option."""
+case runs (convgen.torch in bf16 and fp16 on the batched convolutions), the precision table, issue 11's targets on
+hand-made times and errors (bf16's and fp16's too), the share of the TF32 peak, and bench.py's --precisions option."""
 
 from __future__ import annotations
 
@@ -88,13 +88,14 @@ def test_a_batched_case_runs_the_selected_precisions_and_one_image_the_default(s
 
     every = ("highest", "high", "medium")
     assert labels(N8_128, every) == ["convgen", "convgen_high", "convgen_medium", "convgen_torch",
-                                     "convgen_torch_bf16", "torch_strict", "torch_tf32", "torch_bf16_cl"]
-    assert labels(N8_128, ("medium",)) == ["convgen_medium", "convgen_torch", "convgen_torch_bf16", "torch_strict",
-                                           "torch_tf32", "torch_bf16_cl"]
+                                     "convgen_torch_bf16", "convgen_torch_fp16", "torch_strict", "torch_tf32",
+                                     "torch_bf16_cl"]
+    assert labels(N8_128, ("medium",)) == ["convgen_medium", "convgen_torch", "convgen_torch_bf16",
+                                           "convgen_torch_fp16", "torch_strict", "torch_tf32", "torch_bf16_cl"]
     one_image = CASES_BY_NAME["conv2d_64_56"]
     assert labels(one_image, ("high", "medium")) == ["convgen", "convgen_torch", "torch_strict", "torch_tf32"]
     batched_pool = Case.square("maxpool2d_n2", "max pool 2d N2 C3 6² k3 s1 p1", Family.MAX_POOL, 3, 3, (6, 6), 3, 1,
-                               1, batch=2)  # bf16 channels-last, but no convolution: no convgen bf16
+                               1, batch=2)  # bf16 channels-last, but no convolution: no convgen bf16 or fp16
     assert labels(batched_pool, ("medium",)) == ["convgen_medium", "convgen_torch", "torch_strict", "torch_bf16_cl"]
     built = [build() for label, build in contestant_builders(N8_128, stand_in_inputs(N8_128), stand_in_libs, every)
              if label in TAPE_LABELS]
@@ -105,12 +106,13 @@ def test_a_batched_case_runs_the_selected_precisions_and_one_image_the_default(s
 TABLE_TIMES = {"convgen": (1.2, 1.0, 3.6, 3.0), "convgen_high": (0.6, 0.4, 1.9, 1.7),
                "convgen_medium": (0.45, 0.25, 1.2, 0.9), "torch_strict": (1.25, 1.1, 3.5, 3.4),
                "torch_tf32": (0.5, 0.3, 1.4, 1.1), "convgen_torch_bf16": (0.35, 0.22, 1.0, 0.8),
-               "torch_bf16_cl": (0.3, 0.2, 0.9, 0.7)}
+               "convgen_torch_fp16": (0.5, 0.25, 1.1, 0.85), "torch_bf16_cl": (0.3, 0.2, 0.9, 0.7)}
 TABLE_ERRORS = {"convgen": {"y": 1.1e-7, "grad_x": 2.0e-7, "grad_weight": 3.3e-7, "grad_bias": 5.0e-8},
                 "convgen_high": {"y": 2.1e-7, "grad_x": 3.9e-7, "grad_weight": 6.5e-7, "grad_bias": 5.0e-8},
                 "convgen_medium": {"y": 2.4e-4, "grad_x": 3.1e-4, "grad_weight": 4.4e-4, "grad_bias": 5.0e-8},
                 "torch_tf32": {"y": 2.6e-4, "grad_x": 5.5e-4, "grad_weight": 4.0e-4, "grad_bias": 1e-8},
-                "convgen_torch_bf16": {"y": 2.9e-3, "grad_x": 3.4e-3, "grad_weight": 4.1e-3, "grad_bias": 2.0e-3}}
+                "convgen_torch_bf16": {"y": 2.9e-3, "grad_x": 3.4e-3, "grad_weight": 4.1e-3, "grad_bias": 2.0e-3},
+                "convgen_torch_fp16": {"y": 3.6e-4, "grad_x": 4.2e-4, "grad_weight": 5.1e-4, "grad_bias": 2.5e-4}}
 
 
 def made_up_report(case, times, errors=None):
@@ -132,6 +134,8 @@ def test_the_precision_table_has_a_row_per_contestant_with_times_errors_and_peak
         [title, "torch_strict", "1.25 / 1.1", "3.5 / 3.4", "1.00 / 1.00", "1.00 / 1.00", "—", "—"],
         [title, "torch_tf32", "0.5 / 0.3", "1.4 / 1.1", "2.50 / 3.67", "2.50 / 3.09", "5.5e-04 grad_x", "—"],
         [title, "convgen_torch_bf16", "0.35 / 0.22", "1 / 0.8", "3.57 / 5.00", "3.50 / 4.25", "4.1e-03 grad_weight",
+         "—"],
+        [title, "convgen_torch_fp16", "0.5 / 0.25", "1.1 / 0.85", "2.50 / 4.40", "3.18 / 4.00", "5.1e-04 grad_weight",
          "—"],
         [title, "torch_bf16_cl", "0.3 / 0.2", "0.9 / 0.7", "4.17 / 5.50", "3.89 / 4.86", "—", "—"],
     ]
@@ -157,7 +161,7 @@ def reports_of(*reports):
     return {report.case.name: report for report in reports}
 
 
-ACCURACY_HIGH, ACCURACY_MEDIUM, ACCURACY_BF16 = ACCURACY_RULES
+ACCURACY_HIGH, ACCURACY_MEDIUM, ACCURACY_BF16, ACCURACY_FP16 = ACCURACY_RULES
 SPEED_HIGH, SPEED_MEDIUM, SPEED_CONV3D_CONV4D, SPEED_BF16 = SPEED_RULES
 FMA_ERRORS = {"y": 1e-7, "grad_x": 2e-7, "grad_weight": 4e-7, "grad_bias": 1e-7}
 
@@ -206,7 +210,7 @@ def test_high_is_twice_cudnn_strict_on_the_two_large_conv2d_cases():
     assert target["met"] is False
     assert target["measures"]["fwd_bwd kernels"]["cases"]["conv2d_128_128_n8"]["convgen_high"] == {
         "ms": 2.1, "torch_strict_ms": 4.0, "speedup": 4.0 / 2.1, "ok": False}
-    assert format_precision_targets(check_precisions(failing))[4] == (
+    assert format_precision_targets(check_precisions(failing))[5] == (
         "- speed high — torch_strict/convgen_high ≥ 2 on conv2d_128_128_n8, conv2d_64_56_n32: "
         "fwd call no (missing conv2d_64_56_n32 convgen_high), fwd kernels no (missing conv2d_64_56_n32 convgen_high), "
         "fwd_bwd call no (missing conv2d_64_56_n32 convgen_high), fwd_bwd kernels no (conv2d_128_128_n8 "
@@ -225,7 +229,7 @@ def test_medium_is_no_slower_than_cudnn_tf32_on_every_batched_case():
     assert check_speed(SPEED_MEDIUM, passing)["met"] is True
     failing = passing | reports_of(made_up_report(third, {"torch_tf32": (1.0, 0.45, 2.0, 1.0),
                                                           "convgen_medium": tf32}))
-    assert format_precision_targets(check_precisions(failing))[5] == (
+    assert format_precision_targets(check_precisions(failing))[6] == (
         "- speed medium — torch_tf32/convgen_medium ≥ 1 on every batched case: fwd call yes, fwd kernels no "
         "(conv2d_3_224_k7_n32 convgen_medium 0.90), fwd_bwd call yes, fwd_bwd kernels yes. Met: no.")
     untimed = passing | reports_of(made_up_report(third, {"torch_tf32": tf32}))
@@ -242,7 +246,7 @@ def test_every_precision_is_ahead_of_cudnn_strict_on_conv3d_and_conv4d():
     assert check_speed(SPEED_CONV3D_CONV4D, passing)["met"] is True
     slower_and_missing = {"torch_strict": strict, "convgen": ahead, "convgen_high": (1.25, 0.9, 3.9, 3.9)}
     failing = reports_of(made_up_report(conv3d, every_mode), made_up_report(conv4d, slower_and_missing))
-    assert format_precision_targets(check_precisions(failing))[6] == (
+    assert format_precision_targets(check_precisions(failing))[7] == (
         "- speed conv3d conv4d — torch_strict/convgen, convgen_high, convgen_medium ≥ 1 on conv3d_32_32_n8, "
         "conv4d_8_16_n8 (conv4d's torch: the conv3d loop): fwd call no (conv4d_8_16_n8 convgen_high 0.80; "
         "missing conv4d_8_16_n8 convgen_medium), fwd kernels no (missing conv4d_8_16_n8 convgen_medium), "
@@ -250,16 +254,17 @@ def test_every_precision_is_ahead_of_cudnn_strict_on_conv3d_and_conv4d():
         "convgen_medium). Met: no.")
 
 
-def test_bf16_accuracy_is_within_1e_2():
+@pytest.mark.parametrize(("rule", "line"), [(ACCURACY_BF16, 3), (ACCURACY_FP16, 4)], ids=["bf16", "fp16"])
+def test_16_bit_accuracy_is_within_1e_2(rule, line):
     n32, n8 = BATCHED_CASES[0], BATCHED_CASES[1]
     within = {"y": 3e-3, "grad_x": 1e-2, "grad_weight": 4e-3, "grad_bias": 2e-3}
-    assert check_accuracy(ACCURACY_BF16, reports_of(made_up_report(n8, {}, {"convgen_torch_bf16": within})))["met"]
+    assert check_accuracy(rule, reports_of(made_up_report(n8, {}, {rule.label: within})))["met"]
     not_run = reports_of(made_up_report(n32, {}, {"convgen_medium": within}))  # convgen.torch did not import
-    failing = reports_of(made_up_report(n8, {}, {"convgen_torch_bf16": within | {"grad_weight": 1.3e-2}})) | not_run
+    failing = reports_of(made_up_report(n8, {}, {rule.label: within | {"grad_weight": 1.3e-2}})) | not_run
     lines = format_precision_targets(check_precisions(failing))
-    assert lines[3] == ("- accuracy bf16 — convgen_torch_bf16 rel err ≤ 0.01: no (conv2d_128_128_n8 grad_weight "
-                        "1.3e-02 > 1.0e-02; missing conv2d_64_56_n32 y, conv2d_64_56_n32 grad_x, conv2d_64_56_n32 "
-                        "grad_weight, conv2d_64_56_n32 grad_bias).")
+    assert lines[line] == (f"- {rule.key.replace('_', ' ')} — {rule.label} rel err ≤ 0.01: no (conv2d_128_128_n8 "
+                           "grad_weight 1.3e-02 > 1.0e-02; missing conv2d_64_56_n32 y, conv2d_64_56_n32 grad_x, "
+                           "conv2d_64_56_n32 grad_weight, conv2d_64_56_n32 grad_bias).")
 
 
 def test_bf16_is_within_1_2x_of_cudnn_bf16_channels_last_on_every_batched_case():
@@ -274,8 +279,8 @@ def test_bf16_is_within_1_2x_of_cudnn_bf16_channels_last_on_every_batched_case()
     assert target["measures"]["fwd kernels"]["cases"][third.name]["convgen_torch_bf16"] == {
         "ms": 0.65, "torch_bf16_cl_ms": 0.5, "speedup": 0.5 / 0.65, "ok": False}
     lines = format_precision_targets(check_precisions(failing))
-    assert len(lines) == 8 and lines[0] == "Tensor-core targets (issue 11; batched cases; reporting only):"
-    assert lines[7] == (
+    assert len(lines) == 9 and lines[0] == "Tensor-core targets (issue 11; batched cases; reporting only):"
+    assert lines[8] == (
         "- speed bf16 — torch_bf16_cl/convgen_torch_bf16 ≥ 0.833 on every batched case (its time ≤ 1.2 × cuDNN's): "
         "fwd call yes, fwd kernels no (conv2d_3_224_k7_n32 convgen_torch_bf16 0.77), fwd_bwd call yes, fwd_bwd "
         "kernels yes. Met: no.")
@@ -298,8 +303,12 @@ def test_summary_and_json_carry_the_precisions(tmp_path, capsys):
     assert UNBATCHED_CASES[0].title + " | convgen_high" not in out  # one image: not in issue 11's table
     assert "over the H200's dense TF32 tensor-core peak, 494.7 TFLOP/s (datasheet: 989 TFLOPS with sparsity)." in out
     assert f"| {N8_128.title} | convgen_torch_bf16 | 0.35 / 0.22 | 1 / 0.8 | 3.57 / 5.00 |" in out
-    assert "convgen_torch_bf16 = convgen.torch on bfloat16 tensors (NCHW, products summed in float32)" in out
+    assert (f"| {N8_128.title} | convgen_torch_fp16 | 0.5 / 0.25 | 1.1 / 0.85 | 2.50 / 4.40 | 3.18 / 4.00 "
+            "| 5.1e-04 grad_weight | — |") in out
+    assert ("convgen_torch_bf16 / convgen_torch_fp16 = convgen.torch on bfloat16 / float16 tensors (NCHW, products "
+            "summed in float32)") in out
     assert "- accuracy bf16 — convgen_torch_bf16 rel err ≤ 0.01: yes." in out and "- accuracy high — " in out
+    assert "- accuracy fp16 — convgen_torch_fp16 rel err ≤ 0.01: yes." in out and "- speed fp16" not in out
 
     path = tmp_path / "bench.json"
     report_module.write_json(path, META, reports, {})
@@ -309,6 +318,7 @@ def test_summary_and_json_carry_the_precisions(tmp_path, capsys):
     assert targets["speed_high"]["met"] is False  # the N32 case is not in this run
     assert targets["speed_medium"]["met"] is True
     assert targets["accuracy_bf16"]["met"] is True and targets["speed_bf16"]["met"] is True
+    assert targets["accuracy_fp16"]["met"] is True and "speed_fp16" not in targets  # no cuDNN fp16 to time against
     assert targets["speed_bf16"]["measures"]["fwd kernels"]["cases"][N8_128.name]["convgen_torch_bf16"] == {
         "ms": 0.22, "torch_bf16_cl_ms": 0.2, "speedup": 0.2 / 0.22, "ok": True}
     fractions = document["cases"][0]["tensor_core_peak_fraction"]
@@ -317,7 +327,7 @@ def test_summary_and_json_carry_the_precisions(tmp_path, capsys):
     (row,) = [line for line in run_script("readme_table.py", str(path)).splitlines()
               if line.startswith(f"| {N8_128.title} |") and "e-" in line]  # the tensor-core table's row
     assert row == (f"| {N8_128.title} | 1 / 3 | 0.4 / 1.7 | 0.25 / 0.9 | 1.1 / 3.4 | 0.3 / 1.1 | 0.22 / 0.8 "
-                   "| 0.2 / 0.7 | 3.3e-7 / 6.5e-7 / 4.4e-4 / 4.1e-3 |")
+                   "| 0.2 / 0.7 | 3.3e-7 / 6.5e-7 / 4.4e-4 / 4.1e-3 / 5.1e-4 |")
 
 
 def test_precisions_default_to_all_three_and_keep_the_tapes_order():

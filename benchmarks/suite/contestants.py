@@ -1,5 +1,5 @@
 """The contestants: convgen's CUDA tape (in each precision of issue 11), its PyTorch adapter `convgen.torch`
-(issue 10; on bfloat16 tensors too for the batched convolutions), PyTorch/cuDNN (strict fp32, TF32, bf16
+(issue 10; on bfloat16 and float16 tensors too for the batched convolutions), PyTorch/cuDNN (strict fp32, TF32, bf16
 channels-last for the batched cases, and the float64 reference) with the conv3d-made 4-D convolution, each a
 forward and a forward+backward call on one case's inputs."""
 
@@ -292,7 +292,8 @@ class TorchContestant(Contestant):
 
 ADAPTER = "convgen_torch"  # convgen.torch's label in the report and the JSON
 ADAPTER_BF16 = "convgen_torch_bf16"  # convgen.torch on bfloat16 tensors, beside torch_bf16_cl (issue 11)
-ADAPTER_LABELS = {"float32": ADAPTER, "bfloat16": ADAPTER_BF16}  # by the dtype of its tensors
+ADAPTER_FP16 = "convgen_torch_fp16"  # convgen.torch on float16 tensors (issue 11; no cuDNN fp16 contestant)
+ADAPTER_LABELS = {"float32": ADAPTER, "bfloat16": ADAPTER_BF16, "float16": ADAPTER_FP16}  # by its tensors' dtype
 
 
 def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
@@ -307,7 +308,7 @@ def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
 
 class AdapterContestant(Contestant):
     """convgen.torch (issue 10) on torch copies of the same float32 inputs in `dtype` (a torch dtype's name, a
-    key of ADAPTER_LABELS), every input requiring grad; bfloat16 copies stay contiguous (NCHW: convgen has no
+    key of ADAPTER_LABELS), every input requiring grad; 16-bit copies stay contiguous (NCHW: convgen has no
     channels-last). Forward+backward is a training step's: gradients cleared (set to None),
     `torch.autograd.backward` with the upstream gradient, then the inputs' `.grad`. With NumPy inputs it runs
     on the CPU backend."""

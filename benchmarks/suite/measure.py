@@ -15,7 +15,7 @@ from suite.cells import fmt_pair
 from suite.children import run_jax_children
 from suite.contestants import (
     ADAPTER,
-    ADAPTER_BF16,
+    ADAPTER_LABELS,
     MODES,
     TORCH_BF16_CHANNELS_LAST,
     TORCH_REFERENCE,
@@ -66,15 +66,17 @@ def run_case(case: Case, libs: Libraries, settings: Settings,
 def contestant_builders(case: Case, inputs: dict[str, Any], libs: Libraries,
                         precisions: tuple[str, ...]) -> list[tuple[str, Callable[[], Contestant]]]:
     """Each contestant's label and constructor, in the order they run: the tape in every precision the case
-    takes, the adapter where it imports (on a batched convolution in bfloat16 too), the PyTorch variants."""
+    takes, the adapter where it imports (on a batched convolution in bfloat16 and float16 too), the PyTorch
+    variants."""
     builders: list[tuple[str, Callable[[], Contestant]]] = [
         (convgen_label(precision), partial(ConvgenContestant, case, inputs, libs.convgen, libs.cupy, precision))
         for precision in case_precisions(case, precisions)]
     if libs.adapter is not None:  # else skipped, as the run's first lines and the summary say
         builders.append((ADAPTER, partial(AdapterContestant, case, inputs, libs.torch, libs.adapter)))
-        if case.is_batched and case.is_conv:  # where torch_bf16_cl runs: convgen's answer to it (issue 11)
-            builders.append((ADAPTER_BF16, partial(AdapterContestant, case, inputs, libs.torch, libs.adapter,
-                                                   "bfloat16")))
+        if case.is_batched and case.is_conv:  # where torch_bf16_cl runs: convgen's answer to it, fp16 too (issue 11)
+            for dtype in ("bfloat16", "float16"):
+                builders.append((ADAPTER_LABELS[dtype], partial(AdapterContestant, case, inputs, libs.torch,
+                                                                libs.adapter, dtype)))
     builders += [(variant.label, partial(TorchContestant, case, inputs, libs.torch, variant))
                  for variant in torch_variants(case)]
     return builders

@@ -1,18 +1,19 @@
 """Issue 11's table: per batched case, convgen's tape in each precision that ran and convgen.torch on bfloat16
-tensors next to cuDNN strict fp32, TF32 and bf16 channels-last: times, torch strict over each, the rel err
-against float64 and, for the tape's tensor-core precisions, the share of the H200's TF32 tensor-core peak
-their kernels reached."""
+and float16 tensors next to cuDNN strict fp32, TF32 and bf16 channels-last: times, torch strict over each, the
+rel err against float64 and, for the tape's tensor-core precisions, the share of the H200's TF32 tensor-core
+peak their kernels reached."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from suite.cells import ratio_cell, timing_cell
-from suite.contestants import ADAPTER_BF16, TORCH_BF16_CHANNELS_LAST
+from suite.contestants import ADAPTER_BF16, ADAPTER_FP16, TORCH_BF16_CHANNELS_LAST
 from suite.precision import H200_TF32_DENSE_FLOPS, TAPE_LABELS, TF32_MMA_PER_MULTIPLY_ADD, peak_fractions
 
-# convgen's bf16 row right above cuDNN's, the baseline of its speed target
-PRECISION_TABLE_LABELS = (*TAPE_LABELS, "torch_strict", "torch_tf32", ADAPTER_BF16, TORCH_BF16_CHANNELS_LAST.label)
+# convgen.torch's 16-bit rows together, above cuDNN bf16's (the baseline of the bf16 speed target; fp16 has none)
+PRECISION_TABLE_LABELS = (*TAPE_LABELS, "torch_strict", "torch_tf32", ADAPTER_BF16, ADAPTER_FP16,
+                          TORCH_BF16_CHANNELS_LAST.label)
 PRECISION_TABLE_HEADER = ["case", "contestant", "fwd", "fwd+bwd", "torch/this fwd", "torch/this fwd+bwd",
                           "rel err (worst output)", "TC peak fwd / fwd+bwd"]
 
@@ -46,8 +47,8 @@ def precision_note() -> str:
     """What the table's columns mean, printed under it."""
     products = ", ".join(f"{count} in {precision}" for precision, count in TF32_MMA_PER_MULTIPLY_ADD.items())
     return ("convgen = the tape in 'highest' (fp32 FMA), convgen_high = 'high' (3xTF32), convgen_medium = "
-            f"'medium' (TF32); {ADAPTER_BF16} = convgen.torch on bfloat16 tensors (NCHW, products summed in "
-            "float32); torch/this = torch strict time over the row's, call / kernels. TC peak = the "
-            f"kernels' TF32 mma rate (mma products per multiply-add: {products}; multiply-adds of the case's "
-            "GEMM, 3× for fwd+bwd; 2 flops each) over the H200's dense TF32 tensor-core peak, "
+            f"'medium' (TF32); {ADAPTER_BF16} / {ADAPTER_FP16} = convgen.torch on bfloat16 / float16 tensors "
+            "(NCHW, products summed in float32); torch/this = torch strict time over the row's, call / kernels. "
+            f"TC peak = the kernels' TF32 mma rate (mma products per multiply-add: {products}; multiply-adds of the "
+            "case's GEMM, 3× for fwd+bwd; 2 flops each) over the H200's dense TF32 tensor-core peak, "
             f"{H200_TF32_DENSE_FLOPS / 1e12:g} TFLOP/s (datasheet: 989 TFLOPS with sparsity).")
