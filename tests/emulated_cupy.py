@@ -133,7 +133,8 @@ template <class T> inline T __shfl_down_sync(unsigned, T value, unsigned offset)
 // (8 x 8) b0 (t, g), b1 (t + 4, g); C and D (16 x 8) c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t),
 // c3 (g + 8, 2t + 1). An operand is read as TF32: its low 13 bits are ignored. Products are exact and
 // summed in double, then added to c once: at least as accurate as the hardware, which sums in float.
-#define CONVGEN_EMULATED_MMA
+// CONVGEN_EMULATED tells the sources to leave out their inline PTX (mma.cuh, common.cuh's cvt).
+#define CONVGEN_EMULATED
 inline void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4], const unsigned (&b)[2])
 {
     emulated_warp& warp = emulated_current->warps[threadIdx.x / 32];

@@ -337,13 +337,25 @@ __device__ __forceinline__ bool rare_value(scalar x)
         return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
     }
 }
+// The same test on an element as loaded: a 16-bit value is far inside TF32's range, so in every MODE it
+// is rare only as an inf or NaN, told by its exponent bits without widening it.
+template <unsigned MODE>
+__device__ __forceinline__ bool rare_element(real element)
+{
+#if ELEMENT_BYTES == 2
+    constexpr unsigned short EXPONENT = ELEMENT_BF16 ? 0x7f80u : 0x7c00u;
+    return (element.bits & EXPONENT) == EXPONENT;
+#else
+    return rare_value<MODE>(element);
+#endif
+}
 template <unsigned MODE, unsigned N>
 __device__ __forceinline__ bool any_rare(const real (&values)[N])
 {
     bool found = false;
 #pragma unroll
     for (unsigned i = 0; i < N; ++i) {
-        found = found || rare_value<MODE>(widened(values[i]));
+        found = found || rare_element<MODE>(values[i]);
     }
     return found;
 }

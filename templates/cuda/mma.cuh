@@ -21,7 +21,7 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-#ifndef CONVGEN_EMULATED_MMA  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
 // c0..c3 at (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4).
