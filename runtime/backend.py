@@ -36,7 +36,6 @@ class OutOfMemory(BackendError):
 DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)
 # The 16-bit element types of convgen.torch's tensors: stored in 16 bits, computed in float32.
 HALF_DTYPES = ("float16", "bfloat16")
-KERNEL_DTYPES = DTYPES + HALF_DTYPES  # the element types the CUDA kernels compile in
 # How the conv families' GEMMs multiply (docs/DESIGN.md, the tensor-core slice): "highest" FMAs in the
 # tape's dtype (the default, the contract), "high" 3xTF32 and "medium" TF32 tensor cores (float32 only;
 # 16-bit elements take "highest", FMAs in float32, and "medium", whose TF32 holds their values exactly).

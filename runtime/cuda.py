@@ -177,13 +177,13 @@ class CupyBackend:
 
     def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         """A new array of `shape` and `dtype` (a name: the backend's dtype when None)."""
-        storage = STORAGE_DTYPES[self.dtype if dtype is None else dtype]
+        name = self.dtype if dtype is None else dtype
         try:
-            array = self._xp.empty(shape, storage)
+            array = self._xp.empty(shape, STORAGE_DTYPES[name])
         except self._xp.cuda.memory.OutOfMemoryError:
-            raise OutOfMemory(math.prod(shape) * np.dtype(storage).itemsize) from None
+            raise OutOfMemory(math.prod(shape) * np.dtype(STORAGE_DTYPES[name]).itemsize) from None
         if self.poison_outputs:
-            array.fill(_POISON[self.dtype if dtype is None else dtype])
+            array.fill(_POISON[name])
         return array
 
     # Compiling and launching.

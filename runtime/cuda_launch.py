@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from convgen.backend import PRECISIONS, precision_refusal
+from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
 from convgen.generated.contract import (
     ELEMENT_TYPES,
     GEMM_STAGES,
@@ -201,7 +201,7 @@ def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
     cut them, else the TF32 mma on their widened values (exact too). A conv of few channels would stage
     mostly zeros in k steps of 16: on the H200 conv4d 8->8 bf16 took 1.02 against 0.533 ms forward."""
     mma = PRECISION_MMA_MODES[precision]
-    if not mma or ELEMENT_TYPES[dtype][0] != 2 or not geom.family.is_conv:
+    if not mma or dtype not in HALF_DTYPES or not geom.family.is_conv:
         return mma
     whole = all(shape.bk % HALF_MMA_K == 0 for shape in gemm_shapes(geom, 4, TF32_MMA_MODE).values())
     return HALF_MMA_MODE if whole else mma

@@ -647,12 +647,11 @@ __device__ __forceinline__ void slice_fma_masked(const ATile& As, const BTile& B
 // Whether a staged value sends its slice down the rare path: an inf or NaN (SEMANTICS §3 skips the
 // terms of padding, which 0 * inf would poison). The TF32 modes (1, 3) also send values whose TF32
 // rounding overflows (|x| >= 0x7f7ff000's float), and look at B too: their fragments are rounded with
-// integer arithmetic that is exact only for the values left (slice_mma). The 16-bit mma (2) multiplies
-// the values as they are, like the FMAs.
+// integer arithmetic that is exact only for the values left (slice_mma).
 template <unsigned MODE>
 __device__ __forceinline__ bool rare_value(scalar x)
 {
-    if constexpr (MODE == 0 || MODE == 2) {
+    if constexpr (MODE == 0) {
         return !isfinite(x);
     } else {
         return !(fabsf(x) < __uint_as_float(0x7f7ff000u));  // NaN too
@@ -690,7 +689,8 @@ __device__ __forceinline__ bool any_rare(const real (&values)[R][N])
     }
     return found;
 }
-// A thread's staged slice: A's values, and in the TF32 modes B's ([columns][rows] in conv kernels).
+// A thread's staged slice: A's values, and in the TF32 modes B's ([columns][rows] in conv kernels); the
+// FMAs and the 16-bit mma (2) multiply B's values as they are.
 template <unsigned MODE, unsigned NA, typename BStage>
 __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStage& b)
 {

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from convgen.backend import HALF_DTYPES as HALF_DTYPE_NAMES
 from convgen.backend import BackendError, OutOfMemory
 from convgen.cpu import NumpyBackend
 from convgen.cuda import TENSOR_CORE_CAPABILITY
@@ -220,7 +221,7 @@ def device_precision(dtype: str, precision: str, capability: tuple[int, int]) ->
     switches do nothing either. 16-bit values are exact in TF32, so "high" is "medium" for them."""
     if dtype == "float64" or capability[0] * 10 + capability[1] < TENSOR_CORE_CAPABILITY:
         return "highest"
-    if dtype in ("float16", "bfloat16") and precision == "high":
+    if dtype in HALF_DTYPE_NAMES and precision == "high":
         return "medium"
     return precision
 

@@ -67,14 +67,14 @@ def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...
                  for t in tensors)
 
 
-def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> tuple[Tensor | None, ...]:
-    """The tensors of `named` (input first, bias may be None), checked by _check_tensors; a convolution's
-    (the ones with a weight) after autocast."""
+def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bool) -> tuple[Tensor | None, ...]:
+    """The tensors of `named` (input first, bias may be None), checked by _check_tensors; with `autocast`
+    (the convolutions) cast as torch's autocast casts its own convolutions' first."""
     for name, tensor in named:
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     tensors = tuple(tensor for _, tensor in named)
-    if len(tensors) > 1:
+    if autocast:
         tensors = _autocast(*tensors)
     _check_tensors(op, tuple((name, tensor) for (name, _), tensor in zip(named, tensors)))
     return tensors
@@ -117,7 +117,7 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding_mode 'zeros' or 'circular'."""
     op = "conv"
-    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)))
+    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
     stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
@@ -136,7 +136,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """N-D transposed convolution (torch.nn.functional.conv_transpose{1,2,3}d at every rank)."""
     op = "conv_transpose"
-    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)))
+    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
     stride, padding, output_padding, dilation = (_per_axis(v, rank) for v in (stride, padding, output_padding,
@@ -155,7 +155,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
 def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, stride: Any, padding: Any,
                    dilation: Any, beta: Any = None) -> tuple[Tensor, Geometry]:
     """The input after autocast, checked, and the pool's geometry."""
-    (input,) = _checked(op, (("input", input),))
+    (input,) = _checked(op, (("input", input),), autocast=False)
     kernel_size = _integer(kernel_size)
     if type(kernel_size) is int:
         if input.dim() < 3:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from convgen.backend import PRECISIONS
 from convgen.checking import describe
+from convgen.torch.devices import HALF_DTYPES
 
 __all__ = ["check_precision", "conv_precision", "get_float32_precision", "set_float32_precision",
            "torch_conv_uses_tf32"]
@@ -84,7 +85,7 @@ def _torch_precision() -> str:
 def conv_precision(dtype: torch.dtype) -> str:
     """The precision of a convolution on tensors of `dtype`: float64 "highest"; float16 and bfloat16
     "medium"; float32 convgen's setting, or torch's switch when there is none."""
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in HALF_DTYPES:
         return "medium"
     if dtype != torch.float32:
         return "highest"
