@@ -5,8 +5,8 @@
 - functional: `convgen.torch.conv` as users call it (validation included, whichever path it takes),
 - torch: `torch.nn.functional.conv2d`, the yardstick (the issue allows 1.5x of it),
 
-forward only and forward + backward, on the CPU and (when present) on CUDA, where the cost of wrapping
-a tensor for CuPy (UnownedMemory) is set against DLPack's. The `stub` rows replace the device code with
+forward only (under no_grad: straight to the device code) and forward + backward, on the CPU and (when
+present) on CUDA. The `stub` rows replace the device code with
 one that only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy
 compute of even a tiny conv hides it). Median µs per call over `--calls` back-to-back
 calls, repeated `--repeats` times. `--json` prints the rows as JSON. `--profile` also prints, per device,
@@ -92,20 +92,7 @@ def measure(device: str, calls: int, repeats: int, stub: bool = False) -> list[d
                             sync)
         rows.append({"device": device + (" stub" if stub else ""), "path": name, "forward_us": round(forward, 2),
                      "forward_backward_us": round(both, 2)})
-    if device == "cuda" and not stub:
-        rows += _wrap_costs(calls, repeats)
     return rows
-
-
-def _wrap_costs(calls: int, repeats: int) -> list[dict]:
-    """One tensor made visible to CuPy: the pointer wrap devices.py uses, and DLPack."""
-    import cupy
-
-    tensor = torch.randn(1, 4, 8, 8, device="cuda")
-    wraps = {"wrap: UnownedMemory": lambda: devices.as_cupy(cupy, tensor),
-             "wrap: DLPack": lambda: cupy.from_dlpack(tensor)}
-    return [{"device": "cuda", "path": name, "forward_us": round(_per_call_us(wrap, calls, repeats, lambda: None), 2),
-             "forward_backward_us": None} for name, wrap in wraps.items()]
 
 
 def profiles(device: str, calls: int) -> dict[str, str]:
@@ -145,8 +132,7 @@ def main() -> None:
         return
     print(f"{'device':<10}{'path':<22}{'forward µs':>12}{'fwd+bwd µs':>12}")
     for row in rows:
-        both = "" if row["forward_backward_us"] is None else f"{row['forward_backward_us']:.1f}"
-        print(f"{row['device']:<10}{row['path']:<22}{row['forward_us']:>12.1f}{both:>12}")
+        print(f"{row['device']:<10}{row['path']:<22}{row['forward_us']:>12.1f}{row['forward_backward_us']:>12.1f}")
     for name, text in texts.items():
         print(f"\n== cProfile of {args.calls} calls: {name}\n{text}")
 

@@ -81,6 +81,11 @@ SLICE_LATENCY_CYCLES = 1000
 # tile, so it moves the estimates, not the choice.
 KERNEL_CYCLES = 10000
 SPLIT_KERNEL_CYCLES = 2000  # the launch of a split's second kernel
+# What the host spends allocating a split's partial buffer and launching its reduce kernel (~8 µs with
+# CuPy or convgen.torch on the H200's host). A stage whose whole unsplit run is shorter than that has
+# finished before the second launch is made, so its split cannot shorten the call: such stages stay
+# whole (a tiny conv went from 2 launches to 1 forward and from 5 to 3 backward).
+HOST_LAUNCH_CYCLES = 13000
 # Tensor cores (not yet timed: guesses from the H200's rates, for the next sweep to fit): an
 # mma.sync.m16n8k8 TF32 (1024 multiply-adds) holds a scheduler's tensor pipe for about this many issue
 # slots (the TF32 mma.sync rate ~4x the FP32 FMA rate; an m16n8k16 16-bit one, twice the work at twice the
@@ -399,7 +404,13 @@ def a_quads(shape: GemmShape, tile: GemmTile) -> bool:
 
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     """The default chooser: the cheapest candidate by gemm_cost; ties go to fewer splits, then the
-    larger block tile, then the smaller thread tile; A repacked where packs_weight says so."""
-    best = min(tile_candidates(shape, hardware),
-               key=lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn))
+    larger block tile, then the smaller thread tile; no split for a stage too short to hide a second
+    launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so."""
+    candidates = tile_candidates(shape, hardware)
+    rank = lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn)  # noqa: E731
+    best = min(candidates, key=rank)
+    if best.split > 1:
+        whole = min((t for t in candidates if t.split == 1), key=rank)
+        if gemm_cost(shape, whole, hardware) <= KERNEL_CYCLES + HOST_LAUNCH_CYCLES:
+            best = whole
     return dataclasses.replace(best, packed=packs_weight(shape, best))

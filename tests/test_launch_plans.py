@@ -28,7 +28,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, gemm_shared_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import PACK_MIN_MACS_DIRECT, a_quads, phase_offsets
+from convgen.tile_model import HOST_LAUNCH_CYCLES, KERNEL_CYCLES, PACK_MIN_MACS_DIRECT, a_quads, phase_offsets
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
@@ -67,6 +67,20 @@ def test_the_default_chooser_takes_the_cheapest_candidate():
         candidates = tile_candidates(shape, H200)
         cheapest = min(gemm_cost(shape, tile, H200) for tile in candidates)
         assert gemm_cost(shape, choose_tile(shape, H200), H200) == cheapest
+
+
+def test_stages_too_short_to_hide_a_second_launch_are_not_split():
+    """A tiny conv (4->4 channels, 8x8) runs each stage whole, though a split would be cheaper on the GPU;
+    the one-image conv1d 64->64 4096 is long enough that its forward split pays."""
+    tiny = Geometry.build(Family.CONV, 4, 4, (8, 8), (3, 3), (1, 1), (1, 1))
+    for stage, shape in gemm_shapes(tiny).items():
+        candidates = tile_candidates(shape, H200)
+        assert min(candidates, key=lambda t: gemm_cost(shape, t, H200)).split > 1, stage  # the GPU's choice
+        whole = min(gemm_cost(shape, t, H200) for t in candidates if t.split == 1)
+        assert whole <= KERNEL_CYCLES + HOST_LAUNCH_CYCLES
+    assert plan(tiny).splits == {"forward": 1, "backward_input": 1, "backward_weight": 1}
+    conv1d = Geometry.build(Family.CONV, 64, 64, (4096,), (5,), (1,), (2,))
+    assert plan(conv1d).splits["forward"] > 1
 
 
 def test_plan_takes_the_chooser_it_is_given():

@@ -324,3 +324,19 @@ def test_error_texts(call_op, error, text) -> None:
     with pytest.raises(error) as raised:
         call_op()
     assert str(raised.value) == text
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_an_op_records_a_backward_only_where_autograd_needs_one(requires_grad: bool) -> None:
+    """Eager calls go through the autograd.Function when some input requires grad and grad mode is on;
+    otherwise straight to the device code, with the same values and no graph."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 6, 6, generator=generator, requires_grad=requires_grad)
+    weight = torch.randn(4, 3, 3, 3, generator=generator)
+    recorded = ct.conv(x, weight, None, padding=1)
+    with torch.no_grad():
+        unrecorded = ct.conv(x, weight, None, padding=1)
+    assert (recorded.grad_fn is not None) == requires_grad
+    assert unrecorded.grad_fn is None and not unrecorded.requires_grad
+    assert torch.equal(recorded.detach(), unrecorded)
+    assert ct.max_pool(x, 2).requires_grad == requires_grad

@@ -230,7 +230,7 @@ def test_the_cuda_runner_keeps_one_backend_per_dtype_and_precision(monkeypatch) 
     capabilities = {0: (9, 0), 1: (7, 5)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capabilities[device.index])
     runner = object.__new__(devices._CudaRunner)
-    runner._backends, runner._capabilities, runner._backend_class = {}, {}, Backend
+    runner._backends, runner._by_call, runner._backend_class = {}, {}, Backend
 
     def tensor(dtype, index=0):
         return types.SimpleNamespace(dtype=dtype, device=torch.device("cuda", index))

@@ -50,16 +50,27 @@ def _per_axis(value: Any, rank: int) -> Any:
 
 def _plain(*sequences: Any, scalars: tuple[Any, ...] = ()) -> bool:
     """Whether the validator's answer may be cached: every sequence a tuple of ints, every scalar an int
-    or (beta) a float or (padding_mode) a str, since the cache takes 1, 1.0 and True for one key."""
-    return all(type(s) is tuple and all(type(v) is int for v in s) for s in sequences) and \
-        all(type(v) in (int, float, str) for v in scalars)
+    or (beta) a float or (padding_mode) a str, since the cache takes 1, 1.0 and True for one key. Plain
+    loops: this runs on every call."""
+    for sequence in sequences:
+        if type(sequence) is not tuple:
+            return False
+        for value in sequence:
+            if type(value) is not int:
+                return False
+    for value in scalars:
+        if type(value) not in _CACHEABLE_SCALARS:
+            return False
+    return True
 
 
-def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
-    """A convolution's tensors under autocast, cast as torch casts its own convolutions' (autocast's
-    lower-precision list): every floating tensor but float64 to the autocast dtype."""
-    tensors = (input, *others)
-    device_type = input.device.type
+_CACHEABLE_SCALARS = (int, float, str)
+
+
+def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
+    """A convolution's tensors (input first) under autocast, cast as torch casts its own convolutions'
+    (autocast's lower-precision list): every floating tensor but float64 to the autocast dtype."""
+    device_type = tensors[0].device.type
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
@@ -68,35 +79,36 @@ def _autocast(input: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...
 
 
 def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bool) -> tuple[Tensor | None, ...]:
-    """The tensors of `named` (input first, bias may be None), checked by _check_tensors; with `autocast`
-    (the convolutions) cast as torch's autocast casts its own convolutions' first."""
+    """The tensors of `named` (input first, bias may be None): torch tensors, with `autocast` (the
+    convolutions) cast as torch's autocast casts its own convolutions' first, then of float32, float64,
+    float16 or bfloat16, all of the input's dtype and on its device."""
     for name, tensor in named:
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     tensors = tuple(tensor for _, tensor in named)
     if autocast:
-        tensors = _autocast(*tensors)
-    _check_tensors(op, tuple((name, tensor) for (name, _), tensor in zip(named, tensors)))
-    return tensors
-
-
-def _check_tensors(op: str, named: tuple[tuple[str, Tensor | None], ...]) -> None:
-    """Tensors of float32, float64, float16 or bfloat16, all of the input's dtype and on its device."""
-    input = named[0][1]
-    for name, tensor in named:
+        tensors = _autocast(tensors)
+    input = tensors[0]
+    dtype, device = input.dtype, input.device
+    for (name, _), tensor in zip(named, tensors):
         if tensor is None:
             continue
         if tensor.dtype not in devices.DTYPE_NAMES:
             raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
                             f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
-        if tensor.dtype != input.dtype:
-            raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {input.dtype}")
-        if tensor.device != input.device:
-            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {input.device}")
+        if tensor.dtype != dtype:
+            raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {dtype}")
+        if tensor is not input and tensor.device != device:
+            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {device}")
+    return tensors
 
 
-def _check_input_dims(op: str, input: Tensor, rank: int, rank_from: str) -> None:
+def _check_input_dims(op: str, input: Tensor, rank: int, source: str, source_size: int) -> None:
+    """The input has rank + 1 or rank + 2 dimensions, the rank taken from `source`: the weight (of
+    `source_size` dimensions) or the kernel_size (of `source_size` axes)."""
     if input.dim() not in (rank + 1, rank + 2):
+        rank_from = f"a weight of {source_size} dimensions" if source == "weight" else \
+            f"a kernel_size of {source_size} axes"
         raise ValueError(f"convgen.torch.{op}: input must have {rank + 1} (unbatched) or {rank + 2} (batched) "
                          f"dimensions for {rank_from}, got {input.dim()}")
 
@@ -119,7 +131,7 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
     op = "conv"
     input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
     rank = _conv_rank(op, weight)
-    _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
+    _check_input_dims(op, input, rank, "weight", weight.dim())
     stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
     groups = _integer(groups)
     geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
@@ -127,7 +139,7 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
     _check_bias(op, bias, geom)
     precision = conv_precision(input.dtype)
     if _eager(input):
-        return _Eager.apply(op, geom, precision, weight, bias, input)
+        return _run_eager(op, geom, precision, weight, bias, input)
     return library.conv(input, weight, bias, geom.stride, geom.padding, geom.dilation, geom.groups, geom.circular,
                         precision)
 
@@ -138,7 +150,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
     op = "conv_transpose"
     input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
     rank = _conv_rank(op, weight)
-    _check_input_dims(op, input, rank, f"a weight of {weight.dim()} dimensions")
+    _check_input_dims(op, input, rank, "weight", weight.dim())
     stride, padding, output_padding, dilation = (_per_axis(v, rank) for v in (stride, padding, output_padding,
                                                                              dilation))
     groups = _integer(groups)
@@ -147,7 +159,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
     _check_bias(op, bias, geom)
     precision = conv_precision(input.dtype)
     if _eager(input):
-        return _Eager.apply(op, geom, precision, weight, bias, input)
+        return _run_eager(op, geom, precision, weight, bias, input)
     return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
                                   geom.groups, precision)
 
@@ -165,7 +177,7 @@ def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, str
         rank = input.dim() - 2
     elif isinstance(kernel_size, (tuple, list)):
         rank = len(kernel_size)
-        _check_input_dims(op, input, rank, f"a kernel_size of {rank} axes")
+        _check_input_dims(op, input, rank, "kernel_size", rank)
     else:
         raise TypeError(f"convgen.torch.{op}: kernel_size must be an int or a tuple of ints, got {kernel_size!r}")
     kernel_size = _per_axis(kernel_size, rank)
@@ -182,11 +194,20 @@ def _eager(input: Tensor) -> bool:
     return _EAGER_FUNCTION and not torch.compiler.is_compiling() and not input.is_meta
 
 
+def _run_eager(op: str, geom: Geometry, precision: str, *tensors: Tensor | None) -> Tensor:
+    """An op in eager mode: through _Eager when autograd will want its backward, else straight to the
+    device code (no graph to record: an autograd.Function's bookkeeping is a third of a tiny op's host
+    cost)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _Eager.apply(op, geom, precision, *tensors)
+    return devices.forward(op, geom, tensors, precision)[0]
+
+
 def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """N-D max pooling (torch.nn.functional.max_pool{1,2,3}d at every rank, without ceil_mode or indices)."""
     input, geom = _pool_geometry("max_pool", Family.MAX_POOL, input, kernel_size, stride, padding, dilation)
     if _eager(input):
-        return _Eager.apply("max_pool", geom, "highest", input)
+        return _run_eager("max_pool", geom, "highest", input)
     return library.max_pool(input, geom.kernel, geom.stride, geom.padding, geom.dilation)[0]
 
 
@@ -194,7 +215,7 @@ def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any =
     """N-D average pooling, padded zeros counted (torch's count_include_pad=True, ceil_mode=False)."""
     input, geom = _pool_geometry("avg_pool", Family.AVG_POOL, input, kernel_size, stride, padding, None)
     if _eager(input):
-        return _Eager.apply("avg_pool", geom, "highest", input)
+        return _run_eager("avg_pool", geom, "highest", input)
     return library.avg_pool(input, geom.kernel, geom.stride, geom.padding)
 
 
@@ -208,7 +229,7 @@ def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = 
     input, geom = _pool_geometry("smooth_max_pool", family, input, kernel_size, stride, padding, dilation,
                                  checked_beta)
     if _eager(input):
-        return _Eager.apply("smooth_max_pool", geom, "highest", input)
+        return _run_eager("smooth_max_pool", geom, "highest", input)
     return library.smooth_max_pool(input, geom.kernel, beta if compiling else geom.beta, geom.stride, geom.padding,
                                    geom.dilation)[0]
 
