@@ -191,7 +191,9 @@ def test_dilated_grouped_forced_tiles_and_splits(tile) -> None:
 
 def test_dilated_grouped_planned_splits() -> None:
     rng = reference.case_rng("dilation groups splits")
-    for geom in (G(Family.CONV, 48, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4),
+    # Split forward (96 -> 32) and weight gradient (48 -> 32, two images); smaller stages run whole.
+    for geom in (G(Family.CONV, 96, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4),
+                 G(Family.CONV, 48, 32, (9, 12), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4, batch=2),
                  G(Family.CONV_TRANSPOSE, 16, 8, (20, 20), (3, 2), (2, 2), (2, 0), dilation=(2, 2), groups=2,
                    output_padding=(1, 1), batch=2)):
         assert max(plan(geom).splits.values()) > 1, geom

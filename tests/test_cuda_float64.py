@@ -102,7 +102,7 @@ def test_planned_splits_in_float64() -> None:
     for geom in (G(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)),
                  G(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
                  G(Family.CONV_TRANSPOSE, 16, 8, (30, 30), (3, 2), (2, 1), (1, 0), batch=5),
-                 G(Family.CONV, 48, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4)):
+                 G(Family.CONV, 96, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4)):
         assert max(plan(geom, dtype=FLOAT64).splits.values()) > 1, geom
         check(geom, rng)
 

@@ -208,7 +208,7 @@ def _cuda_backend_class() -> type:
 
         def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
                   args: tuple[Any, ...]) -> None:
-            pointers = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+            pointers = tuple([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
             super()._call(stage, function, grid, block, shared_bytes, pointers)
 
     return TorchCupyBackend

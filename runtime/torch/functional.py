@@ -125,18 +125,48 @@ def _conv_rank(op: str, weight: Tensor) -> int:
     return weight.dim() - 2
 
 
+# Geometries of earlier convolution calls, keyed by the call as given (_memo_key): a repeated call skips
+# broadcasting and validation, a third of its host time. Emptied when full; failed calls are not kept.
+_GEOMETRIES: dict[tuple, Geometry] = {}
+_GEOMETRIES_SIZE = 4096
+
+
+def _memo_key(*parts: Any) -> tuple | None:
+    """`parts` as a memo key when each is None, an int, a str or a tuple of ints (torch.Size included), else
+    None: 1, 1.0 and True hash alike, and only the int is a valid stride, padding or groups. None under
+    torch.compile, which traces the validation itself (shapes may be symbolic there)."""
+    if torch.compiler.is_compiling():
+        return None
+    for part in parts:
+        kind = type(part)
+        if kind is tuple or kind is torch.Size:
+            for value in part:
+                if type(value) is not int:
+                    return None
+        elif kind is not int and kind is not str and part is not None:
+            return None
+    return parts
+
+
+def _remembered(key: tuple | None, geom: Geometry) -> Geometry:
+    if key is not None:
+        if len(_GEOMETRIES) >= _GEOMETRIES_SIZE:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = geom
+    return geom
+
+
 def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding_mode 'zeros' or 'circular'."""
     op = "conv"
     input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
-    rank = _conv_rank(op, weight)
-    _check_input_dims(op, input, rank, "weight", weight.dim())
-    stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
-    groups = _integer(groups)
-    geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
-                                 _plain(stride, padding, dilation, scalars=(groups, padding_mode)))
-    _check_bias(op, bias, geom)
+    key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
+                    groups, padding_mode)
+    geom = _GEOMETRIES.get(key) if key is not None else None
+    if geom is None:
+        geom = _remembered(key, _conv_geometry(op, input, weight, bias, stride, padding, dilation, groups,
+                                               padding_mode))
     precision = conv_precision(input.dtype)
     if _eager(input):
         return _run_eager(op, geom, precision, weight, bias, input)
@@ -144,11 +174,38 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
                         precision)
 
 
+def _conv_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any,
+                   dilation: Any, groups: Any, padding_mode: Any) -> Geometry:
+    rank = _conv_rank(op, weight)
+    _check_input_dims(op, input, rank, "weight", weight.dim())
+    stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
+    groups = _integer(groups)
+    geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
+                                 _plain(stride, padding, dilation, scalars=(groups, padding_mode)))
+    _check_bias(op, bias, geom)
+    return geom
+
+
 def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """N-D transposed convolution (torch.nn.functional.conv_transpose{1,2,3}d at every rank)."""
     op = "conv_transpose"
     input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
+    key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding,
+                    output_padding, groups, dilation)
+    geom = _GEOMETRIES.get(key) if key is not None else None
+    if geom is None:
+        geom = _remembered(key, _conv_transpose_geometry(op, input, weight, bias, stride, padding, output_padding,
+                                                         groups, dilation))
+    precision = conv_precision(input.dtype)
+    if _eager(input):
+        return _run_eager(op, geom, precision, weight, bias, input)
+    return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
+                                  geom.groups, precision)
+
+
+def _conv_transpose_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any,
+                             output_padding: Any, groups: Any, dilation: Any) -> Geometry:
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, "weight", weight.dim())
     stride, padding, output_padding, dilation = (_per_axis(v, rank) for v in (stride, padding, output_padding,
@@ -157,11 +214,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
     geom = library.conv_transpose_geometry(op, input.shape, weight.shape, stride, padding, output_padding, dilation,
                                            groups, _plain(stride, padding, output_padding, dilation, scalars=(groups,)))
     _check_bias(op, bias, geom)
-    precision = conv_precision(input.dtype)
-    if _eager(input):
-        return _run_eager(op, geom, precision, weight, bias, input)
-    return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
-                                  geom.groups, precision)
+    return geom
 
 
 def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, stride: Any, padding: Any,
