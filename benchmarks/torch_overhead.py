@@ -5,12 +5,13 @@
 - functional: `convgen.torch.conv` as users call it (validation included, whichever path it takes),
 - torch: `torch.nn.functional.conv2d`, the yardstick (the issue allows 1.5x of it),
 
-forward only (under no_grad: straight to the device code) and forward + backward, on the CPU and (when
-present) on CUDA. The `stub` rows replace the device code with
-one that only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy
-compute of even a tiny conv hides it). Median µs per call over `--calls` back-to-back
-calls, repeated `--repeats` times. `--json` prints the rows as JSON. `--profile` also prints, per device,
-a cProfile of the functional path (forward, then forward + backward): where a call's host time goes.
+forward only (under no_grad, where the functional path goes straight to the device code) and forward +
+backward, on the CPU and (when present) on CUDA. The `stub` rows replace the device code with one that
+only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy compute of
+even a tiny conv hides it; on CUDA what is left is torch's autograd bookkeeping and the allocations).
+Median µs per call over `--calls` back-to-back calls, repeated `--repeats` times. `--json` prints the
+rows as JSON. `--profile` also prints, per device, a cProfile of the functional path (forward, then
+forward + backward): where a call's host time goes.
 
     python3 benchmarks/torch_overhead.py [--calls 3000] [--repeats 5] [--json] [--profile]
 """
@@ -124,7 +125,7 @@ def main() -> None:
     devices_present = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = [row for device in devices_present for row in measure(device, args.calls, args.repeats)]
     with _StubDevices():
-        rows += measure("cpu", args.calls, args.repeats, stub=True)
+        rows += [row for device in devices_present for row in measure(device, args.calls, args.repeats, stub=True)]
     texts = {name: text for device in devices_present for name, text in profiles(device, args.calls).items()} \
         if args.profile else {}
     if args.json:
