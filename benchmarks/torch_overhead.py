@@ -1,7 +1,7 @@
 """Host overhead per call of a tiny convolution ([1, 4, 8, 8] input, 3x3 kernel) through convgen.torch:
 
 - custom op: the torch.library op `convgen::conv` (what torch.compile traces),
-- autograd.Function: the eager wrapper calling the same device code (functional.py's `_Eager`),
+- autograd.Function: the device code, then the eager wrapper attaching its backward (functional.py's `_Eager`),
 - functional: `convgen.torch.conv` as users call it (validation included, whichever path it takes),
 - torch: `torch.nn.functional.conv2d`, the yardstick (the issue allows 1.5x of it),
 
@@ -52,7 +52,8 @@ def _paths(device: str) -> dict[str, Callable[..., torch.Tensor]]:
 
     def autograd_function(x, w, b):
         geom = library.conv_geometry("conv", x.shape, w.shape, stride, padding, dilation, 1, "zeros")
-        return functional._Eager.apply("conv", geom, "highest", w, b, x)
+        computed = devices.forward("conv", geom, (w, b, x), "highest")
+        return functional._Eager.apply("conv", geom, "highest", computed, w, b, x)
 
     def torch_conv2d(x, w, b):
         return F.conv2d(x, w, b, stride, padding, dilation)

@@ -78,7 +78,7 @@ def backward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: 
 
 
 def _runner(tensor: torch.Tensor) -> Any:
-    if tensor.device.type == "cuda":
+    if tensor.is_cuda:  # an attribute read, where `device` makes an object
         return _cuda_runner()
     if tensor.device.type == "cpu":
         return _CPU

@@ -248,12 +248,14 @@ def _eager(input: Tensor) -> bool:
 
 
 def _run_eager(op: str, geom: Geometry, precision: str, *tensors: Tensor | None) -> Tensor:
-    """An op in eager mode: through _Eager when autograd will want its backward, else straight to the
-    device code (no graph to record: an autograd.Function's bookkeeping is a third of a tiny op's host
-    cost)."""
+    """An op in eager mode: the device code first, so that its kernels are launched before autograd's
+    bookkeeping (which then overlaps them: about 6 µs of a call's host time on the H200's host), then
+    _Eager attaches the backward where autograd will want one (nowhere else: an autograd.Function's
+    bookkeeping is a third of a tiny op's host cost)."""
+    computed = devices.forward(op, geom, tensors, precision)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _Eager.apply(op, geom, precision, *tensors)
-    return devices.forward(op, geom, tensors, precision)[0]
+        return _Eager.apply(op, geom, precision, computed, *tensors)
+    return computed[0]
 
 
 def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
@@ -288,13 +290,15 @@ def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = 
 
 
 class _Eager(torch.autograd.Function):
-    """Eager mode's path to the same device code as the custom ops, without the dispatcher's round trip
-    through Python (see _EAGER_FUNCTION). Tensors in the backend's order: (weight, bias, input) or (input,);
-    `precision` as the custom ops take it (the pools ignore it)."""
+    """Eager mode's autograd for the same device code as the custom ops, without the dispatcher's round trip
+    through Python (see _EAGER_FUNCTION). `computed` is what devices.forward returned for `tensors` (the
+    output, then the state backward needs), the tensors in the backend's order: (weight, bias, input) or
+    (input,); `precision` as the custom ops take it (the pools ignore it)."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, geom: Geometry, precision: str, *tensors: Tensor | None) -> Tensor:
-        output, *saved = devices.forward(op, geom, tensors, precision)
+    def forward(ctx: Any, op: str, geom: Geometry, precision: str, computed: tuple[Tensor, ...],
+                *tensors: Tensor | None) -> Tensor:
+        output, *saved = computed
         ctx.op, ctx.geom, ctx.precision = op, geom, precision
         ctx.save_for_backward(*tensors, *saved)
         return output
@@ -309,7 +313,7 @@ class _Eager(torch.autograd.Function):
         grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision)
         if parents == 3 and tensors[1] is None:
             grads = (grads[0], None, grads[2])
-        return None, None, None, *grads
+        return None, None, None, None, *grads
 
 
 # Eager calls go through _Eager, torch.compile traces the custom ops (which have fakes). Chosen by
