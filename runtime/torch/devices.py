@@ -292,8 +292,8 @@ class _CudaRunner:
 
 
 def _contiguous(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The kernels' inputs: contiguous (copies of the others, made outside autograd), a missing bias as
-    zeros (the kernels always add one)."""
+    """The kernels' inputs: contiguous (a copy of a tensor that is not), a missing bias as zeros (the
+    kernels always add one)."""
     if geom.family.is_conv and tensors[1] is None:
         weight, _, x = tensors
         tensors = (weight, torch.zeros(geom.out_c, dtype=x.dtype, device=x.device), x)

@@ -316,9 +316,10 @@ class _Eager(torch.autograd.Function):
         return None, None, None, None, *grads
 
 
-# Eager calls go through _Eager, torch.compile traces the custom ops (which have fakes). Chosen by
-# benchmarks/torch_overhead.py's stub rows (device code replaced by allocations, so only host cost is
-# left) for a [1, 4, 8, 8] input and 3x3 kernel, on the 2-core CPU development machine: forward 43.5 µs
-# through the custom op against 9.6 µs through _Eager (15.6 µs for the whole functional call), forward +
-# backward 127 µs against 54 µs. The custom op's dispatcher round trip into Python costs the difference.
+# Eager calls run the device code and attach the backward with _Eager; torch.compile traces the custom
+# ops (which have fakes). Chosen by benchmarks/torch_overhead.py's stub rows (device code replaced by
+# allocations, so only host cost is left) for a [1, 4, 8, 8] input and 3x3 kernel, on the 2-core CPU
+# development machine: forward 43.5 µs through the custom op against 9.6 µs through _Eager (15.6 µs for
+# the whole functional call), forward + backward 127 µs against 54 µs. The custom op's dispatcher round
+# trip into Python costs the difference.
 _EAGER_FUNCTION = True
