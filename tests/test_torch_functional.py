@@ -357,3 +357,19 @@ def test_a_remembered_geometry_does_not_answer_for_a_float_or_bool_argument(op: 
         call(x, w, None, stride=(1.0, 1))
     with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: groups must be a natural number, got True$"):
         call(x, w, None, stride=1, groups=True)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_torch_func_transforms_are_refused_by_name(transform: str) -> None:
+    """Under torch.func's transforms the tensors are wrappers without memory: refused before any device code."""
+    x, w = torch.randn(3, 1, 2, 6, 6), torch.randn(4, 2, 3, 3)
+    conv = lambda xi: ct.conv(xi, w, None, padding=1)  # noqa: E731
+    expected = (r"^convgen\.torch\.conv: torch\.func transforms \(vmap, grad, jacrev, \.\.\.\) are not supported; "
+                r"call the op outside them \(autograd and torch\.compile are\)$")
+    with pytest.raises(RuntimeError, match=expected):
+        if transform == "vmap":
+            torch.func.vmap(conv)(x)
+        else:
+            torch.func.grad(lambda xi: conv(xi).sum())(x[0])
+    with pytest.raises(RuntimeError, match=r"^convgen\.torch\.max_pool: torch\.func transforms"):
+        torch.func.vmap(lambda xi: ct.max_pool(xi, 2))(x)

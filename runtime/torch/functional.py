@@ -78,13 +78,21 @@ def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
                  for t in tensors)
 
 
+# Whether a torch.func transform (vmap, grad, ...) is running, as torch's own autograd.Function asks.
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bool) -> tuple[Tensor | None, ...]:
     """The tensors of `named` (input first, bias may be None): torch tensors, with `autocast` (the
     convolutions) cast as torch's autocast casts its own convolutions' first, then of float32, float64,
-    float16 or bfloat16, all of the input's dtype and on its device."""
+    float16 or bfloat16, all of the input's dtype and on its device; no torch.func transform active (its
+    wrapped tensors have no memory that the device code could read)."""
     for name, tensor in named:
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not torch.compiler.is_compiling() and _transforms_active():
+        raise RuntimeError(f"convgen.torch.{op}: torch.func transforms (vmap, grad, jacrev, ...) are not supported; "
+                           f"call the op outside them (autograd and torch.compile are)")
     tensors = tuple(tensor for _, tensor in named)
     if autocast:
         tensors = _autocast(tensors)
