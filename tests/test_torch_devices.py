@@ -13,8 +13,7 @@ from convgen.torch import devices  # noqa: E402
 def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
     """TorchCupyBackend._call hands CuPy each tensor's data_ptr (an int, passed by value like the pointer)
     and every other argument as it is, in order, on the calling op's stream."""
-    backend_class = devices._cuda_backend_class()
-    backend = object.__new__(backend_class)
+    backend = object.__new__(devices._TorchCupyBackend)
     backend._errors = ()
     launched = []
 

@@ -31,7 +31,7 @@ import torch
 from convgen.backend import HALF_DTYPES as HALF_DTYPE_NAMES
 from convgen.backend import BackendError, OutOfMemory
 from convgen.cpu import NumpyBackend
-from convgen.cuda import TENSOR_CORE_CAPABILITY
+from convgen.cuda import TENSOR_CORE_CAPABILITY, CupyBackend
 from convgen.cuda_launch import argmax_dtype, scalar_dtype
 from convgen.geometry import Family, Geometry
 
@@ -185,33 +185,28 @@ def _current_stream_function() -> Any:
     return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
-def _cuda_backend_class() -> type:
-    """convgen.cuda's CuPy backend on torch tensors (a class made once CuPy is importable)."""
-    from convgen.cuda import CupyBackend
+class _TorchCupyBackend(CupyBackend):
+    """convgen.cuda's CuPy backend on torch tensors, never wrapped as CuPy arrays: outputs and scratch from
+    torch's caching allocator, kernel arguments as the tensors' raw pointers (CuPy passes a Python int by
+    value, 8 bytes like the pointer), launches on the calling op's stream. CuPy itself is imported when
+    the first backend is made (CupyBackend.__init__)."""
 
-    class TorchCupyBackend(CupyBackend):
-        """torch tensors in and out, never wrapped as CuPy arrays: outputs and scratch from torch's caching
-        allocator, kernel arguments as the tensors' raw pointers (CuPy passes a Python int by value, 8 bytes
-        like the pointer), launches on the calling op's stream."""
+    call = _CudaCall()
 
-        call = _CudaCall()
+    def _launch_stream(self) -> Any:
+        return self.call.stream
 
-        def _launch_stream(self) -> Any:
-            return self.call.stream
+    def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
+        torch_dtype = _TORCH_DTYPES[self.dtype if dtype is None else dtype]
+        try:
+            return torch.empty(shape, dtype=torch_dtype, device=self.call.device)
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(math.prod(shape) * torch_dtype.itemsize) from None
 
-        def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
-            torch_dtype = _TORCH_DTYPES[self.dtype if dtype is None else dtype]
-            try:
-                return torch.empty(shape, dtype=torch_dtype, device=self.call.device)
-            except torch.OutOfMemoryError:
-                raise OutOfMemory(math.prod(shape) * torch_dtype.itemsize) from None
-
-        def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
-                  args: tuple[Any, ...]) -> None:
-            pointers = tuple([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
-            super()._call(stage, function, grid, block, shared_bytes, pointers)
-
-    return TorchCupyBackend
+    def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
+              args: tuple[Any, ...]) -> None:
+        pointers = tuple([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+        super()._call(stage, function, grid, block, shared_bytes, pointers)
 
 
 def device_precision(dtype: str, precision: str, capability: tuple[int, int]) -> str:
@@ -231,9 +226,8 @@ class _CudaRunner:
     kernels per geometry and device)."""
 
     def __init__(self) -> None:
-        backend_class = _cuda_backend_class()
-        self._call = backend_class.call
-        self._backend_class = backend_class
+        self._call = _TorchCupyBackend.call
+        self._backend_class = _TorchCupyBackend
         self._backends: dict[tuple[str, str], Any] = {}
         # (device index, torch dtype, precision asked) -> its backend: one lookup per call.
         self._by_call: dict[tuple[int, torch.dtype, str], Any] = {}
