@@ -70,7 +70,8 @@ PACK_MIN_MACS_DIRECT = 1 << 28
 
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
 ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
-HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate
+HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate ...
+FMA_REFERENCE_TILE = 32  # ... for FMA thread tiles of this many accumulators (t4x8)
 SLICE_OVERHEAD = 20  # instructions of a slice beyond its loads and FMAs (loop, barrier, swaps)
 BASE_REGISTERS = 40  # registers of a GEMM thread beyond its tiles and staged values
 # Each slice waits on its global loads and a barrier at least once: ~1000 cycles a round trip
@@ -365,8 +366,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         fma += ROUND_INSTRUCTIONS * (a_loads + b_loads)
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
     # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
-    # value takes one register more (its index or predicate).
-    registers = tile_registers + (words + 1) * (a_loads + b_loads) + hoisted + BASE_REGISTERS
+    # value takes one register more (its index or predicate), except an FMA conv stage's B rows, which
+    # share their column's pointer and test (the tensor-core tiles' fit was measured with the extra one).
+    b_extra = 0 if shape.conv and not shape.mma else b_loads
+    registers = tile_registers + (words + 1) * a_loads + words * b_loads + b_extra + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf
     shared = gemm_shared_bytes(bm, bn, bk, shape.staged_bytes) + hardware.shared_reserved_per_block
@@ -374,7 +377,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
     busiest = ceil_div(blocks, hardware.sm_count)
     warps = min(busiest, resident) * threads / 32
-    utilisation = warps / (warps + HALF_ISSUE_WARPS)
+    # FMA warps hide latency with their thread tile's independent multiply-adds: a warp of t8x8 keeps
+    # the pipe as busy as two of t4x8 (FMA_REFERENCE_TILE; smaller tiles as fitted).
+    half_warps = HALF_ISSUE_WARPS if shape.mma else HALF_ISSUE_WARPS * min(1.0, FMA_REFERENCE_TILE / (tm * tn))
+    utilisation = warps / (warps + half_warps)
     issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
     cost = max(issue, latency) + KERNEL_CYCLES

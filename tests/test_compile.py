@@ -283,7 +283,7 @@ def test_source_command_prints_a_standalone_nvrtc_input():
 
 def test_source_command_takes_the_section_8_arguments():
     """Dilation, groups, batch and dtype reach the defines: D0/D1, GROUPS, ELEMENT_BYTES, and tiles chosen
-    for the batch (a batch of 64 packs the backward_input's weight, one image of this size does not)."""
+    for the batch (a batch of 64 gets larger backward_input tiles than one image of this size)."""
     args = ["source", "conv", "2", "--in-c", "64", "--out-c", "64", "--in", "16", "--kernel", "3", "--stride", "1",
             "--padding", "2", "--dilation", "2x1"]
     result = CliRunner().invoke(cli.main, [*args, "--groups", "4", "--dtype", "float64"])
@@ -292,8 +292,10 @@ def test_source_command_takes_the_section_8_arguments():
         assert f"#define {define}\n" in result.output
     batched = CliRunner().invoke(cli.main, [*args, "--batch", "64"])
     one_image = CliRunner().invoke(cli.main, args)
-    assert "#define BWI_PACKED 1\n" in batched.output and "#define ELEMENT_BYTES 4\n" in batched.output
-    assert "#define BWI_PACKED 0\n" in one_image.output
+    assert "#define ELEMENT_BYTES 4\n" in batched.output
+    sides = lambda output: [int(re.search(rf"#define BWI_{side} (\d+)\n", output)[1]) for side in ("BM", "BN")]  # noqa: E731
+    assert sides(one_image.output) == [16, 16]
+    assert min(sides(batched.output)) >= 64
 
 
 def test_source_command_rejects_groups_that_do_not_divide_the_channels():
