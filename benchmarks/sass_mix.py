@@ -7,10 +7,12 @@ conversions, checks) crowd out the multiply-adds, so this ratio is a measure tha
 machine with the CUDA toolkit, before a kernel change is timed on a GPU (benchmarks/tile_sweep.py).
 It takes `convgen source`'s arguments, compiles the exact NVRTC input with nvcc for `--arch`, and
 disassembles it with cuobjdump (not in every toolkit install: `pip download nvidia-cuda-cuobjdump`
-gives it as a wheel). A kernel's main loop is the backward branch's body holding the most
+gives it as a wheel); what it leaves out is the compile check's geometry (its stride is not 1 on
+every axis: pass --stride). A kernel's main loop is the backward branch's body holding the most
 multiply-adds, one with tensor-core instructions first.
 
-    python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --padding 1 --batch 8
+    python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --stride 1 --padding 1 \
+        --batch 8 [--precision medium]
 """
 
 from __future__ import annotations

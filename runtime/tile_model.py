@@ -67,11 +67,23 @@ HALF_MMA_K = 16  # ... of one mma.sync.m16n8k16 (the 16-bit one, MMA_MODE 2)
 # 64->64 4096 forward, 2^26.3 multiply-adds, went from 11.4 to 12.9 µs of kernels when packed).
 PACK_MIN_MACS = 1 << 26
 PACK_MIN_MACS_DIRECT = 1 << 28
+# FMA stages of this many multiply-adds pack whatever their tile: on the H200 (tile_sweep, 2026-12-01) the
+# B-heavy tiles of the batched cases gained too: conv2d N32 3->64 k7 forward 64x256 360 -> 299 µs,
+# conv1d N32 64->64 forward 167 -> 147 and backward_input 188 -> 153, conv3d N8 32->32 backward_input
+# 479 -> 437 (its forward 441 -> 439).
+PACK_ANY_TILE_MACS = 1 << 31
 
 # Fitted constants of gemm_cost (H200 sweep, benchmarks/tile_sweep.py):
 ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
 HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate ...
 FMA_REFERENCE_TILE = 32  # ... for FMA thread tiles of this many accumulators (t4x8)
+# Conv-shaped FMA stages of at least this many waves of blocks (split 1) credit larger thread tiles with
+# latency hiding (gemm_cost). Measured on the H200 (benchmarks/tile_sweep.py, 2026-12-01): t8x8 tiles
+# ran the forward and backward_input of conv2d N8 128->128 128² in 1047-1053 µs against 1183-1201 for
+# t4x8, N32 64->64 56² in 225-228 against 266-268, conv3d N8 32->32 32³ 441 against 473; on stages
+# of a few waves they lost (one-image conv2d 256->256 14² forward, split 36: 19.5 -> 27 µs; conv3d
+# 32³, split 3: 73 -> 87 µs), and in the weight gradient (128->128 N8: 1365 -> 1929 µs).
+ILP_CREDIT_WAVES = 4
 SLICE_OVERHEAD = 20  # instructions of a slice beyond its loads and FMAs (loop, barrier, swaps)
 BASE_REGISTERS = 40  # registers of a GEMM thread beyond its tiles and staged values
 # Each slice waits on its global loads and a barrier at least once: ~1000 cycles a round trip
@@ -377,9 +389,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
     busiest = ceil_div(blocks, hardware.sm_count)
     warps = min(busiest, resident) * threads / 32
-    # FMA warps hide latency with their thread tile's independent multiply-adds: a warp of t8x8 keeps
-    # the pipe as busy as two of t4x8 (FMA_REFERENCE_TILE; smaller tiles as fitted).
-    half_warps = HALF_ISSUE_WARPS if shape.mma else HALF_ISSUE_WARPS * min(1.0, FMA_REFERENCE_TILE / (tm * tn))
+    # In conv-shaped FMA stages of many waves, warps also hide latency with their thread tile's independent
+    # multiply-adds: a warp of t8x8 keeps the pipe as busy as two of t4x8 (ILP_CREDIT_WAVES).
+    ilp_credit = shape.conv and not shape.mma and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
+    half_warps = HALF_ISSUE_WARPS * (min(1.0, FMA_REFERENCE_TILE / (tm * tn)) if ilp_credit else 1)
     utilisation = warps / (warps + half_warps)
     issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
@@ -394,9 +407,13 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
 def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
     """Whether a stage with `tile` reads its weight repacked (a launch and a weight-sized buffer more):
     see PACK_MIN_MACS."""
-    if not shape.conv or tile.bm < tile.bn:
+    if not shape.conv:
         return False
     macs = shape.outputs * shape.groups * shape.m * shape.n * shape.source_c * shape.k_size
+    if macs >= PACK_ANY_TILE_MACS and not shape.mma:
+        return True
+    if tile.bm < tile.bn:
+        return False
     if shape.weight_src_major:
         return macs >= PACK_MIN_MACS
     return macs >= PACK_MIN_MACS_DIRECT and a_quads(shape, tile)
@@ -410,10 +427,13 @@ def a_quads(shape: GemmShape, tile: GemmTile) -> bool:
 
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     """The default chooser: the cheapest candidate by gemm_cost; ties go to fewer splits, then the
-    larger block tile, then the smaller thread tile; no split for a stage too short to hide a second
-    launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so."""
+    larger block tile, then (FMA) the squarer thread tile, then the smaller one; no split for a stage
+    too short to hide a second launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so."""
     candidates = tile_candidates(shape, hardware)
-    rank = lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, t.tm, t.tn)  # noqa: E731
+    # FMA ties go to the squarer thread tile, which reads fewer shared bytes per multiply-add (t2x4: 6
+    # words for 8; t1x8: 9, and 30% slower on the 3-channel k7 backward_input).
+    squareness = lambda t: 0 if shape.mma else t.tm + t.tn  # noqa: E731
+    rank = lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, squareness(t), t.tm, t.tn)  # noqa: E731
     best = min(candidates, key=rank)
     if best.split > 1:
         whole = min((t for t in candidates if t.split == 1), key=rank)

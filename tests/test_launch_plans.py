@@ -31,6 +31,7 @@ from convgen.geometry import Family, Geometry
 from convgen.tile_model import (
     HOST_LAUNCH_CYCLES,
     KERNEL_CYCLES,
+    PACK_ANY_TILE_MACS,
     PACK_MIN_MACS_DIRECT,
     a_quads,
     packs_weight,
@@ -191,11 +192,15 @@ def test_large_conv_stages_read_a_repacked_weight():
             assert shape.weight_src_major or a_quads(shape, tile), stage
             assert large_plan.defines[f"{prefix}_PACKED"] == 1
             assert large_plan.launches[f"{stage}_pack"].grid == weight_blocks
-    k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
+    k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=8)  # 2^29.8 a stage
     k7_forward = gemm_shapes(k7)["forward"]
     k7_tile = GemmTile(64, 64, k7_forward.bk, 8, 8, 1)  # bm >= bn, but 3 channels a slice: no quads
     assert not a_quads(k7_forward, k7_tile) and not packs_weight(k7_forward, k7_tile)
     assert plan(k7).defines["FWD_PACKED"] == 0 and plan(k7).launches["forward_pack"].grid == 0
+    # From PACK_ANY_TILE_MACS on, FMA stages pack whatever their tile; tensor-core ones keep the rules above.
+    k7_n32 = gemm_shapes(replace(k7, batch=32))["forward"]
+    assert k7_n32.outputs * k7_n32.m * k7_n32.n * k7_n32.source_c * k7_n32.k_size >= PACK_ANY_TILE_MACS
+    assert packs_weight(k7_n32, replace(k7_tile, bn=256)) and not packs_weight(replace(k7_n32, mma=1), k7_tile)
     conv1d = Geometry.build(Family.CONV, 64, 64, (4096,), (5,), (1,), (2,))  # 2^26.3 multiply-adds a stage
     assert PACK_MIN_MACS <= 64 * 64 * 4096 * 5 < PACK_MIN_MACS_DIRECT
     assert plan(conv1d).defines["FWD_PACKED"] == 0 and plan(conv1d).defines["BWI_PACKED"] == 1
