@@ -965,16 +965,19 @@ extern "C" __global__ void FWD_BOUNDS conv_r7_forward(
             const pos_t j6 = base6[col] + k6 * D6;
             ok = ok && j6 >= 0 && j6 < IN6;
             offset = offset * IN6 + (unsigned)j6;
-            // Tensor cores: one pointer per column, the rows at constant distances from it, and no
-            // channel test for whole channel blocks (c0 is a multiple of BK below SRC_C): the TF32
-            // forward of N8 128->128 went from 336 to 304 SASS instructions per 32 HMMA and from 0.442
-            // to 0.404 ms. The FMA loops took 5-11% longer so (one image 64->64 56² and 128->128 128²
-            // on the H200), so they index each row.
+            // One pointer per column, the rows at constant distances from it, and no channel test for
+            // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
+            // most two apart. On the H200: the TF32 forward of N8 128->128 went from 336 to 304 SASS
+            // instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages of 8-16 rows
+            // a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose threads stage
+            // rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost 5-11%, so
+            // they index each row.
+            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= 2;
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + offset;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
-                if constexpr (MMA != 0) {
+                if constexpr (COLUMN_POINTER) {
                     const bool row_ok = (BK % ROW_STEP == 0 || row < BK) && (SRC_C % BK == 0 || c < SRC_C);
                     b_stage[col][i] = ok && row_ok ? load_stored(column + (size_t)i * ROW_STEP * IN_SIZE)
                                                    : real{};
@@ -1479,16 +1482,19 @@ extern "C" __global__ void BWI_BOUNDS conv_r7_backward_input(
             const pos_t j6 = base6[col] - r6 * DG6;
             ok = ok && j6 >= 0 && j6 < OUT6;
             offset = offset * OUT6 + (unsigned)j6;
-            // Tensor cores: one pointer per column, the rows at constant distances from it, and no
-            // channel test for whole channel blocks (c0 is a multiple of BK below SRC_C): the TF32
-            // forward of N8 128->128 went from 336 to 304 SASS instructions per 32 HMMA and from 0.442
-            // to 0.404 ms. The FMA loops took 5-11% longer so (one image 64->64 56² and 128->128 128²
-            // on the H200), so they index each row.
+            // One pointer per column, the rows at constant distances from it, and no channel test for
+            // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
+            // most two apart. On the H200: the TF32 forward of N8 128->128 went from 336 to 304 SASS
+            // instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages of 8-16 rows
+            // a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose threads stage
+            // rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost 5-11%, so
+            // they index each row.
+            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= 2;
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + offset;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
                 const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
-                if constexpr (MMA != 0) {
+                if constexpr (COLUMN_POINTER) {
                     const bool row_ok = (BK % ROW_STEP == 0 || row < BK) && (SRC_C % BK == 0 || c < SRC_C);
                     b_stage[col][i] = ok && row_ok ? load_stored(column + (size_t)i * ROW_STEP * OUT_SIZE)
                                                    : real{};
