@@ -3,7 +3,9 @@
 program to put under a profiler, for example
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats \\
-        -k regex:conv_r2_forward --launch-skip 2 --launch-count 1 python3 benchmarks/profile_case.py conv2d_128_128_n8
+        -k conv_r2_forward --launch-skip 1 --launch-count 1 python3 benchmarks/profile_case.py conv2d_128_128_n8
+
+(`-k` takes the exact kernel name: a regex would also match the stage's `_pack` kernel, launched first.)
 
     python benchmarks/profile_case.py CASE [--repeat N] [--forward-only] [--precision P]
 """
