@@ -69,6 +69,9 @@ ELEMENT_TYPES: dict[str, tuple[int, int]] = {'float32': (4, 0), 'float64': (8, 0
 PACKED_FIELD = 'PACKED'
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
+# FMA conv-shaped stages whose threads stage B rows at most this far apart read them from one pointer per
+# column (a register for all of them); the tensor-core stages always do.
+COLUMN_POINTER_ROW_STEP = 2
 
 
 def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:

@@ -60,6 +60,11 @@ PACKED_FIELD = "PACKED"
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
 SHARED_ROW_PAD = 4
 SHARED_BUFFERS = 2
+# A conv-shaped stage's thread stages BK / ROW_STEP rows of a B column, ROW_STEP apart (ROW_STEP = threads /
+# BN). Up to this distance, and on the tensor cores, the rows are read from one pointer per column (the
+# kernel's COLUMN_POINTER; one register for all of them, which the tile model counts); farther apart, by
+# an index per row (measured: docs/DESIGN.md, the B column pointer).
+COLUMN_POINTER_ROW_STEP = 2
 
 
 def tile_defines(stage: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from convgen.generator.contract import (
     CIRCULAR_AXIS_DEFINES,
     CIRCULAR_COMMON_DEFINES,
     CIRCULAR_STAGES,
+    COLUMN_POINTER_ROW_STEP,
     COMMON_DEFINES,
     CONV_DEFINES,
     ELEMENT_TYPES,
@@ -159,6 +160,7 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
         defines=source_defines(family, rank),
         helpers=_helpers(env),
         shared_row_pad=SHARED_ROW_PAD,
+        column_pointer_row_step=COLUMN_POINTER_ROW_STEP,
         kernels=kernels,
         stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},
     )
@@ -191,6 +193,7 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         packed_field=repr(PACKED_FIELD),
         shared_row_pad=SHARED_ROW_PAD,
         shared_buffers=SHARED_BUFFERS,
+        column_pointer_row_step=COLUMN_POINTER_ROW_STEP,
         stages={family: FAMILY_STAGES[family] for family in used},
         kernels=[{"family": f, "rank": r, "source": source_name(f, r), "symbols": symbols(f, r),
                   "defines": source_defines(f, r)} for f in used for r in RANKS],

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from convgen.generated.contract import HALF_MMA_MODE, gemm_shared_bytes
+from convgen.generated.contract import COLUMN_POINTER_ROW_STEP, HALF_MMA_MODE, gemm_shared_bytes
 from convgen.geometry import Family, Geometry
 
 
@@ -378,10 +378,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         fma += ROUND_INSTRUCTIONS * (a_loads + b_loads)
     per_slice = fma + lds + 5 * a_loads + index + 2 * b_loads + SLICE_OVERHEAD
     # Accumulators, fragments and staged values hold elements (`words` registers each); a staged
-    # value takes one register more (its index or predicate), except an FMA conv stage's B rows at most
-    # two apart, which share their column's pointer and test (the template's COLUMN_POINTER; the
-    # tensor-core tiles' fit was measured with the extra one).
-    b_extra = 0 if shape.conv and not shape.mma and threads // bn <= 2 else b_loads
+    # value takes one register more (its index or predicate), except an FMA conv stage's B rows read from
+    # one pointer per column (contract COLUMN_POINTER_ROW_STEP; the tensor-core tiles' fit was measured
+    # with the extra one).
+    b_extra = 0 if shape.conv and not shape.mma and threads // bn <= COLUMN_POINTER_ROW_STEP else b_loads
     registers = tile_registers + (words + 1) * a_loads + words * b_loads + b_extra + hoisted + BASE_REGISTERS
     if registers > hardware.registers_per_thread:
         return math.inf

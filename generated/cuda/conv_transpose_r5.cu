@@ -129,6 +129,7 @@ __device__ __forceinline__ scalar positive_infinity()
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
+constexpr unsigned COLUMN_POINTER_ROW_STEP = 2;  // farthest B rows read from one pointer (contract)
 
 // The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
 // docs/DESIGN.md, the tensor-core slice), inlined into each conv source by `convgen build` before
@@ -1115,12 +1116,12 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r5_forward(
             offset = offset * IN4 + (unsigned)j4;
             // One pointer per column, the rows at constant distances from it, and no channel test for
             // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
-            // most two apart. On the H200: the TF32 forward of N8 128->128 went from 336 to 304 SASS
-            // instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages of 8-16 rows
-            // a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose threads stage
-            // rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost 5-11%, so
-            // they index each row.
-            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= 2;
+            // most COLUMN_POINTER_ROW_STEP apart. On the H200: the TF32 forward of N8 128->128 went from
+            // 336 to 304 SASS instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages
+            // of 8-16 rows a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose
+            // threads stage rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost
+            // 5-11%, so they index each row.
+            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= COLUMN_POINTER_ROW_STEP;
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + offset;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
@@ -1431,12 +1432,12 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r5_backward_input(
             offset = offset * OUT4 + (unsigned)j4;
             // One pointer per column, the rows at constant distances from it, and no channel test for
             // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
-            // most two apart. On the H200: the TF32 forward of N8 128->128 went from 336 to 304 SASS
-            // instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages of 8-16 rows
-            // a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose threads stage
-            // rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost 5-11%, so
-            // they index each row.
-            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= 2;
+            // most COLUMN_POINTER_ROW_STEP apart. On the H200: the TF32 forward of N8 128->128 went from
+            // 336 to 304 SASS instructions per 32 HMMA and from 0.442 to 0.404 ms, the batched FMA stages
+            // of 8-16 rows a column gained 5-30% (conv3d N8 forward 0.561 -> 0.434 ms); stages whose
+            // threads stage rows four or more apart (4 rows: one-image 64->64 56², 128->128 128²) lost
+            // 5-11%, so they index each row.
+            constexpr bool COLUMN_POINTER = MMA != 0 || ROW_STEP <= COLUMN_POINTER_ROW_STEP;
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + offset;
 #pragma unroll
             for (unsigned i = 0; i < B_ROWS; ++i) {
