@@ -41,7 +41,10 @@ AXIS_DEFINES = ("IN", "K", "S", "P", "OUT", "D")
 # MMA_MODE: how the GEMM main loops multiply (docs/DESIGN.md, the tensor-core slice): 0 FMAs in the
 # compute type, 1 one TF32 mma.sync per product, 3 three (3xTF32: big*big, big*small, small*big), 2 one
 # 16-bit mma.sync (m16n8k16) on float16 or bfloat16 elements staged as they are stored.
-CONV_DEFINES = ("GROUPS", "MMA_MODE")
+# BIAS_SPLIT: the bias gradient's parts per channel (each a run of output cells of every image); above 1,
+# backward_bias writes a [BIAS_SPLIT][OUT_C] partial buffer that backward_bias_reduce adds up in order.
+BIAS_STAGE, BIAS_PREFIX = "backward_bias", "BIAS"
+CONV_DEFINES = ("GROUPS", "MMA_MODE", f"{BIAS_PREFIX}_SPLIT")
 # A tape's precision (SEMANTICS §8) -> MMA_MODE. "highest" is the seed's contract: FMAs in the element
 # type, the only one a float64 tape takes.
 PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
@@ -174,8 +177,10 @@ def _pack(stage: str, layout: ConvRow) -> Stage:
                  "fastest, so a slice of A (one k, a block of src channels) is contiguous rows.", layout)
 
 
-_BIAS_GRAD = Stage("backward_bias", (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
-                   "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.")
+_BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
+                   "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel "
+                   "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
+_BIAS_REDUCE = _reduce(BIAS_STAGE, "grad_bias", False)
 
 _CONV_FORWARD = ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)
 _CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)
@@ -195,6 +200,7 @@ _CONV_STAGES = (
           WeightRow("OUT", "OUT_C", "IN", "IN_C")),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
+    _BIAS_REDUCE,
 )
 
 _TRANSPOSE_FORWARD = ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)
@@ -216,6 +222,7 @@ _CONV_TRANSPOSE_STAGES = (
           WeightRow("IN", "IN_C", "OUT", "OUT_C")),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
+    _BIAS_REDUCE,
 )
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 import jinja2
 from convgen.generator.contract import (
     AXIS_DEFINES,
+    BIAS_PREFIX,
+    BIAS_STAGE,
     CIRCULAR_AXIS_DEFINES,
     CIRCULAR_COMMON_DEFINES,
     CIRCULAR_STAGES,
@@ -115,9 +117,12 @@ def _kind(stage: Stage) -> str:
     return "reduce" if stage.name.endswith("_reduce") else "bias"
 
 
-def _reduce_count(family: Family, gemm: str) -> str:
-    """The element count of a GEMM stage's output, as a CUDA expression."""
-    layout = next(s.layout for s in FAMILY_STAGES[family] if s.name == gemm)
+def _reduce_count(family: Family, stage: str) -> str:
+    """The element count of a split stage's output (a GEMM stage's, or the bias gradient's), as a CUDA
+    expression."""
+    if stage == BIAS_STAGE:
+        return "OUT_C"
+    layout = next(s.layout for s in FAMILY_STAGES[family] if s.name == stage)
     if isinstance(layout, ConvRow):
         return f"{layout.dst_c} * {layout.dst}_SIZE"
     assert isinstance(layout, WeightRow)
@@ -127,15 +132,16 @@ def _reduce_count(family: Family, gemm: str) -> str:
 def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
     """What the CUDA templates print for one kernel."""
     gemm = stage.gemm
+    split = stage.name.removesuffix("_reduce") if stage.name.endswith("_reduce") else None
     return {
         "symbol": symbols(family, rank)[stage.name],
         "params": [p.declaration for p in stage.params],
         "summary": textwrap.wrap(stage.summary, LINE_WIDTH - 3, break_on_hyphens=False),
         "kind": _kind(stage),
         "layout": stage.layout,
-        "prefix": GEMM_STAGES[gemm] if gemm else "",
+        "prefix": GEMM_STAGES[gemm] if gemm else BIAS_PREFIX if split == BIAS_STAGE else "",
         "packed_define": (packed_define(family, gemm) if gemm else None) or "",
-        "count": _reduce_count(family, gemm) if gemm and stage.name.endswith("_reduce") else "",
+        "count": _reduce_count(family, split) if split else "",
         "per_image": any(p.role == "images" for p in stage.params),
     }
 
@@ -190,6 +196,8 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         half_mma_mode=HALF_MMA_MODE,
         element_types=ELEMENT_TYPES,
         tile_fields=TILE_FIELDS,
+        bias_stage=BIAS_STAGE,
+        bias_prefix=BIAS_PREFIX,
         packed_field=repr(PACKED_FIELD),
         shared_row_pad=SHARED_ROW_PAD,
         shared_buffers=SHARED_BUFFERS,

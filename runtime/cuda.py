@@ -18,7 +18,7 @@ import numpy as np
 from convgen.backend import BackendError, OutOfMemory
 from convgen.circular import CircularPlan, circular_plan, fits_padded
 from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan, scalar_dtype
-from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
+from convgen.generated.contract import BIAS_STAGE, CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
 
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
@@ -290,23 +290,31 @@ class CupyBackend:
         function, grid, block, shared_bytes, arguments = launch
         self._call(stage, function, grid, block, shared_bytes, arguments(values))
 
-    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
-        """An implicit-GEMM stage into its output (the kernel's non-const parameter); when the plan
-        splits its reduction, into a partial buffer [split, *output.shape] that the stage's reduce
-        kernel adds up in a fixed order. A stage the plan packs reads the weight as its `_pack` kernel
-        lays it out, in a scratch buffer of the weight's size."""
+    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...]) -> Any:
+        """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
+        reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size, launched
+        before the output is allocated, so that the GPU has work while the host allocates."""
         if f"{stage}_pack" in compiled.launches:
             packed = self._output(values["weight"].shape)
             self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
             values = {**values, "weight": packed}
+        return self._into_output(compiled, stage, values, output_shape)
+
+    def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],
+                     output_shape: tuple[int, ...]) -> Any:
+        """`stage` into a new output of `output_shape` (the kernel's non-const parameter), returned; when the
+        plan splits the stage's reduction, into a partial buffer [split, *output_shape] that the stage's
+        reduce kernel adds up in a fixed order."""
+        (role,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
+        output = self._output(output_shape)
         split = compiled.plan.splits[stage]
         if split == 1:
-            self._launch(compiled, stage, values)
-            return
-        (output,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
-        partial = self._output((split, *values[output].shape), self.scalar_dtype)
-        self._launch(compiled, stage, {**values, output: partial})
-        self._launch(compiled, f"{stage}_reduce", {**values, "partial": partial})
+            self._launch(compiled, stage, {**values, role: output})
+            return output
+        partial = self._output((split, *output_shape), self.scalar_dtype)
+        self._launch(compiled, stage, {**values, role: partial})
+        self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial})
+        return output
 
     # The ops.
 
@@ -322,14 +330,14 @@ class CupyBackend:
             padded = wrapping.plan.padded
             return self.forward(padded, (weight, bias, self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)))
         compiled = self._compile(geom)
-        y = self._output(geom.output_shape)
         images = compiled.images
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            self._gemm(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "y": y, "images": images})
-            return y, None
+            values = {"x": x, "weight": weight, "bias": bias, "images": images}
+            return self._gemm(compiled, "forward", values, geom.output_shape), None
         (x,) = inputs
+        y = self._output(geom.output_shape)
         values = {"x": x, "y": y, "images": images}
         if family is Family.MAX_POOL:
             saved = values["argmax"] = self._output(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
@@ -356,12 +364,11 @@ class CupyBackend:
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            values = {"x": x, "weight": weight, "grad": grad, "images": images, "grad_x": self._output(x.shape),
-                      "grad_weight": self._output(weight.shape), "grad_bias": self._output(bias.shape)}
-            self._gemm(compiled, "backward_input", values)
-            self._gemm(compiled, "backward_weight", values)
-            self._launch(compiled, "backward_bias", values)
-            return values["grad_weight"], values["grad_bias"], values["grad_x"]
+            values = {"x": x, "weight": weight, "grad": grad, "images": images}
+            grad_x = self._gemm(compiled, "backward_input", values, x.shape)
+            grad_weight = self._gemm(compiled, "backward_weight", values, weight.shape)
+            grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias.shape)
+            return grad_weight, grad_bias, grad_x
         (x,) = inputs
         values = {"x": x, "grad": grad, "images": images, "grad_x": self._output(x.shape)}
         if family is Family.MAX_POOL:

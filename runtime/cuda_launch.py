@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
 from convgen.generated.contract import (
+    BIAS_PREFIX,
+    BIAS_STAGE,
     ELEMENT_TYPES,
     GEMM_STAGES,
     HALF_MMA_MODE,
@@ -41,8 +43,8 @@ from convgen.tile_model import (
     tile_candidates,
 )
 
-__all__ = ["BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS", "PRECISIONS",
-           "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
+__all__ = ["BIAS_CELLS_PER_PART", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
+           "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
            "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
            "nvrtc_options", "packs_weight", "plan", "pool_cells_per_thread", "representative_geometry",
            "scalar_dtype", "tile_candidates"]
@@ -78,8 +80,8 @@ class Plan:
 
     defines: dict[str, int]  # name -> value, in the contract's order
     launches: dict[str, Launch]  # stage -> launch
-    # GEMM stage -> number of reduction splits; > 1: the stage writes a [split, *output] partial
-    # buffer and its `<stage>_reduce` kernel adds it up.
+    # GEMM stage or the bias gradient -> number of reduction splits; > 1: the stage writes a
+    # [split, *output] partial buffer and its `<stage>_reduce` kernel adds it up.
     splits: dict[str, int]
     argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
 
@@ -93,7 +95,7 @@ def _blocks(threads: int) -> int:
     return ceil_div(threads, BLOCK)
 
 
-def _geometry_defines(geom: Geometry, dtype: str, mma: int) -> dict[str, int]:
+def _geometry_defines(geom: Geometry, dtype: str, mma: int, hardware: Hardware) -> dict[str, int]:
     values: dict[str, int] = {"IN_C": geom.in_c, "OUT_C": geom.out_c, "BLOCK": BLOCK, **ELEMENT_DEFINES[dtype]}
     for axis, axis_values in enumerate(zip(geom.in_spatial, geom.kernel, geom.stride, geom.padding,
                                            geom.out_spatial, geom.dilation)):
@@ -101,7 +103,21 @@ def _geometry_defines(geom: Geometry, dtype: str, mma: int) -> dict[str, int]:
     if geom.family.is_conv:
         values["GROUPS"] = geom.groups
         values["MMA_MODE"] = mma
+        values[f"{BIAS_PREFIX}_SPLIT"] = bias_split(geom, hardware)
     return values
+
+
+# The fewest cells of one image that a part of the bias gradient sums: four loads a thread (the kernel's
+# four sums) before the part is worth a block of its own.
+BIAS_CELLS_PER_PART = 4 * BLOCK
+
+
+def bias_split(geom: Geometry, hardware: Hardware) -> int:
+    """The bias gradient's parts per channel: enough blocks (channels x parts) for two per SM, each part at
+    least BIAS_CELLS_PER_PART cells of an image. From the output's channels and cells alone, so that a
+    new batch compiles nothing; 64 channels of a one-block-per-channel kernel left half an H200 idle."""
+    cells = math.prod(geom.out_spatial)
+    return max(1, min(ceil_div(2 * hardware.sm_count, max(geom.out_c, 1)), cells // BIAS_CELLS_PER_PART))
 
 
 def batch_bucket(images: int) -> int:
@@ -112,7 +128,7 @@ def batch_bucket(images: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, mma: int) -> Plan:
-    values = _geometry_defines(geom, dtype, mma)
+    values = _geometry_defines(geom, dtype, mma, hardware)
     staged_bytes = 8 if scalar_dtype(dtype) == "float64" else 4  # what shared memory and split buffers hold
     if not geom.family.is_conv:
         return _pool_plan(geom, values)
@@ -136,7 +152,10 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         reduce_blocks = _blocks(shape.outputs * count // vector)
         launches[f"{stage}_reduce"] = Launch(reduce_blocks if count and tile.split > 1 else 0)
         splits[stage] = tile.split
-    launches["backward_bias"] = Launch(geom.out_c)
+    parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
+    launches[BIAS_STAGE] = Launch(geom.out_c * parts)
+    vector = 4 if geom.out_c % 4 == 0 else 1
+    launches[f"{BIAS_STAGE}_reduce"] = Launch(_blocks(geom.out_c // vector) if parts > 1 else 0)
     return _checked(geom, Plan(values, launches, splits))
 
 

@@ -60,6 +60,11 @@ def test_batched_splits_and_forced_tiles() -> None:
                  G(Family.CONV_TRANSPOSE, 16, 8, (30, 30), (3, 2), (2, 1), (1, 0), batch=5)):
         assert max(plan(geom).splits.values()) > 1, geom
         check_against_cpu(geom, rng)
+    # The bias gradient in parts: 2304 cells of each channel (16-byte loads), 2115 (one at a time).
+    for geom in (G(Family.CONV, 4, 8, (48, 48), (3, 3), (1, 1), (1, 1), batch=3),
+                 G(Family.CONV_TRANSPOSE, 4, 6, (45, 47), (3, 3), (1, 1), (1, 1), batch=2)):
+        assert plan(geom).splits["backward_bias"] == 2, geom
+        check_against_cpu(geom, rng)
     for tile in FORCED_TILES:
         for geom in FORCED_GEOMETRY:
             check_against_cpu(G(geom.family, geom.in_c, geom.out_c, geom.in_spatial, geom.kernel, geom.stride,

@@ -87,6 +87,15 @@ def test_non_finite_values_take_the_rare_path() -> None:
         np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cells", [2052, 2051], ids=["quads", "cells"])
+def test_bias_gradient_split_into_parts(cells) -> None:
+    """Two channels of 2052 (16-byte loads) or 2051 cells: the bias gradient in two parts a channel and
+    its reduce kernel."""
+    geom = Geometry.build(Family.CONV, 1, 2, (cells,), (1,), (1,), (0,), batch=2)
+    assert plan(geom).splits["backward_bias"] == 2
+    check(geom, "float32")
+
+
 def test_circular_padding_pads_and_folds() -> None:
     geom = Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True)
     check(geom, "float32")

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 from convgen.cuda_launch import (
+    BIAS_CELLS_PER_PART,
     GEMM_STAGES,
     H200,
     PACK_MIN_MACS,
@@ -63,10 +64,25 @@ def test_every_stage_of_every_conv_family_is_planned():
     for family, rank in itertools.product((Family.CONV, Family.CONV_TRANSPOSE), range(1, 9)):
         geom = Geometry.build(family, 2, 3, (5,) * rank, (3,) * rank, (2,) * rank, (1,) * rank)
         geometry_plan = plan(geom)
-        assert set(geometry_plan.splits) == {"forward", "backward_input", "backward_weight"}
+        assert set(geometry_plan.splits) == {"forward", "backward_input", "backward_weight", "backward_bias"}
         assert all(math.prod(geom.output_shape) and launch.grid > 0
                    for stage, launch in geometry_plan.launches.items()
                    if stage in geometry_plan.splits)
+
+
+def test_the_bias_gradient_splits_its_cells_only_when_channels_leave_sms_idle():
+    """Parts per channel from the channels and the cells of one image (never the batch): two blocks per SM,
+    each part at least BIAS_CELLS_PER_PART cells; one part, and no reduce launch, when either is short."""
+    few = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
+    many = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    small = Geometry.build(Family.CONV, 4, 4, (8, 8), (3, 3), (1, 1), (1, 1), batch=32)
+    expected = {few: math.ceil(2 * H200.sm_count / 8), many: 56 * 56 // BIAS_CELLS_PER_PART, small: 1}
+    for geom, parts in expected.items():
+        geometry_plan = plan(geom)
+        assert geometry_plan.splits["backward_bias"] == geometry_plan.defines["BIAS_SPLIT"] == parts
+        assert geometry_plan.launches["backward_bias"].grid == geom.out_c * parts
+        assert (geometry_plan.launches["backward_bias_reduce"].grid > 0) == (parts > 1)
+        assert plan(replace(geom, batch=3)).defines["BIAS_SPLIT"] == parts
 
 
 def test_the_default_chooser_takes_the_cheapest_candidate():
@@ -86,7 +102,7 @@ def test_stages_too_short_to_hide_a_second_launch_are_not_split():
         assert min(candidates, key=lambda t: gemm_cost(shape, t, H200)).split > 1, stage  # the GPU's choice
         whole = min(gemm_cost(shape, t, H200) for t in candidates if t.split == 1)
         assert whole <= KERNEL_CYCLES + HOST_LAUNCH_CYCLES
-    assert plan(tiny).splits == {"forward": 1, "backward_input": 1, "backward_weight": 1}
+    assert plan(tiny).splits == {"forward": 1, "backward_input": 1, "backward_weight": 1, "backward_bias": 1}
     conv1d = Geometry.build(Family.CONV, 64, 64, (4096,), (5,), (1,), (2,))
     assert plan(conv1d).splits["forward"] > 1
 

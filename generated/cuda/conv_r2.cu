@@ -8,11 +8,12 @@
 #if !defined(IN_C) || !defined(OUT_C) || !defined(BLOCK) || !defined(ELEMENT_BYTES) || !defined(ELEMENT_BF16) || \
     !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || \
     !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || \
-    !defined(GROUPS) || !defined(MMA_MODE) || !defined(FWD_BM) || !defined(FWD_BN) || !defined(FWD_BK) || \
-    !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || !defined(FWD_PACKED) || \
-    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
-    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || !defined(BWW_BM) || !defined(BWW_BN) || \
-    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
+    !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
+    !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
+    !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || !defined(BWW_BM) || \
+    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
+    !defined(BWW_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1570,21 +1571,54 @@ extern "C" __global__ void conv_r2_backward_weight_reduce(
     split_sum<(unsigned long long)OUT_C * (IN_C / GROUPS) * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
 }
 
-// dB[oc] = sum of g[n, oc, :] over the images n, then the output cells, one block per channel.
+// dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel and part (a run of the
+// cells), whose sums backward_bias_reduce adds up when there are parts.
 extern "C" __global__ void conv_r2_backward_bias(
     const real* __restrict__ grad,
     const unsigned images,
     real* __restrict__ bias_grad)
 {
-    scalar acc[1] = {0};
+    constexpr unsigned PER_PART = ((OUT_SIZE + BIAS_SPLIT - 1) / BIAS_SPLIT + 3) / 4 * 4;  // whole quads
+    const unsigned channel = blockIdx.x % OUT_C, part = blockIdx.x / OUT_C;
+    const unsigned first = part * PER_PART, end = first + PER_PART < OUT_SIZE ? first + PER_PART : OUT_SIZE;
+    scalar sums[4] = {0, 0, 0, 0};
     for (unsigned image = 0; image < images; ++image) {
-        const real* __restrict__ channel = grad + ((size_t)image * OUT_C + blockIdx.x) * OUT_SIZE;
-        for (unsigned cell = threadIdx.x; cell < OUT_SIZE; cell += BLOCK) {
-            acc[0] += load_element(channel + cell);
+        const real* __restrict__ cells = grad + ((size_t)image * OUT_C + channel) * OUT_SIZE;
+        if constexpr (OUT_SIZE % 4 == 0) {  // every channel's cells start 16-byte aligned
+#pragma unroll 4
+            for (unsigned quad = first / 4 + threadIdx.x; quad < end / 4; quad += BLOCK) {
+                real v[4];
+                ldg4(cells, quad, v);
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    sums[j] += widened(v[j]);
+                }
+            }
+        } else {
+            unsigned cell = first + threadIdx.x;
+            for (; cell + 3 * BLOCK < end; cell += 4 * BLOCK) {
+#pragma unroll
+                for (unsigned j = 0; j < 4; ++j) {
+                    sums[j] += load_element(cells + cell + j * BLOCK);
+                }
+            }
+            for (; cell < end; cell += BLOCK) {
+                sums[0] += load_element(cells + cell);
+            }
         }
     }
+    scalar acc[1] = {(sums[0] + sums[1]) + (sums[2] + sums[3])};
     block_sum(acc);
+    typedef typename gemm_output<(BIAS_SPLIT > 1)>::type Out;
     if (threadIdx.x == 0) {
-        bias_grad[blockIdx.x] = narrowed(acc[0]);
+        put(reinterpret_cast<Out*>(bias_grad) + blockIdx.x, acc[0]);
     }
+}
+
+// Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
+extern "C" __global__ void conv_r2_backward_bias_reduce(
+    const scalar* __restrict__ partial,
+    real* __restrict__ dest)
+{
+    split_sum<(unsigned long long)OUT_C, BIAS_SPLIT>(partial, dest, 1u);
 }
