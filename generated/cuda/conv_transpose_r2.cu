@@ -1580,33 +1580,31 @@ extern "C" __global__ void conv_transpose_r2_backward_bias(
     real* __restrict__ bias_grad)
 {
     constexpr unsigned PER_PART = ((OUT_SIZE + BIAS_SPLIT - 1) / BIAS_SPLIT + 3) / 4 * 4;  // whole quads
+    constexpr unsigned WIDTH = OUT_SIZE % 4 == 0 ? 4 : 1;  // cells a load takes: channels start 16-byte aligned
     const unsigned channel = blockIdx.x % OUT_C, part = blockIdx.x / OUT_C;
     const unsigned first = part * PER_PART, end = first + PER_PART < OUT_SIZE ? first + PER_PART : OUT_SIZE;
-    scalar sums[4] = {0, 0, 0, 0};
-    for (unsigned image = 0; image < images; ++image) {
-        const real* __restrict__ cells = grad + ((size_t)image * OUT_C + channel) * OUT_SIZE;
-        if constexpr (OUT_SIZE % 4 == 0) {  // every channel's cells start 16-byte aligned
-#pragma unroll 4
-            for (unsigned quad = first / 4 + threadIdx.x; quad < end / 4; quad += BLOCK) {
-                real v[4];
-                ldg4(cells, quad, v);
-#pragma unroll
-                for (unsigned j = 0; j < 4; ++j) {
-                    sums[j] += widened(v[j]);
-                }
-            }
+    const unsigned loads = first < end ? (end - first) / WIDTH : 0, count = images * loads;
+    auto value = [&](unsigned i) -> scalar {  // element i of the run: load (i % loads) of image i / loads
+        const unsigned image = i / loads, cell = first + i % loads * WIDTH;
+        const real* __restrict__ p = grad + ((size_t)image * OUT_C + channel) * OUT_SIZE + cell;
+        if constexpr (WIDTH == 4) {
+            real v[4];
+            ldg4(p, 0, v);
+            return (widened(v[0]) + widened(v[1])) + (widened(v[2]) + widened(v[3]));
         } else {
-            unsigned cell = first + threadIdx.x;
-            for (; cell + 3 * BLOCK < end; cell += 4 * BLOCK) {
-#pragma unroll
-                for (unsigned j = 0; j < 4; ++j) {
-                    sums[j] += load_element(cells + cell + j * BLOCK);
-                }
-            }
-            for (; cell < end; cell += BLOCK) {
-                sums[0] += load_element(cells + cell);
-            }
+            return load_element(p);
         }
+    };
+    scalar sums[4] = {0, 0, 0, 0};
+    unsigned i = threadIdx.x;
+    for (; i + 3 * BLOCK < count; i += 4 * BLOCK) {
+#pragma unroll
+        for (unsigned j = 0; j < 4; ++j) {
+            sums[j] += value(i + j * BLOCK);
+        }
+    }
+    for (; i < count; i += BLOCK) {
+        sums[0] += value(i);
     }
     scalar acc[1] = {(sums[0] + sums[1]) + (sums[2] + sums[3])};
     block_sum(acc);
