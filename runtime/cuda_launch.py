@@ -43,7 +43,7 @@ from convgen.tile_model import (
     tile_candidates,
 )
 
-__all__ = ["BIAS_CELLS_PER_PART", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
+__all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
            "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
            "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
            "nvrtc_options", "packs_weight", "plan", "pool_cells_per_thread", "representative_geometry",
@@ -107,17 +107,19 @@ def _geometry_defines(geom: Geometry, dtype: str, mma: int, hardware: Hardware) 
     return values
 
 
-# The fewest cells of one image that a part of the bias gradient sums: four loads a thread (the kernel's
-# four sums) before the part is worth a block of its own.
-BIAS_CELLS_PER_PART = 4 * BLOCK
+# The fewest cells a block of the bias gradient sums over the images of the batch's bucket before a part
+# of the cells is worth a block of its own: sixteen loads a thread.
+BIAS_CELLS_PER_BLOCK = 16 * BLOCK
 
 
 def bias_split(geom: Geometry, hardware: Hardware) -> int:
-    """The bias gradient's parts per channel: enough blocks (channels x parts) for two per SM, each part at
-    least BIAS_CELLS_PER_PART cells of an image. From the output's channels and cells alone, so that a
-    new batch compiles nothing; 64 channels of a one-block-per-channel kernel left half an H200 idle."""
+    """The bias gradient's parts per channel: enough blocks (channels x parts) for two per SM, each summing
+    at least BIAS_CELLS_PER_BLOCK cells of the batch's bucket and at least a quad of each image. From the
+    bucket, not the batch, so that a new batch size compiles nothing; 64 channels of a one-block-per-channel
+    kernel left half an H200 idle, and one image stays in one part (no reduce launch on the host's clock)."""
     cells = math.prod(geom.out_spatial)
-    return max(1, min(ceil_div(2 * hardware.sm_count, max(geom.out_c, 1)), cells // BIAS_CELLS_PER_PART))
+    blocks = batch_bucket(geom.images) * cells // BIAS_CELLS_PER_BLOCK
+    return max(1, min(ceil_div(2 * hardware.sm_count, max(geom.out_c, 1)), blocks, cells // 4))
 
 
 def batch_bucket(images: int) -> int:

@@ -62,7 +62,7 @@ def test_batched_splits_and_forced_tiles() -> None:
         check_against_cpu(geom, rng)
     # The bias gradient in parts: 2304 cells of each channel (16-byte loads), 2115 (one at a time).
     for geom in (G(Family.CONV, 4, 8, (48, 48), (3, 3), (1, 1), (1, 1), batch=3),
-                 G(Family.CONV_TRANSPOSE, 4, 6, (45, 47), (3, 3), (1, 1), (1, 1), batch=2)):
+                 G(Family.CONV_TRANSPOSE, 4, 6, (45, 47), (3, 3), (1, 1), (1, 1), batch=4)):
         assert plan(geom).splits["backward_bias"] == 2, geom
         check_against_cpu(geom, rng)
     for tile in FORCED_TILES:

@@ -89,9 +89,9 @@ def test_non_finite_values_take_the_rare_path() -> None:
 
 @pytest.mark.parametrize("cells", [2052, 2051], ids=["quads", "cells"])
 def test_bias_gradient_split_into_parts(cells) -> None:
-    """Two channels of 2052 (16-byte loads) or 2051 cells: the bias gradient in two parts a channel and
-    its reduce kernel."""
-    geom = Geometry.build(Family.CONV, 1, 2, (cells,), (1,), (1,), (0,), batch=2)
+    """Two channels of 2052 (16-byte loads) or 2051 cells, four images: the bias gradient in two parts a
+    channel and its reduce kernel."""
+    geom = Geometry.build(Family.CONV, 1, 2, (cells,), (1,), (1,), (0,), batch=4)
     assert plan(geom).splits["backward_bias"] == 2
     check(geom, "float32")
 

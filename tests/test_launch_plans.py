@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 from convgen.cuda_launch import (
-    BIAS_CELLS_PER_PART,
+    BIAS_CELLS_PER_BLOCK,
     GEMM_STAGES,
     H200,
     PACK_MIN_MACS,
@@ -71,18 +71,22 @@ def test_every_stage_of_every_conv_family_is_planned():
 
 
 def test_the_bias_gradient_splits_its_cells_only_when_channels_leave_sms_idle():
-    """Parts per channel from the channels and the cells of one image (never the batch): two blocks per SM,
-    each part at least BIAS_CELLS_PER_PART cells; one part, and no reduce launch, when either is short."""
+    """Parts per channel from the channels, the cells and the batch's bucket: two blocks per SM, each block
+    summing at least BIAS_CELLS_PER_BLOCK cells; one part, and no reduce launch, for one image or few cells."""
     few = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
     many = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
     small = Geometry.build(Family.CONV, 4, 4, (8, 8), (3, 3), (1, 1), (1, 1), batch=32)
-    expected = {few: math.ceil(2 * H200.sm_count / 8), many: 56 * 56 // BIAS_CELLS_PER_PART, small: 1}
+    one_image = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1))
+    expected = {few: math.ceil(2 * H200.sm_count / 8), many: math.ceil(2 * H200.sm_count / 64), small: 1,
+                one_image: 1}
+    assert 32 * 56 * 56 // BIAS_CELLS_PER_BLOCK > expected[many] and 8 * 16**4 // BIAS_CELLS_PER_BLOCK > expected[few]
     for geom, parts in expected.items():
         geometry_plan = plan(geom)
         assert geometry_plan.splits["backward_bias"] == geometry_plan.defines["BIAS_SPLIT"] == parts
         assert geometry_plan.launches["backward_bias"].grid == geom.out_c * parts
         assert (geometry_plan.launches["backward_bias_reduce"].grid > 0) == (parts > 1)
-        assert plan(replace(geom, batch=3)).defines["BIAS_SPLIT"] == parts
+        if geom.batch:  # a batch of the same bucket compiles nothing new
+            assert plan(replace(geom, batch=geom.batch - 1)).defines["BIAS_SPLIT"] == parts
 
 
 def test_the_default_chooser_takes_the_cheapest_candidate():

@@ -10,11 +10,23 @@ torch = pytest.importorskip("torch")
 from convgen.torch import devices  # noqa: E402
 
 
-def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
-    """TorchCupyBackend._call hands CuPy each tensor's data_ptr (an int, passed by value like the pointer)
-    and every other argument as it is, in order, on the calling op's stream."""
+class _Pointer:
+    """A stand-in for CuPy's CIntptr: the pointer it was made from."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Pointer and other.value == self.value
+
+
+@pytest.mark.parametrize("pointer", [_Pointer, int], ids=["cintptr", "int"])
+def test_kernel_arguments_are_the_tensors_raw_pointers(pointer) -> None:
+    """TorchCupyBackend._call hands CuPy each tensor's data_ptr (as the backend's pointer type, passed by
+    value like the pointer) and every other argument as it is, in order, on the calling op's stream."""
     backend = object.__new__(devices._TorchCupyBackend)
     backend._errors = ()
+    backend._pointer = pointer
     launched = []
 
     def function(grid, block, args, shared_mem=0, stream=None):
@@ -28,8 +40,21 @@ def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
         backend._call("forward", function, (5,), (256,), 0, (weight, images, x))
     finally:
         backend.call.stream = None
-    assert launched == [((5,), (256,), (weight.data_ptr(), images, x.data_ptr()), 0, stream)]
-    assert all(type(a) is int for a in launched[0][2][::2])
+    assert launched == [((5,), (256,), (pointer(weight.data_ptr()), images, pointer(x.data_ptr())), 0, stream)]
+    assert all(type(a) is pointer for a in launched[0][2][::2])
+
+
+def test_pointers_go_as_cupys_cintptr_where_it_has_one() -> None:
+    from types import SimpleNamespace
+
+    class CIntptr:
+        pass
+
+    with_it = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace(CIntptr=CIntptr)))
+    without = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace()))
+    assert devices.pointer_type(with_it) is CIntptr
+    assert devices.pointer_type(without) is int
+    assert devices.pointer_type(SimpleNamespace(cuda=SimpleNamespace())) is int
 
 
 def test_the_current_stream_falls_back_to_torch_cuda_current_stream(monkeypatch) -> None:
