@@ -1687,12 +1687,16 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r6_backward_weight(
     auto load = [&](unsigned chunk) {
         const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
         const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
+        // A: element e = tid + i * THREADS of the slice is row m0 + e / BK at cell p0 + e % BK, and THREADS % BK
+        // == 0, so a thread's rows are THREADS / BK rows apart at one cell: one pointer a slice and constant
+        // offsets, where a 64-bit index for each element cost six instructions more per load.
+        const unsigned a_p = p0 + tid % BK;
+        const real* __restrict__ a_first = d_values + ((size_t)image * GROUPS * M + m0 + tid / BK) * REDUCTION + a_p;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS;
-            const unsigned m = m0 + (false ? e % BM : e / BK), p = p0 + (false ? e / BM : e % BK);
-            a_stage[i] = (e < BM * BK && m < M && p < REDUCTION)
-                             ? load_stored(d_values + ((size_t)image * GROUPS * M + m) * REDUCTION + p) : real{};
+            const unsigned e = tid + i * THREADS, m = m0 + e / BK;
+            a_stage[i] = (e < BM * BK && m < M && a_p < REDUCTION)
+                             ? load_stored(a_first + (size_t)(i * (THREADS / BK)) * REDUCTION) : real{};
         }
         const unsigned p = p0 + b_k;
         const bool p_ok = p < REDUCTION;
@@ -1730,7 +1734,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r6_backward_weight(
             const pos_t j5 = d5 * S5 + shift5[i];
             ok = ok && j5 >= 0 && j5 < OUT5;
             offset = offset * OUT5 + (unsigned)j5;
-            b_stage[i] = ok ? load_stored(u_image + column_base[i] + offset) : real{};
+            b_stage[i] = ok ? load_stored(u_image + (column_base[i] + offset)) : real{};  // one 64-bit add
             b_valid[i] = ok;
         }
     };
