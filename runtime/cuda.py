@@ -78,6 +78,13 @@ def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple
     return pick if len(params) > 1 else lambda values: (pick(values),)
 
 
+# Family -> stage -> the role of the stage's output (its first non-const parameter; a GEMM stage's only
+# one), which _into_output fills per call: worked out once.
+_OUTPUT_ROLES: dict[Family, dict[str, str]] = {
+    family: {stage: next(p.role for p in params if not p.const) for stage, params in stages.items()}
+    for family, stages in STAGES.items()}
+
+
 class _Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments),
     stages with nothing to write left out, and the plan they came from; what each call needs is resolved
@@ -305,7 +312,7 @@ class CupyBackend:
         """`stage` into a new output of `output_shape` (the kernel's non-const parameter), returned; when the
         plan splits the stage's reduction, into a partial buffer [split, *output_shape] that the stage's
         reduce kernel adds up in a fixed order."""
-        (role,) = (p.role for p in STAGES[compiled.family][stage] if not p.const)
+        role = _OUTPUT_ROLES[compiled.family][stage]
         output = self._output(output_shape)
         split = compiled.plan.splits[stage]
         if split == 1:

@@ -150,15 +150,19 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         if shape.conv:  # the stages with a `_pack` kernel (contract: packed_define)
             values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
-        vector = 4 if count % 4 == 0 else 1
-        reduce_blocks = _blocks(shape.outputs * count // vector)
-        launches[f"{stage}_reduce"] = Launch(reduce_blocks if count and tile.split > 1 else 0)
+        launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, tile.split)
         splits[stage] = tile.split
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
-    vector = 4 if geom.out_c % 4 == 0 else 1
-    launches[f"{BIAS_STAGE}_reduce"] = Launch(_blocks(geom.out_c // vector) if parts > 1 else 0)
+    launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
     return _checked(geom, Plan(values, launches, splits))
+
+
+def _reduce_launch(count: int, outputs: int, split: int) -> Launch:
+    """The second pass of a stage split `split` ways over `outputs` outputs of `count` elements: a thread
+    per four elements where each output's count allows (split_sum), none when nothing is split."""
+    vector = 4 if count % 4 == 0 else 1
+    return Launch(_blocks(outputs * count // vector) if count and split > 1 else 0)
 
 
 def _checked(geom: Geometry, geometry_plan: Plan) -> Plan:

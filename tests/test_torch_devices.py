@@ -3,6 +3,8 @@ current-stream lookup with and without torch's raw-handle function."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -45,8 +47,6 @@ def test_kernel_arguments_are_the_tensors_raw_pointers(pointer) -> None:
 
 
 def test_pointers_go_as_cupys_cintptr_where_it_has_one() -> None:
-    from types import SimpleNamespace
-
     class CIntptr:
         pass
 
