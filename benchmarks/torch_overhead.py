@@ -68,8 +68,9 @@ class _StubDevices:
     def __enter__(self) -> None:
         self.saved = devices.forward, devices.backward
         devices.forward = lambda op, geom, tensors, precision="highest": (tensors[-1].new_empty(geom.output_shape),)
-        devices.backward = lambda op, geom, tensors, saved, grad, precision="highest": tuple(
-            None if t is None else torch.empty_like(t) for t in tensors)
+        devices.backward = lambda op, geom, tensors, saved, grad, precision="highest", wanted=None: tuple(
+            torch.empty_like(t) if t is not None and (wanted is None or wants) else None
+            for t, wants in zip(tensors, wanted or (True,) * len(tensors)))
 
     def __exit__(self, *exc: object) -> None:
         devices.forward, devices.backward = self.saved

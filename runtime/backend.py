@@ -87,6 +87,8 @@ class Backend(Protocol):
         output has no elements only if a dimension is zero, which the tape handles itself. Returns
         (output of `dtype` shaped `geom.output_shape`, saved state for backward)."""
 
-    def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
+    def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any,
+                 wanted: tuple[bool, ...] | None = None) -> tuple[Any, ...]:
         """Gradients of the op, one per input, of `dtype` and shaped like it, given `grad` of `dtype`
-        shaped like the output."""
+        shaped like the output. `wanted` (one flag per input, None for all) leaves out the gradients
+        nobody reads: each is None and costs nothing (a frozen weight, an image that needs no gradient)."""

@@ -309,14 +309,15 @@ class NumpyBackend:
             output, saved = self._forward(_Frame.of(geom), geom, inputs)
             return self._rounded(output), saved
 
-    def backward(self, geom: Geometry, inputs: tuple[np.ndarray, ...], saved: Any,
-                 grad: np.ndarray) -> tuple[np.ndarray, ...]:
+    def backward(self, geom: Geometry, inputs: tuple[np.ndarray, ...], saved: Any, grad: np.ndarray,
+                 wanted: tuple[bool, ...] | None = None) -> tuple[np.ndarray | None, ...]:
+        wanted = (True,) * len(inputs) if wanted is None else tuple(wanted)
         if geom.batch == 1:
-            *shared, d_x = self.backward(_one_image(geom), (*inputs[:-1], inputs[-1][0]), saved, grad[0])
-            return (*shared, d_x[None])
+            *shared, d_x = self.backward(_one_image(geom), (*inputs[:-1], inputs[-1][0]), saved, grad[0], wanted)
+            return (*shared, None if d_x is None else d_x[None])
         with np.errstate(all="ignore"):
-            grads = self._backward(_Frame.of(geom), geom, inputs, saved, np.asarray(grad, np.float64))
-            return tuple(self._rounded(g) for g in grads)
+            grads = self._backward(_Frame.of(geom), geom, inputs, saved, np.asarray(grad, np.float64), wanted)
+            return tuple(None if g is None else self._rounded(g) for g in grads)
 
     def _rounded(self, array: np.ndarray) -> np.ndarray:
         """One rounding to `dtype`; beyond float32's range is ±inf, as a float32 kernel gives."""
@@ -343,19 +344,24 @@ class NumpyBackend:
 
     @staticmethod
     def _backward(frame: _Frame, geom: Geometry, inputs: tuple[np.ndarray, ...], saved: Any,
-                  g: np.ndarray) -> tuple[np.ndarray, ...]:
+                  g: np.ndarray, wanted: tuple[bool, ...]) -> tuple[np.ndarray | None, ...]:
         family = geom.family
         if family.is_conv:
+            wants_weight, wants_bias, wants_x = wanted
             weight, _, x = (np.asarray(a, np.float64) for a in inputs)
             channel_axis = frame.lead
-            d_bias = g.sum(axis=tuple(a for a in range(g.ndim) if a != channel_axis))
-            grouped_weight = frame.grouped_kernel(weight)
+            d_bias = g.sum(axis=tuple(a for a in range(g.ndim) if a != channel_axis)) if wants_bias else None
             x, g = frame.grouped(x), frame.grouped(g)
-            if family is Family.CONV:  # x is the big side, the output the small one
-                d_x, d_weight = _spread(frame, grouped_weight, g), _weight_grad(frame, g, x)
-            else:  # the output is the big side: its dX is a convolution of g
-                d_x, d_weight = _correlate(frame, grouped_weight, g), _weight_grad(frame, x, g)
-            return d_weight.reshape(weight.shape), d_bias, frame.ungrouped(d_x)
+            # conv: x is the big side, the output the small one; conv_transpose: the output is the big side,
+            # and its dX is a convolution of g.
+            big, small = (x, g) if family is Family.CONV else (g, x)
+            d_weight = _weight_grad(frame, small, big).reshape(weight.shape) if wants_weight else None
+            d_x = None
+            if wants_x:
+                grouped_weight = frame.grouped_kernel(weight)
+                d_x = frame.ungrouped(_spread(frame, grouped_weight, g) if family is Family.CONV
+                                      else _correlate(frame, grouped_weight, g))
+            return d_weight, d_bias, d_x
         # What the in-bounds cells of each offset receive.
         if family is Family.MAX_POOL:  # the whole gradient to the chosen cell
             def share(view):

@@ -357,24 +357,30 @@ class CupyBackend:
         self._launch(compiled, "forward", values)
         return y, saved
 
-    def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any) -> tuple[Any, ...]:
+    def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any,
+                 wanted: tuple[bool, ...] | None = None) -> tuple[Any, ...]:
         if geom.circular and any(geom.padding):  # the gradients on xp; xp's folded back onto x
             weight, bias, x = inputs
             wrapping = self._wrapping(geom)
             padded = wrapping.plan.padded
-            x_padded = self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)
-            grad_weight, grad_bias, grad_padded = self.backward(padded, (weight, bias, x_padded), saved, grad)
+            # Only the weight gradient reads the input: without it x stands in for xp, unread (the stages take
+            # their shapes from the geometry).
+            wants_weight = wanted is None or wanted[0]
+            x_padded = self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape) if wants_weight else x
+            grad_weight, grad_bias, grad_padded = self.backward(padded, (weight, bias, x_padded), saved, grad, wanted)
             del x_padded  # scratch: free before the fold allocates dx
-            return grad_weight, grad_bias, self._wrap_stage(wrapping, "fold", geom, grad_padded, x.shape)
+            grad_x = None if grad_padded is None else self._wrap_stage(wrapping, "fold", geom, grad_padded, x.shape)
+            return grad_weight, grad_bias, grad_x
         compiled = self._compile(geom)
         images = compiled.images
         family = compiled.family
         if compiled.is_conv:
-            weight, bias, x = inputs
+            weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
+            wants_weight, wants_bias, wants_x = (True, True, True) if wanted is None else wanted
             values = {"x": x, "weight": weight, "grad": grad, "images": images}
-            grad_x = self._gemm(compiled, "backward_input", values, x.shape)
-            grad_weight = self._gemm(compiled, "backward_weight", values, weight.shape)
-            grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias.shape)
+            grad_x = self._gemm(compiled, "backward_input", values, geom.input_shape) if wants_x else None
+            grad_weight = self._gemm(compiled, "backward_weight", values, weight.shape) if wants_weight else None
+            grad_bias = self._into_output(compiled, BIAS_STAGE, values, (geom.out_c,)) if wants_bias else None
             return grad_weight, grad_bias, grad_x
         (x,) = inputs
         values = {"x": x, "grad": grad, "images": images, "grad_x": self._output(x.shape)}

@@ -20,6 +20,7 @@ from cuda_support import (
     assert_close_to,
     check_against_cpu,
     check_against_torch_cuda,
+    cupy,
     forced_tape,
     run,
 )
@@ -231,3 +232,30 @@ def test_dilated_pools() -> None:
 def test_batched_random_geometry_matches_torch_cuda(family: Family, rank: int) -> None:
     rng = reference.case_rng("torch batch", family.value, rank)
     check_against_torch_cuda(lambda rng: batched_geometry(rng, family, rank), rng, 2)
+
+
+MASKS = [(True, False, False), (False, True, False), (False, False, True), (False, True, True)]  # weight, bias, x
+
+
+@pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
+@pytest.mark.parametrize("circular", (False, True), ids=("zeros", "circular"))
+def test_backward_leaves_out_unwanted_gradients(family: Family, circular: bool) -> None:
+    """Each gradient left out is None, the others are bit-identical to a full backward (the same kernels):
+    convgen.torch asks only for what autograd reads. Circular: without the weight gradient no input is padded."""
+    if circular and family is Family.CONV_TRANSPOSE:
+        pytest.skip("circular padding is a conv's")
+    geom = G(family, 4, 6, (7, 6), (3, 2), (1, 2) if family is Family.CONV else (2, 1), (1, 1), batch=3,
+             groups=2, circular=circular)
+    rng = reference.case_rng("wanted gradients", family.value, circular)
+    backend = convgen.cuda.CupyBackend()
+    inputs = tuple(backend.store(a) for a in reference.draw_inputs(rng, geom))
+    grad = backend.store(reference.draw_grad(rng, geom))
+    _, saved = backend.forward(geom, inputs)
+    full = backend.backward(geom, inputs, saved, grad)
+    for mask in MASKS:
+        got = backend.backward(geom, inputs, saved, grad, mask)
+        for wants, part, whole in zip(mask, got, full, strict=True):
+            if wants:
+                assert bool(cupy.array_equal(part, whole)), f"{mask}"
+            else:
+                assert part is None, f"{mask}"

@@ -50,6 +50,14 @@ def test_noncontiguous_input() -> None:
         functional_tests.check(case, torch.float32, device="cuda", noncontiguous=True)
 
 
+@pytest.mark.parametrize("padding_mode", ["zeros", "circular"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("needs", library_tests.NEEDS, ids=library_tests.NEEDS_IDS)
+def test_backward_computes_only_the_gradients_autograd_reads(monkeypatch, compiled, needs, padding_mode) -> None:
+    """Circular padding included: without the weight gradient the CUDA backend pads no input."""
+    library_tests.check_only_wanted_gradients(monkeypatch, compiled, needs, "cuda", padding_mode)
+
+
 def test_gradcheck_rank_4() -> None:
     for name, function, leaves in library_tests.gradcheck_cases(4):
         on_gpu = tuple(leaf.detach().cuda().requires_grad_() for leaf in leaves)

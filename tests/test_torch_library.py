@@ -42,9 +42,15 @@ def forward_samples(device: str = "cpu", dtype=torch.float64) -> list:
     ]
 
 
+# The conv backward ops' output_masks (input, weight, bias), taken in turn: every gradient, and some left out.
+OUTPUT_MASKS = ([True, True, True], [False, True, True], [True, False, False], [False, False, True],
+                [True, True, False])
+
+
 def backward_samples(device: str = "cpu", dtype=torch.float64) -> list:
     """(op, args) of every backward op, from the forward samples and their real outputs."""
     samples = []
+    masks = iter(OUTPUT_MASKS)
     for op, args in forward_samples(device, dtype):
         plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
         with torch.no_grad():
@@ -53,7 +59,7 @@ def backward_samples(device: str = "cpu", dtype=torch.float64) -> list:
         grad = _tensor(*y.shape, dtype=dtype, device=device, seed=3)
         name = op._qualified_op_name.split("::")[1]
         if name in ("conv", "conv_transpose"):
-            samples.append((getattr(OPS, f"{name}_backward"), (grad, plain[0], plain[1], *plain[3:])))
+            samples.append((getattr(OPS, f"{name}_backward"), (grad, plain[0], plain[1], *plain[3:], next(masks))))
         else:
             parameters = plain[1:]
             samples.append((getattr(OPS, f"{name}_backward"), (grad, plain[0], *state, *parameters)))
@@ -176,3 +182,52 @@ def test_compile_dynamic_smooth_max_pool_matches_eager_over_batch_sizes() -> Non
         torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
     with pytest.raises(ValueError, match="^convgen.torch.smooth_max_pool: beta must be finite and nonzero$"):
         compiled(_tensor(2, 2, 4, 3, 3, 4), 0.0)
+
+
+NEEDS = [(False, True, True), (True, False, False), (True, True, True)]  # input, weight, bias require grad
+NEEDS_IDS = ["frozen-input", "frozen-weight-and-bias", "all"]
+
+
+def check_only_wanted_gradients(monkeypatch, compiled: bool, needs: tuple[bool, bool, bool], device: str = "cpu",
+                                padding_mode: str = "zeros") -> None:
+    """needs: which of (input, weight, bias) require grad. devices.backward is asked for exactly those
+    (its order: weight, bias, input), eagerly or under torch.compile, and they match torch's."""
+    from convgen.torch import devices
+
+    asked = []
+    backward = devices.backward
+
+    def recorded(op, geom, tensors, saved, grad, precision="highest", wanted=None):
+        asked.append(tuple(wanted))
+        return backward(op, geom, tensors, saved, grad, precision, wanted)
+
+    monkeypatch.setattr(devices, "backward", recorded)
+    torch._dynamo.reset()
+    shapes = ((2, 4, 6, 5), (6, 2, 3, 3), (6,))
+    leaves = [_tensor(*shape, device=device, requires_grad=need, seed=i)
+              for i, (shape, need) in enumerate(zip(shapes, needs))]
+    references = [leaf.detach().clone().requires_grad_(leaf.requires_grad) for leaf in leaves]
+
+    def step(x, w, b):
+        return ct.conv(x, w, b, padding=1, groups=2, padding_mode=padding_mode).square().sum()
+
+    def reference_step(x, w, b):
+        if padding_mode == "circular":
+            x = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="circular")
+        return torch.nn.functional.conv2d(x, w, b, padding=0 if padding_mode == "circular" else 1,
+                                          groups=2).square().sum()
+
+    (torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step)(*leaves).backward()
+    reference_step(*references).backward()
+    assert asked == [(needs[1], needs[2], needs[0])]
+    for leaf, reference in zip(leaves, references):
+        if reference.requires_grad:
+            torch.testing.assert_close(leaf.grad, reference.grad)
+        else:
+            assert leaf.grad is None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("needs", NEEDS, ids=NEEDS_IDS)
+def test_backward_computes_only_the_gradients_autograd_reads(monkeypatch, compiled, needs) -> None:
+    check_only_wanted_gradients(monkeypatch, compiled, needs)

@@ -119,7 +119,7 @@ def test_the_custom_ops_reject_other_precisions() -> None:
     assert str(caught.value) == "convgen.torch.conv: precision must be 'highest', 'high' or 'medium', got 'tf32'"
     with pytest.raises(ValueError) as caught:
         OPS.conv_transpose_backward(torch.randn(1, 2, 6), torch.randn(1, 3, 5), torch.randn(3, 2, 2), [1], [0], [0],
-                                    [1], 1, "ieee")
+                                    [1], 1, "ieee", [True, True, True])
     assert str(caught.value) == \
         "convgen.torch.conv_transpose: precision must be 'highest', 'high' or 'medium', got 'ieee'"
 
@@ -135,9 +135,9 @@ class _Recorder:
             self.calls.append((op, "forward", precision))
             return forward(op, geom, tensors, precision)
 
-        def recorded_backward(op, geom, tensors, saved, grad, precision="highest"):
+        def recorded_backward(op, geom, tensors, saved, grad, precision="highest", wanted=None):
             self.calls.append((op, "backward", precision))
-            return backward(op, geom, tensors, saved, grad, precision)
+            return backward(op, geom, tensors, saved, grad, precision, wanted)
 
         monkeypatch.setattr(devices, "forward", recorded_forward)
         monkeypatch.setattr(devices, "backward", recorded_backward)

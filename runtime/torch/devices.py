@@ -69,12 +69,15 @@ def forward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
 
 
 def backward(op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-             grad: torch.Tensor, precision: str = "highest") -> tuple[torch.Tensor, ...]:
-    """One gradient per tensor of `tensors`, shaped like it; an empty output passes back zeros."""
+             grad: torch.Tensor, precision: str = "highest",
+             wanted: tuple[bool, ...] | None = None) -> tuple[torch.Tensor | None, ...]:
+    """One gradient per tensor of `tensors`, shaped like it, or None where `wanted` (one flag per tensor,
+    None for all) says nobody reads it: not computed; an empty output passes back zeros."""
+    wanted = (True,) * len(tensors) if wanted is None else tuple(wanted)
     if geom.output_numel == 0:
         shapes = geom.parent_shapes  # a missing bias still gets its gradient, as the kernels give one
-        return tuple(grad.new_zeros(shape) for shape in shapes)
-    return _runner(grad).backward(op, geom, tensors, saved, grad, precision)
+        return tuple(grad.new_zeros(shape) if wants else None for shape, wants in zip(shapes, wanted, strict=True))
+    return _runner(grad).backward(op, geom, tensors, saved, grad, precision, wanted)
 
 
 def _runner(tensor: torch.Tensor) -> Any:
@@ -117,16 +120,17 @@ class _CpuRunner:
         return output, *(torch.from_numpy(a.reshape(geom.output_shape)) for a in state)
 
     def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-                 grad: torch.Tensor, precision: str) -> tuple[torch.Tensor, ...]:
+                 grad: torch.Tensor, precision: str, wanted: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
         backend = self._backend(grad.dtype)
         state = _saved_arrays(geom, saved)
         try:
-            grads = backend.backward(geom, _host_arrays(geom, tensors), state, _numpy(grad))
+            grads = backend.backward(geom, _host_arrays(geom, tensors), state, _numpy(grad), wanted)
         except MemoryError as error:
-            raise _failure(op, OutOfMemory.of(error, sum(t.numel() * t.element_size() for t in tensors))) from None
+            raise _failure(op, OutOfMemory.of(error, sum(t.numel() * t.element_size() for t in tensors
+                                                         if t is not None))) from None
         except BackendError as error:
             raise _failure(op, error) from None
-        return tuple(torch.from_numpy(np.ascontiguousarray(g)).to(grad.dtype) for g in grads)
+        return tuple(None if g is None else torch.from_numpy(np.ascontiguousarray(g)).to(grad.dtype) for g in grads)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -286,20 +290,22 @@ class _CudaRunner:
         return self._run(op, x.device, work)
 
     def backward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...], saved: tuple[torch.Tensor, ...],
-                 grad: torch.Tensor, precision: str) -> tuple[torch.Tensor, ...]:
+                 grad: torch.Tensor, precision: str, wanted: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
         backend = self._backend(grad, precision)
 
-        def work() -> tuple[torch.Tensor, ...]:
+        def work() -> tuple[torch.Tensor | None, ...]:
             state = tuple(s.contiguous() for s in saved)
             state = state if len(state) > 1 else state[0] if state else None
-            return tuple(backend.backward(geom, _contiguous(geom, tensors), state, grad.contiguous()))
+            # The backward reads no bias (its gradient's shape comes from the geometry): a missing one stays None.
+            inputs = tuple(None if t is None else t.contiguous() for t in tensors)
+            return tuple(backend.backward(geom, inputs, state, grad.contiguous(), wanted))
 
         return self._run(op, grad.device, work)
 
 
 def _contiguous(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The kernels' inputs: contiguous (a copy of a tensor that is not), a missing bias as zeros (the
-    kernels always add one)."""
+    """The forward kernels' inputs: contiguous (a copy of a tensor that is not), a missing bias as zeros
+    (the kernels always add one)."""
     if geom.family.is_conv and tensors[1] is None:
         weight, _, x = tensors
         tensors = (weight, torch.zeros(geom.out_c, dtype=x.dtype, device=x.device), x)

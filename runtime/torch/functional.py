@@ -318,9 +318,10 @@ class _Eager(torch.autograd.Function):
         parents = 3 if geom.family.is_conv else 1
         stored = ctx.saved_tensors
         tensors, saved = stored[:parents], stored[parents:]
-        grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision)
-        if parents == 3 and tensors[1] is None:
-            grads = (grads[0], None, grads[2])
+        # Only the gradients autograd will read are computed (a missing bias and a tensor that needs no
+        # gradient get None), as torch's convolution_backward does with its output_mask.
+        wanted = ctx.needs_input_grad[4:]
+        grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision, wanted)
         return None, None, None, None, *grads
 
 

@@ -140,12 +140,26 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[in
 
 @torch.library.custom_op("convgen::conv_backward", mutates_args=())
 def conv_backward(grad: Tensor, input: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
-                  dilation: Sequence[int], groups: int, circular: bool,
-                  precision: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad of input, of weight, of bias): torch's convolution_backward order."""
+                  dilation: Sequence[int], groups: int, circular: bool, precision: str,
+                  output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad of input, of weight, of bias), torch's convolution_backward order, each computed only where
+    `output_mask` (in that order) asks, else an empty tensor."""
     check_precision("conv", precision)
     geom = _conv(input, weight, stride, padding, dilation, groups, circular)
-    grad_weight, grad_bias, grad_input = devices.backward("conv", geom, (weight, None, input), (), grad, precision)
+    return _masked(devices.backward("conv", geom, (weight, None, input), (), grad, precision,
+                                    _wanted(output_mask)), grad)
+
+
+def _wanted(output_mask: Sequence[bool]) -> tuple[bool, bool, bool]:
+    """An output_mask (input, weight, bias) as devices.backward's flags (weight, bias, input)."""
+    wants_input, wants_weight, wants_bias = (bool(flag) for flag in output_mask)
+    return wants_weight, wants_bias, wants_input
+
+
+def _masked(grads: tuple[Tensor | None, ...], grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """devices.backward's (weight, bias, input) gradients in torch's order, an empty tensor for each one
+    not computed (a custom op returns tensors, never None)."""
+    grad_weight, grad_bias, grad_input = (grad.new_empty(0) if g is None else g for g in grads)
     return grad_input, grad_weight, grad_bias
 
 
@@ -160,12 +174,13 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: S
 @torch.library.custom_op("convgen::conv_transpose_backward", mutates_args=())
 def conv_transpose_backward(grad: Tensor, input: Tensor, weight: Tensor, stride: Sequence[int],
                             padding: Sequence[int], output_padding: Sequence[int], dilation: Sequence[int],
-                            groups: int, precision: str) -> tuple[Tensor, Tensor, Tensor]:
+                            groups: int, precision: str,
+                            output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """As conv_backward, for the transposed convolution."""
     check_precision("conv_transpose", precision)
     geom = _conv_transpose(input, weight, stride, padding, output_padding, dilation, groups)
-    grad_weight, grad_bias, grad_input = devices.backward("conv_transpose", geom, (weight, None, input), (), grad,
-                                                          precision)
-    return grad_input, grad_weight, grad_bias
+    return _masked(devices.backward("conv_transpose", geom, (weight, None, input), (), grad, precision,
+                                    _wanted(output_mask)), grad)
 
 
 @torch.library.custom_op("convgen::max_pool", mutates_args=())
@@ -226,9 +241,11 @@ def _(input, weight, bias, stride, padding, output_padding, dilation, groups, pr
 
 
 def _fake_conv_grads(grad, input, weight, *args):
-    """Like input, like weight, and the bias's [out_c]: the channels of `grad`."""
+    """Like input, like weight, and the bias's [out_c] (the channels of `grad`), each empty where the
+    output_mask (the last argument) leaves it out."""
     out_channels = grad.shape[grad.dim() - weight.dim() + 1]
-    return input.new_empty(input.shape), weight.new_empty(weight.shape), grad.new_empty(out_channels)
+    shapes = (input.shape, weight.shape, (out_channels,))
+    return tuple(grad.new_empty(shape if wants else 0) for shape, wants in zip(shapes, args[-1], strict=True))
 
 
 conv_backward.register_fake(_fake_conv_grads)
@@ -272,14 +289,15 @@ for _backward_op in (max_pool_backward, avg_pool_backward, smooth_max_pool_backw
 def _save_conv(ctx, inputs, output) -> None:
     input, weight, bias, *geometry = inputs
     ctx.save_for_backward(input, weight)
-    ctx.geometry, ctx.has_bias = geometry, bias is not None
+    ctx.geometry = geometry
 
 
 def _conv_backward_of(backward_op: Any) -> Callable:
     def backward(ctx, grad):
         input, weight = ctx.saved_tensors
-        grad_input, grad_weight, grad_bias = backward_op(grad, input, weight, *ctx.geometry)
-        return grad_input, grad_weight, grad_bias if ctx.has_bias else None, *(None,) * len(ctx.geometry)
+        output_mask = list(ctx.needs_input_grad[:3])  # input, weight, bias: what autograd will read
+        grads = backward_op(grad, input, weight, *ctx.geometry, output_mask)
+        return *(g if wants else None for g, wants in zip(grads, output_mask)), *(None,) * len(ctx.geometry)
     return backward
 
 
