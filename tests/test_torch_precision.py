@@ -233,7 +233,7 @@ def test_the_cuda_runner_keeps_one_backend_per_dtype_and_precision(monkeypatch) 
     runner._backends, runner._by_call, runner._backend_class = {}, {}, Backend
 
     def tensor(dtype, index=0):
-        return types.SimpleNamespace(dtype=dtype, device=torch.device("cuda", index))
+        return types.SimpleNamespace(dtype=dtype, device=torch.device("cuda", index), get_device=lambda: index)
 
     medium = runner._backend(tensor(torch.float32), "medium")
     assert runner._backend(tensor(torch.float32), "medium") is medium

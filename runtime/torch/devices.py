@@ -248,10 +248,12 @@ class _CudaRunner:
         # (device index, torch dtype, precision asked) -> its backend: one lookup per call.
         self._by_call: dict[tuple[int, torch.dtype, str], Any] = {}
         self._current_stream = _current_stream_function()
+        # torch.cuda.current_device without its lazy-init check (CUDA tensors exist by the time it runs).
+        self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
     def _backend(self, tensor: torch.Tensor, precision: str) -> Any:
         """The backend for `tensor`'s dtype in the precision its device runs `precision` in."""
-        key = (tensor.device.index, tensor.dtype, precision)
+        key = (tensor.get_device(), tensor.dtype, precision)  # an int: no device object made
         backend = self._by_call.get(key)
         if backend is None:
             capability = torch.cuda.get_device_capability(tensor.device)
@@ -269,7 +271,7 @@ class _CudaRunner:
         call = self._call
         call.device, call.stream = device, _Stream(self._current_stream(index))
         try:
-            if torch.cuda.current_device() == index:
+            if self._current_device() == index:
                 return work()
             with torch.cuda.device(index):
                 return work()
@@ -309,4 +311,4 @@ def _contiguous(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torc
     if geom.family.is_conv and tensors[1] is None:
         weight, _, x = tensors
         tensors = (weight, torch.zeros(geom.out_c, dtype=x.dtype, device=x.device), x)
-    return tuple(t.contiguous() for t in tensors)
+    return tuple([t.contiguous() for t in tensors])

@@ -70,7 +70,8 @@ _CACHEABLE_SCALARS = (int, float, str)
 def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
     """A convolution's tensors (input first) under autocast, cast as torch casts its own convolutions'
     (autocast's lower-precision list): every floating tensor but float64 to the autocast dtype."""
-    device_type = tensors[0].device.type
+    input = tensors[0]
+    device_type = "cuda" if input.is_cuda else input.device.type  # an attribute read before making a device
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
@@ -97,17 +98,19 @@ def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bo
     if autocast:
         tensors = _autocast(tensors)
     input = tensors[0]
-    dtype, device = input.dtype, input.device
+    dtype, index = input.dtype, input.get_device()  # the CUDA index, -1 elsewhere: an int, no device object
     for (name, _), tensor in zip(named, tensors):
         if tensor is None:
             continue
-        if tensor.dtype not in devices.DTYPE_NAMES:
-            raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
-                            f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
-        if tensor.dtype != dtype:
-            raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {dtype}")
-        if tensor is not input and tensor.device != device:
-            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {device}")
+        if tensor.dtype is not dtype or tensor is input:  # torch's dtypes are singletons
+            if tensor.dtype not in devices.DTYPE_NAMES:
+                raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
+                                f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
+            if tensor.dtype is not dtype:
+                raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype "
+                                f"{dtype}")
+        if tensor is not input and (tensor.get_device() != index or (index < 0 and tensor.device != input.device)):
+            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {input.device}")
     return tensors
 
 
@@ -147,12 +150,13 @@ def _memo_key(*parts: Any) -> tuple | None:
         return None
     for part in parts:
         kind = type(part)
-        if kind is tuple or kind is torch.Size:
-            for value in part:
-                if type(value) is not int:
-                    return None
-        elif kind is not int and kind is not str and part is not None:
+        if kind is torch.Size or kind is int or kind is str or part is None:
+            continue  # an eager tensor's torch.Size holds ints
+        if kind is not tuple:
             return None
+        for value in part:
+            if type(value) is not int:
+                return None
     return parts
 
 
