@@ -81,6 +81,10 @@ class Backend(Protocol):
     def device(self) -> str:
         """Where this backend's arrays live."""
 
+    def is_native(self, array: Any) -> bool:
+        """Whether `array` is one of this backend's arrays: of `dtype`, on `device` (the tape checks every
+        output; a cheap test, the message is made only when it fails)."""
+
     def forward(self, geom: Geometry, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
         """Run the op. `inputs` are (kernel, bias, input) or (x,), of `dtype`, shaped per
         `geom.parent_shapes` (a leading batch axis on the input when `geom.batch` is not None); the

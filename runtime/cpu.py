@@ -279,6 +279,7 @@ class NumpyBackend:
         # Every precision is computed as "highest" here (exact up to one rounding): at least as accurate
         # as any asks, so the CPU tape is the reference of each.
         self.precision = precision
+        self._numpy_dtype = np.dtype(dtype)
 
     def store(self, value: Any) -> np.ndarray:
         """A C-contiguous copy of `dtype`; DLPack producers are read through `np.from_dlpack`
@@ -292,6 +293,9 @@ class NumpyBackend:
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, self.dtype)
+
+    def is_native(self, array: Any) -> bool:
+        return isinstance(array, np.ndarray) and array.dtype == self._numpy_dtype
 
     def device_of(self, array: Any) -> str:
         if isinstance(array, np.ndarray):

@@ -128,6 +128,7 @@ class CupyBackend:
         self.dtype = dtype
         self.scalar_dtype = scalar_dtype(dtype)  # of split stages' partial buffers and smooth max's saved state
         self.precision = precision  # the plans' MMA_MODE (cuda_launch.plan)
+        self._storage_dtype = np.dtype(STORAGE_DTYPES[dtype])
         try:
             import cupy
             import cupy.cuda.compiler
@@ -181,6 +182,10 @@ class CupyBackend:
     @property
     def device(self) -> str:
         return f"cuda:{self._xp.cuda.runtime.getDevice()}"
+
+    def is_native(self, array: Any) -> bool:
+        return (isinstance(array, self._xp.ndarray) and array.dtype == self._storage_dtype
+                and array.data.device_id == self._xp.cuda.runtime.getDevice())
 
     def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         """A new array of `shape` and `dtype` (a name: the backend's dtype when None)."""

@@ -210,10 +210,9 @@ class Tape(GeneratedOps):
                 return Result.err(f"autograd: {backend.name}: {info.name}: {error}")
         if out.size != numel:
             return Result.err(self._size_mismatch(numel, out.size))
-        where = backend.device_of(out)
-        if out.dtype != backend.dtype or where != backend.device:
-            return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on {where}, "
-                              f"expected {backend.dtype} on {backend.device}")
+        if not backend.is_native(out):
+            return Result.err(f"autograd: {backend.name}: {info.name}: native output is {out.dtype} on "
+                              f"{backend.device_of(out)}, expected {backend.dtype} on {backend.device}")
         node = Node(_shaped(out, out_shape), out_shape, out_shape, info.name, True, tuple(ids),
                     OpRecord(info, geom, saved))
         return Result.ok(self._append(node))
