@@ -78,11 +78,14 @@ ISSUE_PER_CYCLE = 4  # warp instructions an SM issues per cycle (4 schedulers)
 HALF_ISSUE_WARPS = 6  # resident warps at which latency hiding reaches half the issue rate ...
 FMA_REFERENCE_TILE = 32  # ... for FMA thread tiles of this many accumulators (t4x8)
 # Conv-shaped FMA stages of at least this many waves of blocks (split 1) credit larger thread tiles with
-# latency hiding (gemm_cost). Measured on the H200 (benchmarks/tile_sweep.py, 2026-12-01): t8x8 tiles
-# ran the forward and backward_input of conv2d N8 128->128 128² in 1047-1053 µs against 1183-1201 for
-# t4x8, N32 64->64 56² in 225-228 against 266-268, conv3d N8 32->32 32³ 441 against 473; on stages
-# of a few waves they lost (one-image conv2d 256->256 14² forward, split 36: 19.5 -> 27 µs; conv3d
-# 32³, split 3: 73 -> 87 µs), and in the weight gradient (128->128 N8: 1365 -> 1929 µs).
+# latency hiding, and debit smaller ones, in proportion to their accumulators (gemm_cost). Measured on the
+# H200 (benchmarks/tile_sweep.py, 2026-12-01): t8x8 tiles ran the forward and backward_input of conv2d
+# N8 128->128 128² in 1047-1053 µs against 1183-1201 for t4x8, N32 64->64 56² in 225-228 against 266-268,
+# conv3d N8 32->32 32³ 441 against 473; below the reference tile, t4x8 ran conv4d N8 8->8 16⁴'s forward
+# in 299 µs against 319 for t4x4 and its backward_input in 295 against 331, and t4x4 the 3-channel k7
+# backward_input in 803 against 852 for t2x4 (benchmarks/measured/2026-12-01-h200-dbd1c1d-forced-tiles.txt).
+# On stages of a few waves larger tiles lost (one-image conv2d 256->256 14² forward, split 36: 19.5 -> 27
+# µs; conv3d 32³, split 3: 73 -> 87 µs), and in the weight gradient (128->128 N8: 1365 -> 1929 µs).
 ILP_CREDIT_WAVES = 4
 SLICE_OVERHEAD = 20  # instructions of a slice beyond its loads and FMAs (loop, barrier, swaps)
 BASE_REGISTERS = 40  # registers of a GEMM thread beyond its tiles and staged values
@@ -391,9 +394,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     busiest = ceil_div(blocks, hardware.sm_count)
     warps = min(busiest, resident) * threads / 32
     # In conv-shaped FMA stages of many waves, warps also hide latency with their thread tile's independent
-    # multiply-adds: a warp of t8x8 keeps the pipe as busy as two of t4x8 (ILP_CREDIT_WAVES).
+    # multiply-adds: a warp of t8x8 keeps the pipe as busy as two of t4x8, one of t4x4 half as busy
+    # (ILP_CREDIT_WAVES).
     ilp_credit = shape.conv and not shape.mma and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
-    half_warps = HALF_ISSUE_WARPS * (min(1.0, FMA_REFERENCE_TILE / (tm * tn)) if ilp_credit else 1)
+    half_warps = HALF_ISSUE_WARPS * (FMA_REFERENCE_TILE / (tm * tn) if ilp_credit else 1)
     utilisation = warps / (warps + half_warps)
     issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
