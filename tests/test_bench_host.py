@@ -1,0 +1,36 @@
+"""The host-path scripts of benchmarks/ without a GPU, run briefly: torch_overhead.py's CPU rows (the real
+device code, and with it stubbed by allocations, whose signature must follow the device layer's) and
+host_profile.py --split (convgen's own Python on stand-ins). Their figures are only timed on the H200; here
+each path must run and report a time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+TORCH_PATHS = ("custom op", "autograd.Function", "functional", "torch F.conv2d")
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCH_DIR / name), *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_torch_overhead_times_every_path_on_the_cpu_real_and_stubbed() -> None:
+    pytest.importorskip("torch")
+    rows = json.loads(run_script("torch_overhead.py", "--calls", "20", "--repeats", "1", "--json"))
+    timed = {(row["device"], row["path"]) for row in rows if row["forward_us"] > 0 and row["forward_backward_us"] > 0}
+    assert {(device, path) for device in ("cpu", "cpu stub") for path in TORCH_PATHS} <= timed
+
+
+def test_host_profile_split_times_the_max_pools_on_stand_ins(tmp_path) -> None:
+    path = tmp_path / "host.json"
+    run_script("host_profile.py", "--split", "--calls", "200", "--json", str(path))
+    ops = json.loads(path.read_text())["host"]["ops"]
+    assert len(ops) == 4 and all(op["us_per_call"] > 0 and op["calls_per_round"] == 200 for op in ops.values())
