@@ -5,9 +5,13 @@ compiled on its own with the other stages left as planned. Kernels alone: CUDA e
 back-to-back launches (stage + its split reduce), median of rounds. Every candidate's output is
 checked against the planned one's (relative error). Feeds the cost model's calibration.
 
-    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--precision P] [--json PATH] [--rounds N] [--list]
+    python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--stages STAGE,...]
+                                    [--tile BM,BN,TM,TN,SPLIT[,packed]]... [--precision P] [--json PATH]
+                                    [--rounds N] [--list]
 
-`--list` prints the candidates and the model's time of each, without a GPU.
+`--stages` sweeps only the named GEMM stages; each `--tile` adds a candidate to every swept stage whose
+candidate block tiles include it (packed: A read repacked, conv-shaped stages only). `--list` prints the
+candidates and the model's time of each, without a GPU.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from typing import Any
 
 import numpy
 from convgen.cuda_launch import (
+    GEMM_STAGES,
     H200,
     PRECISION_MMA_MODES,
     GemmShape,
     GemmTile,
     Hardware,
     Plan,
+    ceil_div,
     choose_tile,
     gemm_cost,
     gemm_shapes,
@@ -39,6 +45,7 @@ from convgen.cuda_launch import (
 )
 from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry
+from convgen.tile_model import fitted_blocks
 from suite.cases import CASES, UNBATCHED_CASES, Case
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
@@ -50,10 +57,26 @@ def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
     return (tile.bm, tile.bn, tile.tm, tile.tn)
 
 
-def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[GemmTile]:
+# A tile given on the command line: (bm, bn, tm, tn, split, packed).
+ForcedTile = tuple[int, int, int, int, int, bool]
+
+
+def parse_tile(text: str) -> ForcedTile:
+    """`BM,BN,TM,TN,SPLIT` or `BM,BN,TM,TN,SPLIT,packed` (argparse's type for --tile)."""
+    parts = text.split(",")
+    packed = parts[5:] == ["packed"]
+    if len(parts) not in (5, 6) or (len(parts) == 6 and not packed) or not all(p.isdigit() for p in parts[:5]):
+        raise argparse.ArgumentTypeError(f"a tile is BM,BN,TM,TN,SPLIT or BM,BN,TM,TN,SPLIT,packed, got {text!r}")
+    bm, bn, tm, tn, split = (int(p) for p in parts[:5])
+    return bm, bn, tm, tn, split, packed
+
+
+def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
+               forced: tuple[ForcedTile, ...] = ()) -> list[GemmTile]:
     """The planned tile first, then the `top` cheapest others by the cost model (one per block
-    shape, each with its best split), the CLASSIC shapes, the planned block shape unsplit, and for
-    conv-shaped stages the planned tile with A packed the other way."""
+    shape, each with its best split), the CLASSIC shapes, the planned block shape unsplit, for
+    conv-shaped stages the planned tile with A packed the other way, and the `forced` tiles that are
+    among the stage's candidate block tiles."""
     planned = choose_tile(shape, hardware)
     best: dict[tuple[int, int, int, int], tuple[float, GemmTile]] = {}
     for tile in tile_candidates(shape, hardware):
@@ -76,6 +99,15 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200) -> list[Ge
         chosen.append(dataclasses.replace(planned, packed=not planned.packed))
     if planned.min_blocks > 1:  # and without the launch bounds that fit it to two blocks per SM
         chosen.append(dataclasses.replace(planned, min_blocks=1))
+    for bm, bn, tm, tn, split, packed in forced:
+        if (bm, bn, tm, tn) in best:
+            # The split as the plans cut one: no empty part (as many parts as ceil(chunks / split) slices fill).
+            parts = max(1, min(split, shape.chunks))
+            parts = ceil_div(shape.chunks, ceil_div(shape.chunks, parts)) if shape.chunks else 1
+            tile = dataclasses.replace(best[(bm, bn, tm, tn)][1], split=parts, packed=packed and shape.conv,
+                                       min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
+            if tile not in chosen:
+                chosen.append(tile)
     return chosen
 
 
@@ -161,18 +193,25 @@ def stage_shapes(geom: Geometry, precision: str) -> dict[str, GemmShape]:
     return gemm_shapes(geom, 4, PRECISION_MMA_MODES[precision])
 
 
-def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any) -> list[dict[str, Any]]:
-    """Every candidate tile of every GEMM stage of `case`, timed and checked against the planned one."""
+def swept_shapes(geom: Geometry, precision: str, stages: frozenset[str]) -> dict[str, GemmShape]:
+    """The GEMM stages of `geom` to sweep: those named in `stages`, or all when it is empty."""
+    return {stage: shape for stage, shape in stage_shapes(geom, precision).items() if not stages or stage in stages}
+
+
+def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, stages: frozenset[str] = frozenset(),
+               forced: tuple[ForcedTile, ...] = ()) -> list[dict[str, Any]]:
+    """Every candidate tile of every GEMM stage of `case` (of `stages` when given), timed and checked against
+    the planned one."""
     geom = case.geometry
     entry = KERNELS[(geom.family, geom.rank)]
     source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
     values = stage_values(case, cupy)
     rows = []
-    for stage, shape in stage_shapes(geom, precision).items():
+    for stage, shape in swept_shapes(geom, precision, stages).items():
         (output,) = (p.role for p in STAGES[geom.family][stage] if not p.const)
         out = values[output]
         reference = None
-        for index, tile in enumerate(candidates(shape, top)):
+        for index, tile in enumerate(candidates(shape, top, forced=forced)):
             candidate_plan = plan_with_tile(geom, shape, tile, precision)
             module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
             launch = stage_launcher(module, geom.family, entry.symbols, candidate_plan, stage, values, cupy)
@@ -206,10 +245,12 @@ def row_line(row: dict[str, Any]) -> str:
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 
-def list_candidates(case: Case, top: int, precision: str) -> None:
-    """The candidates of every stage with the model's time, as the sweep would time them (no GPU)."""
-    for stage, shape in stage_shapes(case.geometry, precision).items():
-        for index, tile in enumerate(candidates(shape, top)):
+def list_candidates(case: Case, top: int, precision: str, stages: frozenset[str] = frozenset(),
+                    forced: tuple[ForcedTile, ...] = ()) -> None:
+    """The candidates of every stage (of `stages` when given) with the model's time, as the sweep would time
+    them (no GPU)."""
+    for stage, shape in swept_shapes(case.geometry, precision, stages).items():
+        for index, tile in enumerate(candidates(shape, top, forced=forced)):
             row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile, precision),
                            planned=index == 0)
             print(row_line(row) + f"  model {model_us(shape, tile):8.2f} us")
@@ -224,19 +265,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--precision", choices=tuple(PRECISION_MMA_MODES), default="highest",
                         help="how the GEMMs multiply (convgen.backend.PRECISIONS)")
+    parser.add_argument("--stages", default="", help="GEMM stages to sweep, comma-separated (default: all)")
+    parser.add_argument("--tile", type=parse_tile, action="append", default=[],
+                        help="BM,BN,TM,TN,SPLIT[,packed]: one more candidate for every swept stage (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
+    stages = frozenset(filter(None, args.stages.split(",")))
+    unknown = sorted(stages - set(GEMM_STAGES))
+    if unknown:
+        parser.error(f"--stages: unknown stage {unknown[0]!r} (stages: {', '.join(GEMM_STAGES)})")
+    forced = tuple(args.tile)
     wanted = set(filter(None, args.cases.split(",")))
     default = {case.name for case in UNBATCHED_CASES}
     cases = [case for case in CASES if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
-            list_candidates(case, args.top, args.precision)
+            list_candidates(case, args.top, args.precision, stages, forced)
         return
     import cupy
 
     start = time.perf_counter()
-    rows = [row for case in cases for row in sweep_case(case, args.top, args.rounds, args.precision, cupy)]
+    rows = [row for case in cases
+            for row in sweep_case(case, args.top, args.rounds, args.precision, cupy, stages, forced)]
     print(f"sweep took {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
