@@ -98,19 +98,17 @@ def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bo
     if autocast:
         tensors = _autocast(tensors)
     input = tensors[0]
-    dtype, index = input.dtype, input.get_device()  # the CUDA index, -1 elsewhere: an int, no device object
+    dtype, device = input.dtype, input.device
     for (name, _), tensor in zip(named, tensors):
         if tensor is None:
             continue
-        if tensor.dtype is not dtype or tensor is input:  # torch's dtypes are singletons
-            if tensor.dtype not in devices.DTYPE_NAMES:
-                raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
-                                f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
-            if tensor.dtype is not dtype:
-                raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype "
-                                f"{dtype}")
-        if tensor is not input and (tensor.get_device() != index or (index < 0 and tensor.device != input.device)):
-            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {input.device}")
+        if tensor.dtype not in devices.DTYPE_NAMES:
+            raise TypeError(f"convgen.torch.{op}: {name} dtype must be torch.float32, torch.float64, "
+                            f"torch.float16 or torch.bfloat16, got {tensor.dtype}")
+        if tensor.dtype != dtype:
+            raise TypeError(f"convgen.torch.{op}: {name} dtype {tensor.dtype} does not match input dtype {dtype}")
+        if tensor is not input and tensor.device != device:
+            raise RuntimeError(f"convgen.torch.{op}: {name} is on {tensor.device} but input is on {device}")
     return tensors
 
 
