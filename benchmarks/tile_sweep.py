@@ -35,7 +35,6 @@ from convgen.cuda_launch import (
     GemmTile,
     Hardware,
     Plan,
-    ceil_div,
     choose_tile,
     gemm_cost,
     gemm_shapes,
@@ -45,7 +44,7 @@ from convgen.cuda_launch import (
 )
 from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import fitted_blocks
+from convgen.tile_model import fitted_blocks, whole_parts
 from suite.cases import CASES, UNBATCHED_CASES, Case
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
@@ -101,10 +100,8 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
         chosen.append(dataclasses.replace(planned, min_blocks=1))
     for bm, bn, tm, tn, split, packed in forced:
         if (bm, bn, tm, tn) in best:
-            # The split as the plans cut one: no empty part (as many parts as ceil(chunks / split) slices fill).
-            parts = max(1, min(split, shape.chunks))
-            parts = ceil_div(shape.chunks, ceil_div(shape.chunks, parts)) if shape.chunks else 1
-            tile = dataclasses.replace(best[(bm, bn, tm, tn)][1], split=parts, packed=packed and shape.conv,
+            tile = dataclasses.replace(best[(bm, bn, tm, tn)][1], split=whole_parts(shape.chunks, split),
+                                       packed=packed and shape.conv,
                                        min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
             if tile not in chosen:
                 chosen.append(tile)

@@ -309,13 +309,21 @@ def _block_tiles(bk: int, conv: bool, staged_bytes: int, mma: int,
     return out
 
 
+def whole_parts(chunks: int, split: int) -> int:
+    """How many parts a reduction of `chunks` slices is cut into when `split` are asked for: every part the
+    same whole number of slices (the last may have fewer), none empty; 1 when there are no slices."""
+    if chunks == 0:
+        return 1
+    return ceil_div(chunks, ceil_div(chunks, max(1, min(split, chunks))))
+
+
 def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]:
     """The splits worth trying for a block tile: none unless the stage has few blocks; no split
     with an empty part; partial sums within SPLIT_WORKSPACE_BYTES."""
     splits = {1}
     if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
         for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
-            splits.add(ceil_div(shape.chunks, ceil_div(shape.chunks, split)))
+            splits.add(whole_parts(shape.chunks, split))
     partial_bytes = shape.outputs * shape.count * shape.element_bytes
     return sorted(s for s in splits if s == 1 or s * partial_bytes <= SPLIT_WORKSPACE_BYTES)
 

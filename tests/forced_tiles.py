@@ -5,8 +5,9 @@ that forces them. No CuPy."""
 
 from __future__ import annotations
 
-from convgen.cuda_launch import GemmTile, ceil_div
+from convgen.cuda_launch import GemmTile
 from convgen.geometry import Family, Geometry
+from convgen.tile_model import whole_parts
 
 # Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
 # staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
@@ -37,10 +38,7 @@ def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool 
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
     (`packed` on every conv-shaped stage: the weight gradient has no pack kernel)."""
     def choose(shape, hardware):
-        parts = max(1, min(split, shape.chunks))
-        per_part = ceil_div(shape.chunks, parts) if shape.chunks else 1
-        return GemmTile(bm, bn, shape.bk, tm, tn, ceil_div(shape.chunks, per_part) if shape.chunks else 1,
-                        packed and shape.conv)
+        return GemmTile(bm, bn, shape.bk, tm, tn, whole_parts(shape.chunks, split), packed and shape.conv)
     return choose
 
 
