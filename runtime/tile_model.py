@@ -87,6 +87,13 @@ FMA_REFERENCE_TILE = 32  # ... for FMA thread tiles of this many accumulators (t
 # On stages of a few waves larger tiles lost (one-image conv2d 256->256 14² forward, split 36: 19.5 -> 27
 # µs; conv3d 32³, split 3: 73 -> 87 µs), and in the weight gradient (128->128 N8: 1365 -> 1929 µs).
 ILP_CREDIT_WAVES = 4
+# Weight-gradient stages of this many threads a block credit thread tiles above the reference (never debit
+# smaller ones): 128x128 t8x8 at 256 threads ran conv2d 128->128 128²'s weight gradient in 1161 µs (N8)
+# and 155 µs (one image) against 1315 and 177 for the planned 128x64 t4x8, where the model had put it
+# 1.3x too slow. At 128 threads t8x8 lost (128x64: 1853 µs; each thread gathers twice the B rows), and
+# a debit of t4x4 moved conv3d N8 32->32 32³ off its fastest tile (684 against 905 µs for t4x8)
+# (benchmarks/measured/2026-12-01-h200-7270c20-weight-tiles.txt).
+WEIGHT_ILP_THREADS = 256
 SLICE_OVERHEAD = 20  # instructions of a slice beyond its loads and FMAs (loop, barrier, swaps)
 BASE_REGISTERS = 40  # registers of a GEMM thread beyond its tiles and staged values
 # Each slice waits on its global loads and a barrier at least once: ~1000 cycles a round trip
@@ -406,6 +413,8 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     # (ILP_CREDIT_WAVES).
     ilp_credit = shape.conv and not shape.mma and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
     half_warps = HALF_ISSUE_WARPS * (FMA_REFERENCE_TILE / (tm * tn) if ilp_credit else 1)
+    if not shape.conv and not shape.mma and threads == WEIGHT_ILP_THREADS:
+        half_warps = HALF_ISSUE_WARPS * min(1, FMA_REFERENCE_TILE / (tm * tn))
     utilisation = warps / (warps + half_warps)
     issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
