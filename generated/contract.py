@@ -70,6 +70,11 @@ HALF_MMA_MODE = 2
 ELEMENT_TYPES: dict[str, tuple[int, int]] = {'float32': (4, 0), 'float64': (8, 0), 'float16': (2, 0), 'bfloat16': (2, 1)}
 # <PREFIX>_PACKED (0/1), a define only of the stages with a `_pack` kernel: A read from the repacked weight.
 PACKED_FIELD = 'PACKED'
+# The defines of a direct-form stage's `_direct` kernel (the small-channel direct convolution): <PREFIX>_DIRECT
+# (1: launched instead of the stage's GEMM), _V (dst cells a thread owns along the last axis), _MB and _CB (dst
+# and source channels of a block's step), and per axis a <PREFIX>_DIRECT_BOX<a> (the block's box of dst cells).
+DIRECT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_MB', 'DIRECT_CB')
+DIRECT_BOX_FIELD = 'DIRECT_BOX'
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
 # FMA conv-shaped stages whose threads stage B rows at most this far apart read them from one pointer per
@@ -104,6 +109,13 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("packed", "packed_weight", "real", False, True),
         ),
         "forward": (
+            Param("source", "x", "real", True, True),
+            Param("weight", "weight", "real", True, True),
+            Param("bias", "bias", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "y", "real", False, True),
+        ),
+        "forward_direct": (
             Param("source", "x", "real", True, True),
             Param("weight", "weight", "real", True, True),
             Param("bias", "bias", "real", True, True),
@@ -172,6 +184,12 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("packed", "packed_weight", "real", False, True),
         ),
         "backward_input": (
+            Param("source", "grad", "real", True, True),
+            Param("weight", "weight", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "grad_x", "real", False, True),
+        ),
+        "backward_input_direct": (
             Param("source", "grad", "real", True, True),
             Param("weight", "weight", "real", True, True),
             Param("images", "images", "unsigned", True, False),
@@ -337,6 +355,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r1_forward_pack",
             "forward": "conv_r1_forward",
+            "forward_direct": "conv_r1_forward_direct",
             "forward_reduce": "conv_r1_forward_reduce",
             "backward_input_pack": "conv_r1_backward_input_pack",
             "backward_input": "conv_r1_backward_input",
@@ -349,8 +368,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
-            "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -358,6 +378,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r2_forward_pack",
             "forward": "conv_r2_forward",
+            "forward_direct": "conv_r2_forward_direct",
             "forward_reduce": "conv_r2_forward_reduce",
             "backward_input_pack": "conv_r2_backward_input_pack",
             "backward_input": "conv_r2_backward_input",
@@ -370,7 +391,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
+            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
             "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
@@ -380,6 +402,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r3_forward_pack",
             "forward": "conv_r3_forward",
+            "forward_direct": "conv_r3_forward_direct",
             "forward_reduce": "conv_r3_forward_reduce",
             "backward_input_pack": "conv_r3_backward_input_pack",
             "backward_input": "conv_r3_backward_input",
@@ -392,9 +415,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "BIAS_SPLIT",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT",
+            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -402,6 +426,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r4_forward_pack",
             "forward": "conv_r4_forward",
+            "forward_direct": "conv_r4_forward_direct",
             "forward_reduce": "conv_r4_forward_reduce",
             "backward_input_pack": "conv_r4_backward_input_pack",
             "backward_input": "conv_r4_backward_input",
@@ -415,9 +440,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
+            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -425,6 +451,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r5_forward_pack",
             "forward": "conv_r5_forward",
+            "forward_direct": "conv_r5_forward_direct",
             "forward_reduce": "conv_r5_forward_reduce",
             "backward_input_pack": "conv_r5_backward_input_pack",
             "backward_input": "conv_r5_backward_input",
@@ -438,9 +465,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
+            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -448,6 +477,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r6_forward_pack",
             "forward": "conv_r6_forward",
+            "forward_direct": "conv_r6_forward_direct",
             "forward_reduce": "conv_r6_forward_reduce",
             "backward_input_pack": "conv_r6_backward_input_pack",
             "backward_input": "conv_r6_backward_input",
@@ -462,8 +492,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
             "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
+            "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -471,6 +503,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r7_forward_pack",
             "forward": "conv_r7_forward",
+            "forward_direct": "conv_r7_forward_direct",
             "forward_reduce": "conv_r7_forward_reduce",
             "backward_input_pack": "conv_r7_backward_input_pack",
             "backward_input": "conv_r7_backward_input",
@@ -485,7 +518,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
+            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4",
+            "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
@@ -495,6 +530,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         {
             "forward_pack": "conv_r8_forward_pack",
             "forward": "conv_r8_forward",
+            "forward_direct": "conv_r8_forward_direct",
             "forward_reduce": "conv_r8_forward_reduce",
             "backward_input_pack": "conv_r8_backward_input_pack",
             "backward_input": "conv_r8_backward_input",
@@ -509,9 +545,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
+            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "FWD_DIRECT_BOX7", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -522,6 +560,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r1_forward_reduce",
             "backward_input_pack": "conv_transpose_r1_backward_input_pack",
             "backward_input": "conv_transpose_r1_backward_input",
+            "backward_input_direct": "conv_transpose_r1_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
@@ -532,7 +571,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
             "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN",
+            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -543,6 +583,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r2_forward_reduce",
             "backward_input_pack": "conv_transpose_r2_backward_input_pack",
             "backward_input": "conv_transpose_r2_backward_input",
+            "backward_input_direct": "conv_transpose_r2_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
@@ -553,7 +594,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
             "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
     ),
@@ -565,6 +607,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r3_forward_reduce",
             "backward_input_pack": "conv_transpose_r3_backward_input_pack",
             "backward_input": "conv_transpose_r3_backward_input",
+            "backward_input_direct": "conv_transpose_r3_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
@@ -575,8 +618,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "BIAS_SPLIT",
             "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN",
-            "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
+            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -587,6 +631,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r4_forward_reduce",
             "backward_input_pack": "conv_transpose_r4_backward_input_pack",
             "backward_input": "conv_transpose_r4_backward_input",
+            "backward_input_direct": "conv_transpose_r4_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
@@ -598,8 +643,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
             "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -610,6 +656,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r5_forward_reduce",
             "backward_input_pack": "conv_transpose_r5_backward_input_pack",
             "backward_input": "conv_transpose_r5_backward_input",
+            "backward_input_direct": "conv_transpose_r5_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
@@ -621,8 +668,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -633,6 +682,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r6_forward_reduce",
             "backward_input_pack": "conv_transpose_r6_backward_input_pack",
             "backward_input": "conv_transpose_r6_backward_input",
+            "backward_input_direct": "conv_transpose_r6_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
@@ -644,8 +694,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
             "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
+            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -656,6 +708,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r7_forward_reduce",
             "backward_input_pack": "conv_transpose_r7_backward_input_pack",
             "backward_input": "conv_transpose_r7_backward_input",
+            "backward_input_direct": "conv_transpose_r7_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
@@ -668,7 +721,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
             "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4",
+            "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS",
         ),
     ),
@@ -680,6 +735,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "forward_reduce": "conv_transpose_r8_forward_reduce",
             "backward_input_pack": "conv_transpose_r8_backward_input_pack",
             "backward_input": "conv_transpose_r8_backward_input",
+            "backward_input_direct": "conv_transpose_r8_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
@@ -692,8 +748,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

@@ -70,6 +70,14 @@ SHARED_BUFFERS = 2
 COLUMN_POINTER_ROW_STEP = 2
 
 
+# A direct-form stage (conv forward, transpose backward_input) also has a `_direct` kernel: the small-channel
+# direct convolution (templates/cuda/_direct_conv.cu.j2), which the plan launches instead of the stage's GEMM
+# where <PREFIX>_DIRECT is 1. Its defines: V dst cells a thread owns along the last axis, MB dst channels and
+# CB source channels of a block's step, and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
+DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB")
+DIRECT_BOX_FIELD = "DIRECT_BOX"
+
+
 def tile_defines(stage: str) -> tuple[str, ...]:
     """`FWD_BM`, ...: the tile defines of one GEMM stage."""
     return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in TILE_FIELDS)
@@ -79,6 +87,16 @@ def packed_define(family: Family, stage: str) -> str | None:
     """`BWI_PACKED`, ...: the define of a GEMM stage of `family` that has a `_pack` kernel, else None."""
     has_pack = any(s.name == f"{stage}_pack" for s in FAMILY_STAGES[family])
     return f"{GEMM_STAGES[stage]}_{PACKED_FIELD}" if has_pack else None
+
+
+def direct_defines(family: Family, stage: str, rank: int) -> tuple[str, ...]:
+    """`FWD_DIRECT`, ..., `FWD_DIRECT_BOX0`, ...: the defines of a GEMM stage of `family` that has a `_direct`
+    kernel, else none."""
+    if not any(s.name == f"{stage}_direct" for s in FAMILY_STAGES[family]):
+        return ()
+    prefix = GEMM_STAGES[stage]
+    return (*(f"{prefix}_{field}" for field in DIRECT_FIELDS),
+            *(f"{prefix}_{DIRECT_BOX_FIELD}{a}" for a in range(rank)))
 
 
 def pool_defines(family: Family) -> tuple[str, ...]:
@@ -159,7 +177,7 @@ class Stage:
     @property
     def gemm(self) -> str | None:
         """The GEMM stage this kernel belongs to (itself, or the one it reduces), if any."""
-        base = self.name.removesuffix("_reduce").removesuffix("_pack")
+        base = self.name.removesuffix("_reduce").removesuffix("_pack").removesuffix("_direct")
         return base if base in GEMM_STAGES else None
 
 
@@ -177,6 +195,14 @@ def _pack(stage: str, layout: ConvRow) -> Stage:
                  "fastest, so a slice of A (one k, a block of src channels) is contiguous rows.", layout)
 
 
+def _direct(stage: Stage) -> Stage:
+    """The small-channel direct convolution of a direct-form stage: its parameters and output, another kernel."""
+    return Stage(f"{stage.name}_direct", stage.params,
+                 "The same sums as the stage's GEMM, as a stencil: a block stages a box's source halo and weights "
+                 "for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.",
+                 stage.layout)
+
+
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
                    "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel "
                    "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
@@ -184,11 +210,13 @@ _BIAS_REDUCE = _reduce(BIAS_STAGE, "grad_bias", False)
 
 _CONV_FORWARD = ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)
 _CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)
+_CONV_FORWARD_STAGE = Stage(
+    "forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
+    "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].", _CONV_FORWARD)
 _CONV_STAGES = (
     _pack("forward", _CONV_FORWARD),
-    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
-          "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
-          _CONV_FORWARD),
+    _CONV_FORWARD_STAGE,
+    _direct(_CONV_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _CONV_BACKWARD_INPUT),
     Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
@@ -205,6 +233,10 @@ _CONV_STAGES = (
 
 _TRANSPOSE_FORWARD = ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)
 _TRANSPOSE_BACKWARD_INPUT = ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)
+_TRANSPOSE_BACKWARD_INPUT_STAGE = Stage(
+    "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
+    "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
+    _TRANSPOSE_BACKWARD_INPUT)
 _CONV_TRANSPOSE_STAGES = (
     _pack("forward", _TRANSPOSE_FORWARD),
     Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
@@ -213,9 +245,8 @@ _CONV_TRANSPOSE_STAGES = (
           _TRANSPOSE_FORWARD),
     _reduce("forward", "y", True),
     _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
-    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
-          "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
-          _TRANSPOSE_BACKWARD_INPUT),
+    _TRANSPOSE_BACKWARD_INPUT_STAGE,
+    _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
           "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",

@@ -23,6 +23,8 @@ from convgen.generator.contract import (
     COLUMN_POINTER_ROW_STEP,
     COMMON_DEFINES,
     CONV_DEFINES,
+    DIRECT_BOX_FIELD,
+    DIRECT_FIELDS,
     ELEMENT_TYPES,
     FAMILY_STAGES,
     GEMM_STAGES,
@@ -38,6 +40,7 @@ from convgen.generator.contract import (
     Family,
     Stage,
     WeightRow,
+    direct_defines,
     packed_define,
     pool_defines,
     tile_defines,
@@ -52,7 +55,7 @@ from convgen.generator.naming import (
 )
 
 LINE_WIDTH = 120  # of the generated CUDA
-HELPERS = ("common", "mma", "gemm")  # templates/cuda/<name>.cuh
+HELPERS = ("common", "mma", "gemm", "direct")  # templates/cuda/<name>.cuh
 
 FAMILY_TITLES: dict[Family, str] = {
     Family.CONV: "Convolution",
@@ -96,7 +99,8 @@ def source_defines(family: Family, rank: int) -> tuple[str, ...]:
     axes = tuple(f"{name}{axis}" for axis in range(rank) for name in AXIS_DEFINES)
     if family.is_conv:
         extra = (*CONV_DEFINES, *(name for gemm in GEMM_STAGES
-                                  for name in (*tile_defines(gemm), packed_define(family, gemm)) if name))
+                                  for name in (*tile_defines(gemm), packed_define(family, gemm),
+                                               *direct_defines(family, gemm, rank)) if name))
     else:
         extra = pool_defines(family)
     return (*COMMON_DEFINES, *axes, *extra)
@@ -110,6 +114,8 @@ def circular_defines(rank: int) -> tuple[str, ...]:
 def _kind(stage: Stage) -> str:
     if stage.name.endswith("_pack"):
         return "pack"
+    if stage.name.endswith("_direct"):
+        return "direct"
     if isinstance(stage.layout, ConvRow):
         return "conv"
     if isinstance(stage.layout, WeightRow):
@@ -196,6 +202,8 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         half_mma_mode=HALF_MMA_MODE,
         element_types=ELEMENT_TYPES,
         tile_fields=TILE_FIELDS,
+        direct_fields=DIRECT_FIELDS,
+        direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,
         packed_field=repr(PACKED_FIELD),

@@ -18,6 +18,7 @@ import numpy as np
 from convgen.backend import BackendError, OutOfMemory
 from convgen.circular import CircularPlan, circular_plan, fits_padded
 from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan, scalar_dtype
+from convgen.direct_model import DirectChooser, choose_direct
 from convgen.generated.contract import BIAS_STAGE, CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
 
@@ -97,8 +98,8 @@ class _Compiled:
         self.images = np.uint32(geom.images)
         self.plan = plan
         params = STAGES[geom.family]
-        self.launches = {stage: (functions[stage], (launch.grid,), (launch.block,), launch.shared_bytes,
-                                 _arguments_of(params[stage]))
+        self.launches = {stage: (functions[launch.kernel or stage], (launch.grid,), (launch.block,),
+                                 launch.shared_bytes, _arguments_of(params[stage]))
                          for stage, launch in plan.launches.items() if launch.grid}
 
 
@@ -123,6 +124,8 @@ class CupyBackend:
     poison_outputs = False
     # How plans pick each GEMM stage's tile; tests/test_cuda.py forces tiles through it.
     tile_chooser: TileChooser = staticmethod(choose_tile)
+    # Which direct-form stages run the small-channel direct kernel; the GEMM tests turn it off.
+    direct_chooser: DirectChooser = staticmethod(choose_direct)
 
     def __init__(self, dtype: str = "float32", precision: str = "highest") -> None:
         self.dtype = dtype
@@ -228,7 +231,7 @@ class CupyBackend:
             if capability < TENSOR_CORE_CAPABILITY:
                 raise BackendError(f"precision {self.precision!r} needs TF32 tensor cores (compute capability "
                                    f"{TENSOR_CORE_CAPABILITY} or newer); this device's is {capability}")
-        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision)
+        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision, self.direct_chooser)
         entry = KERNELS[(geom.family, geom.rank)]
         functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
         return _Compiled(geom, geometry_plan, functions)

@@ -15,9 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
+from convgen.direct_model import DirectChooser, DirectShape, DirectTile, choose_direct, direct_grid, direct_shapes
 from convgen.generated.contract import (
     BIAS_PREFIX,
     BIAS_STAGE,
+    DIRECT_BOX_FIELD,
+    DIRECT_FIELDS,
     ELEMENT_TYPES,
     GEMM_STAGES,
     HALF_MMA_MODE,
@@ -72,6 +75,7 @@ class Launch:
     grid: int  # blocks along x; 0 when the stage has nothing to write
     block: int = BLOCK
     shared_bytes: int = 0  # dynamic shared memory; every kernel's is static
+    kernel: str = ""  # the kernel that runs the stage, when not the stage's own (a GEMM stage's `_direct`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +132,25 @@ def batch_bucket(images: int) -> int:
     return 1 << max(images - 1, 0).bit_length()
 
 
+def _direct_defines(prefix: str, tile: DirectTile | None, rank: int) -> dict[str, int]:
+    """A direct-form stage's direct-kernel defines: the tile's, or all 1 but <PREFIX>_DIRECT = 0 (the GEMM runs)."""
+    fields = (1, tile.v, tile.mb, tile.cb) if tile else (0, 1, 1, 1)
+    box = tile.box if tile else (1,) * rank
+    return {**{f"{prefix}_{field}": value for field, value in zip(DIRECT_FIELDS, fields)},
+            **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box)}}
+
+
+def _direct_stage(stage: str, shape: DirectShape, tile: DirectTile, launches: dict[str, Launch],
+                  splits: dict[str, int]) -> None:
+    """Launches of a stage that runs its `_direct` kernel: no pack, no split, no reduce."""
+    launches[stage] = Launch(direct_grid(tile, shape), tile.threads, kernel=f"{stage}_direct")
+    launches[f"{stage}_pack"] = launches[f"{stage}_reduce"] = Launch(0)
+    splits[stage] = 1
+
+
 @functools.lru_cache(maxsize=1024)
-def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, mma: int) -> Plan:
+def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, mma: int,
+          direct_chooser: DirectChooser) -> Plan:
     values = _geometry_defines(geom, dtype, mma, hardware)
     staged_bytes = 8 if scalar_dtype(dtype) == "float64" else 4  # what shared memory and split buffers hold
     if not geom.family.is_conv:
@@ -141,6 +162,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
     # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
     tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
+    stencils = direct_shapes(geom, staged_bytes, mma)
     for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
@@ -152,6 +174,11 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
         launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, tile.split)
         splits[stage] = tile.split
+        if stage in stencils:  # a direct-form stage: its `_direct` kernel where the chooser gives a tile
+            direct = direct_chooser(stencils[stage], hardware)
+            values.update(_direct_defines(prefix, direct, geom.rank))
+            if direct and count:
+                _direct_stage(stage, stencils[stage], direct, launches, splits)
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
@@ -204,17 +231,18 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
 
 
 def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile,
-         dtype: str = "float32", precision: str = "highest") -> Plan:
+         dtype: str = "float32", precision: str = "highest", direct_chooser: DirectChooser = choose_direct) -> Plan:
     """The launch plan of `geom` on `hardware` for elements of `dtype` (the tape's) multiplied in
     `precision` (PRECISIONS), each GEMM stage's tile picked by `choose_tile` among the tiles of that
-    precision; cached per (geometry but β, hardware, chooser, dtype, precision). The defines depend
+    precision, and a direct-form stage run by its small-channel direct kernel where `direct_chooser` gives
+    it a tile; cached per (geometry but β, hardware, choosers, dtype, precision). The defines depend
     on the batch only through batch_bucket; the grids on the batch itself."""
     refusal = precision_refusal(dtype, precision)
     if refusal is not None:
         raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile, dtype, _tensor_core_mode(geom, dtype, precision))
+    return _plan(geom, hardware, choose_tile, dtype, _tensor_core_mode(geom, dtype, precision), direct_chooser)
 
 
 TF32_MMA_MODE = PRECISION_MMA_MODES["medium"]

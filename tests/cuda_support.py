@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import reference
 import torch_oracle
+from convgen.direct_model import no_direct
 from convgen.geometry import MAX_RANK, Family, Geometry
 from forced_tiles import forced_chooser
 
@@ -33,6 +34,16 @@ class PoisonBackend(convgen.cuda.CupyBackend):
 
 class PoisonTape(convgen.cuda.Tape):
     backend_class = PoisonBackend
+
+
+class GemmBackend(PoisonBackend):
+    """Every conv stage an implicit GEMM: no small-channel direct kernel (the tests of the GEMMs' splits)."""
+
+    direct_chooser = staticmethod(no_direct)
+
+
+class GemmTape(PoisonTape):
+    backend_class = GemmBackend
 
 
 G = Geometry.build
@@ -97,11 +108,12 @@ def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=Poiso
 
 
 def forced_tape(tile, precision: str = "highest") -> type:
-    """A poisoning tape whose plans take `tile` (its own backend, so its own module cache), computing
-    in `precision`."""
+    """A poisoning tape whose plans take `tile` on every GEMM stage, the direct-form ones included (no
+    direct kernel; its own backend, so its own module cache), computing in `precision`."""
 
     class Backend(PoisonBackend):
         tile_chooser = staticmethod(forced_chooser(*tile))
+        direct_chooser = staticmethod(no_direct)
 
     class ForcedTape(PoisonTape):
         backend_class = Backend

@@ -10,11 +10,13 @@ import reference
 import torch_oracle
 from convgen import cuda_launch
 from convgen.cuda_launch import plan
+from convgen.direct_model import no_direct
 from convgen.geometry import Family, Geometry
 from cuda_support import (
     CASES_PER_RANK,
     RANKS,
     G,
+    GemmTape,
     PoisonTape,
     _has_gpu,
     assert_close_to,
@@ -59,8 +61,8 @@ def test_batched_splits_and_forced_tiles() -> None:
     for geom in (G(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
                  G(Family.CONV, 3, 16, (40, 40), (7, 7), (2, 2), (3, 3), batch=2),
                  G(Family.CONV_TRANSPOSE, 16, 8, (30, 30), (3, 2), (2, 1), (1, 0), batch=5)):
-        assert max(plan(geom).splits.values()) > 1, geom
-        check_against_cpu(geom, rng)
+        assert max(plan(geom, direct_chooser=no_direct).splits.values()) > 1, geom
+        check_against_cpu(geom, rng, GemmTape)
     # The bias gradient in parts: 2304 cells of each channel (16-byte loads), 2115 (one at a time).
     for geom in (G(Family.CONV, 4, 8, (48, 48), (3, 3), (1, 1), (1, 1), batch=3),
                  G(Family.CONV_TRANSPOSE, 4, 6, (45, 47), (3, 3), (1, 1), (1, 1), batch=4)):
@@ -197,13 +199,14 @@ def test_dilated_grouped_forced_tiles_and_splits(tile) -> None:
 
 def test_dilated_grouped_planned_splits() -> None:
     rng = reference.case_rng("dilation groups splits")
-    # Split forward (96 -> 32) and weight gradient (48 -> 32, two images); smaller stages run whole.
+    # Split forward (96 -> 32, a GEMM: its 8 channels a group would run the direct kernel) and weight gradient
+    # (48 -> 32, two images); smaller stages run whole.
     for geom in (G(Family.CONV, 96, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4),
                  G(Family.CONV, 48, 32, (9, 12), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4, batch=2),
                  G(Family.CONV_TRANSPOSE, 16, 8, (20, 20), (3, 2), (2, 2), (2, 0), dilation=(2, 2), groups=2,
                    output_padding=(1, 1), batch=2)):
-        assert max(plan(geom).splits.values()) > 1, geom
-        check_against_cpu(geom, rng)
+        assert max(plan(geom, direct_chooser=no_direct).splits.values()) > 1, geom
+        check_against_cpu(geom, rng, GemmTape)
 
 
 def test_dilated_pools() -> None:

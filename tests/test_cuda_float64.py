@@ -12,11 +12,13 @@ import pytest
 import reference
 import torch_oracle
 from convgen.cuda_launch import H200, plan
+from convgen.direct_model import no_direct
 from convgen.generated.contract import gemm_shared_bytes
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import WEIGHT_BK
 from cuda_support import (
     RANKS,
+    GemmTape,
     PoisonTape,
     _has_gpu,
     assert_close_to,
@@ -97,14 +99,15 @@ def test_every_gemm_tile_shape_in_float64(tile) -> None:
 
 
 def test_planned_splits_in_float64() -> None:
-    """Plans that split reductions: partial buffers [split][images][...] of doubles, added in order."""
+    """Plans that split reductions: partial buffers [split][images][...] of doubles, added in order (GEMMs
+    only, as tests/test_cuda.py's planned splits)."""
     rng = reference.case_rng("splits float64")
     for geom in (G(Family.CONV, 1, 1, (300, 300), (3, 3), (1, 1), (1, 1)),
                  G(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3),
                  G(Family.CONV_TRANSPOSE, 16, 8, (30, 30), (3, 2), (2, 1), (1, 0), batch=5),
                  G(Family.CONV, 96, 32, (9, 9), (3, 3), (1, 1), (2, 2), dilation=(2, 2), groups=4)):
-        assert max(plan(geom, dtype=FLOAT64).splits.values()) > 1, geom
-        check(geom, rng)
+        assert max(plan(geom, dtype=FLOAT64, direct_chooser=no_direct).splits.values()) > 1, geom
+        check(geom, rng, GemmTape)
 
 
 def test_pools_in_float64() -> None:

@@ -20,6 +20,7 @@ from convgen.cpu import Tape as CpuTape
 from convgen.cuda import CupyBackend
 from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
+from convgen.direct_model import DirectChooser, direct_tile, no_direct
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
@@ -37,20 +38,23 @@ RTOLS = {"float32": reference.RTOL, "float64": reference.RTOL_FLOAT64}
 GROUPED = Geometry.build(Family.CONV, 16, 32, (7, 6), (3, 2), (2, 1), (1, 0), dilation=(2, 1), groups=2, batch=2)
 
 
-def emulated_tape(dtype: str, tile: tuple | None = None, precision: str = "highest") -> CudaTape:
+def emulated_tape(dtype: str, tile: tuple | None = None, precision: str = "highest",
+                  direct_chooser: DirectChooser | None = None) -> CudaTape:
     """A CUDA tape on the emulated CuPy whose outputs start as NaN (a value a kernel forgets shows), its
-    plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules),
-    its conv GEMMs in `precision`."""
+    plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules; no
+    direct kernel then) and `direct_chooser`'s direct tiles when given, its conv GEMMs in `precision`."""
     chooser = {"tile_chooser": staticmethod(forced_chooser(*tile))} if tile else {}
+    if tile or direct_chooser:
+        chooser["direct_chooser"] = staticmethod(direct_chooser or no_direct)
     backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True, **chooser})
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
         return type("EmulatedTape", (CudaTape,), {"backend_class": backend})(dtype=dtype, precision=precision)
 
 
-def check(geom: Geometry, dtype: str, tile: tuple | None = None) -> None:
+def check(geom: Geometry, dtype: str, tile: tuple | None = None, direct_chooser: DirectChooser | None = None) -> None:
     rng = reference.case_rng("emulated", geom, dtype, tile)
     inputs, grad = reference.draw_inputs(rng, geom, dtype), reference.draw_grad(rng, geom, dtype)
-    output, grads = reference.run_on_tape(emulated_tape(dtype, tile), geom, inputs, grad)
+    output, grads = reference.run_on_tape(emulated_tape(dtype, tile, direct_chooser=direct_chooser), geom, inputs, grad)
     assert output.dtype == dtype and all(g.dtype == dtype for g in grads)
     reference.check_against_reference(geom, inputs, grad, output, grads, rtol=RTOLS[dtype],
                                       oracle=lambda g, i, d: reference.run_on_tape(CpuTape(dtype=dtype), g, i, d))
@@ -67,17 +71,22 @@ def test_forced_tiles_reading_a_repacked_weight(tile, dtype) -> None:
         check(geom, dtype, tile)
 
 
-def test_non_finite_values_take_the_rare_path() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct_forward", "gemm_forward"])
+def test_non_finite_values_take_the_rare_path(direct) -> None:
     """An inf or NaN in A (the weight; the upstream gradient for the weight gradient) sends its slice down
     the masked path, which skips padding: exactly the cells the CPU tape makes non-finite are, with the
-    same signs, and the rest is close."""
+    same signs, and the rest is close. The forward of its 6 channels runs the GEMM or the direct kernel
+    (whose careful path skips padding too)."""
     geom = Geometry.build(Family.CONV, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    chooser = direct_tile if direct else no_direct
+    assert bool(plan(geom, direct_chooser=chooser).launches["forward"].kernel) is direct
     rng = reference.case_rng("emulated non-finite")
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
     weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
     grad[1, 2, 0, 0] = -np.inf
-    got_output, got_grads = reference.run_on_tape(emulated_tape("float32"), geom, [weight, bias, x], grad)
+    tape = emulated_tape("float32", direct_chooser=chooser)
+    got_output, got_grads = reference.run_on_tape(tape, geom, [weight, bias, x], grad)
     ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
     for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
         got = np.asarray(got)
@@ -94,6 +103,27 @@ def test_bias_gradient_split_into_parts(cells) -> None:
     geom = Geometry.build(Family.CONV, 1, 2, (cells,), (1,), (1,), (0,), batch=4)
     assert plan(geom).splits["backward_bias"] == 2
     check(geom, "float32")
+
+
+# The small-channel direct kernel (a direct-form stage of at most 16 dst channels, taken wherever it can be here,
+# not only where the plans take it): ranks 1-4, stride, padding,
+# dilation, groups, batches, V cells a thread that the last extent does not divide, several channel steps (CB),
+# and a transpose's backward_input.
+DIRECT_GEOMETRIES = [
+    Geometry.build(Family.CONV, 3, 5, (11,), (3,), (1,), (1,)),
+    Geometry.build(Family.CONV, 19, 6, (9, 10), (3, 3), (2, 1), (1, 2), dilation=(1, 2), batch=2),
+    Geometry.build(Family.CONV, 6, 4, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 0, 1), groups=2, batch=3),
+    Geometry.build(Family.CONV, 2, 3, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7), (3, 3), (2, 1), (1, 0), batch=2),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_direct_kernel_of_few_channels(dtype) -> None:
+    for geom in DIRECT_GEOMETRIES:
+        stage = "forward" if geom.family is Family.CONV else "backward_input"
+        assert plan(geom, dtype=dtype, direct_chooser=direct_tile).launches[stage].kernel == f"{stage}_direct"
+        check(geom, dtype, direct_chooser=direct_tile)
 
 
 def test_circular_padding_pads_and_folds() -> None:

@@ -1,0 +1,146 @@
+"""The small-channel direct convolution: when a direct-form stage (conv forward, transpose backward_input)
+runs as a stencil (templates/cuda/_direct_conv.cu.j2) instead of its implicit GEMM, and how its blocks are
+cut. Steers which kernel runs, never what is computed.
+
+An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
+window the gather dominates (conv4d N8 8->8 16⁴: 292 µs forward as a GEMM, 18.6 TFLOP/s). The direct kernel
+stages a box's source halo once per step and slides each thread's cells over the window in registers.
+Measured on the H200 (benchmarks/measured/2026-12-01-h200-*-direct-sweep.txt, forward, µs, direct / GEMM):
+conv4d N8 8->8 16⁴ k3 219 / 298 and one image 46 / 50, conv3d N8 8->8 32³ k3 41 / 59; with 9 taps it only
+tied (conv2d N32 16->16 56² 32 / 34, N8 3->16 224² 21 / 24, conv1d N32 8->8 k5 19 / 19) and lost with many
+source channels (conv2d N32 64->8 56²: 81 / 65).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from convgen.geometry import Family, Geometry
+from convgen.tile_model import Hardware, ceil_div
+
+# When the plan takes the direct kernel: few dst and source channels, a window of many offsets, FMAs.
+DIRECT_MAX_M = 16  # dst channels a block holds: MB x V accumulators a thread
+DIRECT_MAX_SOURCE_C = 16
+DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one)
+# How its blocks are cut. V = 2 cells a thread at 256 threads ran the conv4d cases fastest or within 5% of the
+# fastest (one image: 46 µs against 65 for V = 4 at 128); padding the staged rows against bank conflicts
+# changed nothing measurable (conv4d N8: 228.4 against 228.2 µs).
+DIRECT_CELLS = 2  # V: consecutive dst cells a thread owns along the last axis ...
+DIRECT_MAX_SPAN = 32  # ... while the source run they read stays within this many registers
+DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
+DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers; the halo's size bounds it)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DirectShape:
+    """A direct-form stage as the direct kernel sees it, per group: dst cell d reads src cell d*S + k*D - P."""
+
+    dst_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    m: int  # dst channels of a group
+    source_c: int  # source channels of a group
+    images: int
+    groups: int
+    staged_bytes: int  # of a value in shared memory: 8 for float64, else 4 (16-bit elements widen)
+    mma: int  # the stage's MMA_MODE: the direct kernel multiplies with FMAs only
+
+
+@dataclass(frozen=True, slots=True)
+class DirectTile:
+    """One block: MB dst channels of a box of dst cells (`box`, per axis), V cells a thread along the last
+    axis, CB source channels staged per step."""
+
+    v: int
+    mb: int
+    cb: int
+    box: tuple[int, ...]
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.box[:-1]) * (self.box[-1] // self.v)
+
+
+DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
+
+
+def direct_shapes(geom: Geometry, staged_bytes: int, mma: int) -> dict[str, DirectShape]:
+    """The direct-form stages of a conv-family geometry: conv's forward, the transpose's backward_input."""
+    in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
+    common = {"kernel": geom.kernel, "stride": geom.stride, "dilation": geom.dilation, "images": geom.images,
+              "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
+    if geom.family is Family.CONV:
+        return {"forward": DirectShape(dst_spatial=geom.out_spatial, m=out_c, source_c=in_c, **common)}
+    return {"backward_input": DirectShape(dst_spatial=geom.in_spatial, m=in_c, source_c=out_c, **common)}
+
+
+def halo(box: tuple[int, ...], shape: DirectShape) -> int:
+    """Source cells a block stages per channel: its box's windows, per axis (box - 1) * S + (K - 1) * D + 1."""
+    return math.prod((b - 1) * s + (k - 1) * d + 1 for b, s, k, d in zip(box, shape.stride, shape.kernel,
+                                                                          shape.dilation))
+
+
+def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
+    """Static shared memory of a block: CB channels' weights (MB padded to quads) and halo."""
+    weights = tile.cb * math.prod(shape.kernel) * ceil_div(tile.mb, 4) * 4
+    return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
+
+
+def direct_box(dst_spatial: tuple[int, ...], v: int, threads: int) -> tuple[int, ...]:
+    """A block's box for `threads` threads of `v` cells: the last axis first (whole if it fits), then the
+    other axes doubled in turn from the innermost out, none past its extent rounded up to a power of two."""
+    *outer, last = dst_spatial
+    line = min(1 << (ceil_div(last, v) - 1).bit_length(), threads)
+    box, room = [1] * len(outer), threads // line
+    while room > 1:
+        grown = False
+        for a in reversed(range(len(outer))):
+            if room > 1 and box[a] < outer[a]:
+                box[a], room, grown = box[a] * 2, room // 2, True
+        if not grown:
+            break
+    return (*box, line * v)
+
+
+def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int, ...] = DIRECT_THREADS
+                ) -> DirectTile | None:
+    """How the direct kernel would cut a stage of at most DIRECT_MAX_M dst channels multiplied with FMAs, or
+    None: V cells a thread while their source run fits DIRECT_MAX_SPAN, the first block size of `threads_tried`
+    whose step of one source channel fits the shared memory, then as many channels a step as fit."""
+    if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0:
+        return None
+    span = lambda v: (v - 1) * shape.stride[-1] + (shape.kernel[-1] - 1) * shape.dilation[-1] + 1  # noqa: E731
+    v = min(DIRECT_CELLS, shape.dst_spatial[-1])
+    while v > 1 and span(v) > DIRECT_MAX_SPAN:
+        v -= 1
+    if span(v) > DIRECT_MAX_SPAN:
+        return None
+    for threads in threads_tried:
+        box = direct_box(shape.dst_spatial, v, threads)
+        for cb in (8, 4, 2, 1):
+            tile = DirectTile(v=v, mb=shape.m, cb=min(cb, DIRECT_MAX_CB, shape.source_c), box=box)
+            if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
+                return tile
+    return None
+
+
+def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
+    """The plans' direct chooser: the direct tile of a stage of few dst and source channels and a window of at
+    least DIRECT_MIN_WINDOW offsets (where it was measured faster than the GEMM), else None (the GEMM)."""
+    if shape.source_c > DIRECT_MAX_SOURCE_C or math.prod(shape.kernel) < DIRECT_MIN_WINDOW:
+        return None
+    return direct_tile(shape, hardware)
+
+
+def no_direct(shape: DirectShape, hardware: Hardware) -> None:
+    """A direct chooser that always leaves the stage to its GEMM."""
+    return None
+
+
+def direct_grid(tile: DirectTile, shape: DirectShape) -> int:
+    """Blocks of a launch: (image, group, dst channel block, box)."""
+    boxes = math.prod(ceil_div(d, b) for d, b in zip(shape.dst_spatial, tile.box))
+    return shape.images * shape.groups * ceil_div(shape.m, tile.mb) * boxes

@@ -1,0 +1,99 @@
+"""The small-channel direct kernel on the GPU (`pytest -m cuda`): a direct-form stage of at most 16 dst
+channels (conv forward, transpose backward_input), taken wherever it can be (not only where the plans take it),
+against the CPU tape at every rank 1..8, in float32 and float64, with stride, padding, dilation, groups and
+batches; the same geometries through the GEMM agree; an inf weight beside padding takes the careful path."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import reference
+from convgen.cuda_launch import plan
+from convgen.direct_model import DIRECT_THREADS, direct_tile
+from convgen.geometry import Family, Geometry
+from cuda_support import RANKS, G, GemmTape, PoisonBackend, PoisonTape, _has_gpu, check_against_cpu, run
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
+
+import convgen.cpu  # noqa: E402  (after the skip)
+
+# Any stage of few dst channels, with blocks below a warp too, so that the boxes of ranks 7 and 8 fit shared
+# memory in float64 (the plans' chooser takes only large windows of few channels and stops at 32 threads).
+ANY_BLOCK = functools.partial(direct_tile, threads_tried=(*DIRECT_THREADS, 16, 8, 4, 2, 1))
+
+
+class AnyBlockBackend(PoisonBackend):
+    direct_chooser = staticmethod(ANY_BLOCK)
+
+
+class AnyBlockTape(PoisonTape):
+    backend_class = AnyBlockBackend
+
+
+def direct_geometry(family: Family, rank: int) -> Geometry:
+    """A geometry of `rank` whose direct-form stage runs the direct kernel: windows of 3 and 2, strides 1
+    and 2, padding, a dilation, 2 groups of 3 and 4 channels, 2 images; extents small enough that the
+    box's halo fits shared memory at rank 8."""
+    kernel = tuple(3 if a % 2 == 0 and (rank <= 4 or a in (0, rank - 1)) else 2 for a in range(rank))
+    stride = tuple(2 if a == rank - 1 and rank > 1 else 1 for a in range(rank))
+    padding = tuple(1 if k == 3 else 0 for k in kernel)
+    dilation = tuple(2 if a == 0 and rank > 1 else 1 for a in range(rank))
+    in_spatial = tuple(5 + a % 3 if rank <= 4 else 4 if rank <= 6 else 3 for a in range(rank))
+    return G(family, 6, 8, in_spatial, kernel, stride, padding, batch=2, dilation=dilation, groups=2)
+
+
+def direct_stage(geom: Geometry) -> str:
+    return "forward" if geom.family is Family.CONV else "backward_input"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
+def test_direct_kernel_matches_cpu_tape(family: Family, rank: int, dtype: str) -> None:
+    geom = direct_geometry(family, rank)
+    stage = direct_stage(geom)
+    assert plan(geom, dtype=dtype, direct_chooser=ANY_BLOCK).launches[stage].kernel == f"{stage}_direct", geom
+    check_against_cpu(geom, reference.case_rng("cuda direct", family.value, rank, dtype), AnyBlockTape, dtype)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 4])
+def test_direct_kernel_and_gemm_agree(rank: int) -> None:
+    """The same sums in another order: the direct kernel's output within float32's bound of the GEMM's."""
+    geom = G(Family.CONV, 5, 7, (9,) * rank if rank < 4 else (6,) * rank, (3,) * rank, (1,) * rank, (1,) * rank,
+             batch=3)
+    rng = reference.case_rng("cuda direct vs gemm", rank)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    direct, gemm = run(AnyBlockTape(), geom, inputs, grad), run(GemmTape(), geom, inputs, grad)
+    ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
+    scale = np.linalg.norm(ref_abs[0])
+    assert np.linalg.norm(direct[0] - gemm[0]) <= 2 * reference.RTOL * scale
+    for got, expected in zip(direct[1], gemm[1], strict=True):  # the backward stages are the same kernels
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_inf_weight_beside_padding_takes_the_careful_path() -> None:
+    """0 * inf must not reach a sum: padded cells are skipped (SEMANTICS §3), so exactly the output cells the
+    CPU tape makes non-finite are, with the same signs."""
+    geom = G(Family.CONV, 5, 4, (7, 9), (3, 3), (1, 1), (1, 1), batch=2)
+    assert plan(geom, direct_chooser=ANY_BLOCK).launches["forward"].kernel == "forward_direct"
+    rng = reference.case_rng("cuda direct non-finite")
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    weight[1, 2, 0, 0], weight[3, 4, 2, 1] = np.inf, np.nan
+    got = run(AnyBlockTape(), geom, [weight, bias, x], reference.draw_grad(rng, geom))[0]
+    ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], reference.draw_grad(rng, geom))[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(ref) * np.sign(ref))
+    assert np.isinf(ref).any() and np.isfinite(ref).any()
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_the_plans_take_the_direct_kernel_for_few_channels_and_large_windows() -> None:
+    """What the plans' own chooser picks (V = 2, 256-thread blocks where they fit): a 3-D and a 4-D forward."""
+    rng = reference.case_rng("cuda planned direct")
+    for geom in (G(Family.CONV, 8, 8, (9, 10, 11), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=3),
+                 G(Family.CONV, 5, 7, (6, 7, 6, 9), (3, 3, 3, 3), (1, 1, 1, 1), (1, 0, 1, 1), batch=2)):
+        assert plan(geom).launches["forward"].kernel == "forward_direct"
+        check_against_cpu(geom, rng)

@@ -1,0 +1,116 @@
+"""Plans of the small-channel direct kernel (convgen.direct_model), without a GPU: which direct-form stages
+run it, how its blocks are cut, and that everything else keeps its GEMM."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from convgen.cuda_launch import H200, plan, representative_geometry
+from convgen.direct_model import (
+    DirectShape,
+    DirectTile,
+    direct_box,
+    direct_shapes,
+    direct_shared_bytes,
+    direct_tile,
+    halo,
+    no_direct,
+)
+from convgen.geometry import Family, Geometry
+
+CONV4D_N8 = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
+
+
+def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_direct():
+    p = plan(CONV4D_N8)
+    forward = p.launches["forward"]
+    assert forward.kernel == "forward_direct"
+    # 2 x 4 x 4 x 16 cells a block, 2 a thread along the last axis: 256 threads; 8 images x 128 boxes.
+    assert (forward.block, forward.grid) == (256, 1024)
+    assert [p.defines[f"FWD_DIRECT_BOX{a}"] for a in range(4)] == [2, 4, 4, 16]
+    assert (p.defines["FWD_DIRECT"], p.defines["FWD_DIRECT_V"], p.defines["FWD_DIRECT_MB"]) == (1, 2, 8)
+    # Two channels a step: 2 x (81 x 8 weights + 4 x 6 x 6 x 18 halo cells) floats; four would not fit 48 KB.
+    assert p.defines["FWD_DIRECT_CB"] == 2
+    # Nothing else of the GEMM forward runs: no pack, no split, no reduce.
+    assert (p.launches["forward_pack"].grid, p.launches["forward_reduce"].grid, p.splits["forward"]) == (0, 0, 1)
+    # The gather-form backward_input and the weight gradient stay GEMMs.
+    assert not p.launches["backward_input"].kernel and not p.launches["backward_weight"].kernel
+
+
+def test_a_transpose_runs_its_backward_input_direct():
+    geom = Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7, 5), (3, 3, 3), (2, 1, 1), (1, 0, 1), batch=2)
+    p = plan(geom)
+    assert p.launches["backward_input"].kernel == "backward_input_direct" and not p.launches["forward"].kernel
+    assert set(direct_shapes(geom, 4, 0)) == {"backward_input"}
+
+
+@pytest.mark.parametrize(("in_c", "out_c", "kernel", "precision", "dtype", "direct"), [
+    (16, 16, (3, 3, 3), "highest", "float32", True), (8, 17, (3, 3, 3), "highest", "float32", False),
+    (17, 8, (3, 3, 3), "highest", "float32", False), (8, 8, (3, 3, 2), "highest", "float32", False),
+    (8, 8, (3, 3, 3), "high", "float32", False), (8, 8, (3, 3, 3), "medium", "float32", False),
+    (8, 8, (3, 3, 3), "highest", "float64", True), (8, 8, (3, 3, 3), "highest", "bfloat16", True),
+])
+def test_the_plans_take_it_for_fma_stages_of_few_channels_and_large_windows(in_c, out_c, kernel, precision, dtype,
+                                                                            direct):
+    geom = Geometry.build(Family.CONV, in_c, out_c, (12, 12, 12), kernel, (1, 1, 1), (1, 1, 1), batch=2)
+    forward = plan(geom, dtype=dtype, precision=precision).launches["forward"].kernel
+    assert forward == ("forward_direct" if direct else "")
+    # Where a direct tile exists at all (FMAs, at most 16 dst channels), direct_tile gives it regardless.
+    mma = 0 if precision == "highest" else 1
+    assert (direct_tile(direct_shapes(geom, 4, mma)["forward"], H200) is not None) == (out_c <= 16 and not mma)
+
+
+def test_groups_count_their_own_channels():
+    """Depthwise-like: 64 channels in 32 groups are 2 a group, a direct stage of 32 groups x images x boxes."""
+    geom = Geometry.build(Family.CONV, 64, 64, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=32, batch=2)
+    p = plan(geom)
+    assert p.launches["forward"].kernel == "forward_direct" and p.defines["FWD_DIRECT_MB"] == 2
+    boxes = math.prod(-(-10 // p.defines[f"FWD_DIRECT_BOX{a}"]) for a in range(3))
+    assert p.launches["forward"].grid == 2 * 32 * boxes
+    tile_cells = math.prod(p.defines[f"FWD_DIRECT_BOX{a}"] for a in range(3))
+    assert tile_cells == p.defines["FWD_DIRECT_V"] * p.launches["forward"].block
+
+
+def test_without_a_direct_tile_every_stage_runs_its_gemm_and_the_defines_say_so():
+    p = plan(CONV4D_N8, direct_chooser=no_direct)
+    assert not any(launch.kernel for launch in p.launches.values())
+    assert p.defines["FWD_DIRECT"] == 0
+    assert all(p.defines[f"FWD_DIRECT_{field}"] == 1 for field in ("V", "MB", "CB", "BOX0", "BOX3"))
+
+
+def test_boxes_fill_the_last_axis_first_then_double_the_others_innermost_first():
+    assert direct_box((16, 16, 16, 16), 2, 256) == (2, 4, 4, 16)
+    assert direct_box((16, 16, 16, 16), 4, 128) == (2, 4, 4, 16)
+    assert direct_box((4096,), 4, 128) == (512,)
+    assert direct_box((3, 5), 4, 128) == (4, 8)  # no axis grows past its extent's power of two
+    assert direct_box((1, 1, 7), 4, 64) == (1, 1, 8)
+
+
+def test_a_long_dilated_window_leaves_the_stage_to_its_gemm():
+    """V shrinks until a thread's source run fits DIRECT_MAX_SPAN registers; a run over that even for one
+    cell means no direct tile."""
+    common = {"dst_spatial": (40,), "stride": (1,), "m": 4, "source_c": 4, "images": 1, "groups": 1,
+              "staged_bytes": 4, "mma": 0}
+    assert direct_tile(DirectShape(kernel=(3,), dilation=(15,), **common), H200).v == 2  # 1 + 30 + 1 cells
+    assert direct_tile(DirectShape(kernel=(3,), dilation=(16,), **common), H200) is None  # 0 + 32 + 1
+
+
+def test_every_direct_tile_fits_the_static_shared_memory():
+    for family, rank, dtype in itertools.product((Family.CONV, Family.CONV_TRANSPOSE), range(1, 9),
+                                                 ("float32", "float64")):
+        geom = representative_geometry(family, rank)
+        for shape in direct_shapes(geom, 8 if dtype == "float64" else 4, 0).values():
+            tile = direct_tile(shape, H200)
+            if tile is not None:
+                assert direct_shared_bytes(tile, shape) <= H200.shared_per_block
+                assert tile.threads <= 256 and tile.box[-1] % tile.v == 0
+
+
+def test_the_halo_is_the_windows_of_the_box():
+    shape = DirectShape(dst_spatial=(16, 16), kernel=(3, 5), stride=(2, 1), dilation=(1, 2), m=8, source_c=4,
+                        images=1, groups=1, staged_bytes=4, mma=0)
+    assert halo((4, 16), shape) == (3 * 2 + 3) * (15 + 8 + 1)
+    tile = DirectTile(v=4, mb=8, cb=2, box=(4, 16))
+    assert direct_shared_bytes(tile, shape) == (2 * 15 * 8 + 2 * 9 * 24) * 4
