@@ -3,12 +3,13 @@ runs as a stencil (templates/cuda/_direct_conv.cu.j2) instead of its implicit GE
 cut. Steers which kernel runs, never what is computed.
 
 An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
-window the gather dominates (conv4d N8 8->8 16⁴: 292 µs forward as a GEMM, 18.6 TFLOP/s). The direct kernel
+window the gather dominates (conv4d N8 8->8 16⁴: 298 µs forward as a GEMM, 18 TFLOP/s). The direct kernel
 stages a box's source halo once per step and slides each thread's cells over the window in registers.
-Measured on the H200 (benchmarks/measured/2026-12-01-h200-*-direct-sweep.txt, forward, µs, direct / GEMM):
-conv4d N8 8->8 16⁴ k3 219 / 298 and one image 46 / 50, conv3d N8 8->8 32³ k3 41 / 59; with 9 taps it only
-tied (conv2d N32 16->16 56² 32 / 34, N8 3->16 224² 21 / 24, conv1d N32 8->8 k5 19 / 19) and lost with many
-source channels (conv2d N32 64->8 56²: 81 / 65).
+Measured on the H200 (benchmarks/measured/2026-12-01-h200-*direct-sweep*.txt, forward, µs, direct /
+GEMM): conv4d N8 8->8 16⁴ k3 214 / 298 and one image 45 / 50, N32 8->8 8⁴ 61 / 89, conv3d N8 8->8 32³ k3 40 /
+59; with 16 channels it lost (conv3d N16 16->16 16³: 49 / 45), with 9-offset windows it tied (conv2d N32
+16->16 56² 32 / 34, N8 3->16 224² 21 / 24, conv1d N32 8->8 k5 19 / 19) and with many source channels it lost
+(conv2d N32 64->8 56²: 81 / 65).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import Hardware, ceil_div
 
-# When the plan takes the direct kernel: few dst and source channels, a window of many offsets, FMAs.
-DIRECT_MAX_M = 16  # dst channels a block holds: MB x V accumulators a thread
-DIRECT_MAX_SOURCE_C = 16
+DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
+# When the plans take it: few dst and source channels, a window of many offsets, FMAs.
+DIRECT_PLAN_MAX_CHANNELS = 8
 DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one)
-# How its blocks are cut. V = 2 cells a thread at 256 threads ran the conv4d cases fastest or within 5% of the
-# fastest (one image: 46 µs against 65 for V = 4 at 128); padding the staged rows against bank conflicts
-# changed nothing measurable (conv4d N8: 228.4 against 228.2 µs).
+# How its blocks are cut. V = 2 cells a thread at 256 threads ran every measured case fastest or within 5% of the
+# fastest (conv4d N8 16⁴: 214 µs, V = 8 205, V = 4 216; one image 46 against 67-118 for V = 4 or 8; conv3d N8
+# 32³: 40 against 43-64); padding the staged rows against bank conflicts changed nothing measurable (conv4d N8:
+# 228.4 against 228.2 µs).
 DIRECT_CELLS = 2  # V: consecutive dst cells a thread owns along the last axis ...
 DIRECT_MAX_SPAN = 32  # ... while the source run they read stays within this many registers
 DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
@@ -128,9 +130,10 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
 
 
 def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
-    """The plans' direct chooser: the direct tile of a stage of few dst and source channels and a window of at
-    least DIRECT_MIN_WINDOW offsets (where it was measured faster than the GEMM), else None (the GEMM)."""
-    if shape.source_c > DIRECT_MAX_SOURCE_C or math.prod(shape.kernel) < DIRECT_MIN_WINDOW:
+    """The plans' direct chooser: the direct tile of a stage of at most DIRECT_PLAN_MAX_CHANNELS dst and source
+    channels and a window of at least DIRECT_MIN_WINDOW offsets (where it was measured faster than the GEMM),
+    else None (the GEMM)."""
+    if max(shape.m, shape.source_c) > DIRECT_PLAN_MAX_CHANNELS or math.prod(shape.kernel) < DIRECT_MIN_WINDOW:
         return None
     return direct_tile(shape, hardware)
 

@@ -47,8 +47,9 @@ def test_a_transpose_runs_its_backward_input_direct():
 
 
 @pytest.mark.parametrize(("in_c", "out_c", "kernel", "precision", "dtype", "direct"), [
-    (16, 16, (3, 3, 3), "highest", "float32", True), (8, 17, (3, 3, 3), "highest", "float32", False),
-    (17, 8, (3, 3, 3), "highest", "float32", False), (8, 8, (3, 3, 2), "highest", "float32", False),
+    (8, 8, (3, 3, 3), "highest", "float32", True), (8, 9, (3, 3, 3), "highest", "float32", False),
+    (9, 8, (3, 3, 3), "highest", "float32", False), (8, 8, (3, 3, 2), "highest", "float32", False),
+    (3, 16, (3, 3, 3), "highest", "float32", False), (8, 17, (3, 3, 3), "highest", "float32", False),
     (8, 8, (3, 3, 3), "high", "float32", False), (8, 8, (3, 3, 3), "medium", "float32", False),
     (8, 8, (3, 3, 3), "highest", "float64", True), (8, 8, (3, 3, 3), "highest", "bfloat16", True),
 ])
@@ -65,6 +66,7 @@ def test_the_plans_take_it_for_fma_stages_of_few_channels_and_large_windows(in_c
 def test_groups_count_their_own_channels():
     """Depthwise-like: 64 channels in 32 groups are 2 a group, a direct stage of 32 groups x images x boxes."""
     geom = Geometry.build(Family.CONV, 64, 64, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=32, batch=2)
+    assert max(shape.m for shape in direct_shapes(geom, 4, 0).values()) == 2
     p = plan(geom)
     assert p.launches["forward"].kernel == "forward_direct" and p.defines["FWD_DIRECT_MB"] == 2
     boxes = math.prod(-(-10 // p.defines[f"FWD_DIRECT_BOX{a}"]) for a in range(3))
