@@ -775,15 +775,6 @@ __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, re
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
 // conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
 
-// Threads that stage one halo row of `extent` cells: the least power of two that covers it, at most a warp and
-// at most the block's `threads` (a power of two).
-__device__ __forceinline__ constexpr unsigned row_threads(unsigned extent, unsigned threads)
-{
-    unsigned n = 1;
-    while (n < extent && n < 32 && n < threads) n *= 2;
-    return n;
-}
-
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded
 // to quads). The run is read once into registers; each quad of weights feeds V * 4 multiply-adds.
@@ -1078,8 +1069,6 @@ extern "C" __global__ void conv_r1_forward_direct(
     constexpr unsigned HALO = 1u * H0;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
-    constexpr unsigned ROWS = HALO / H0;  // staged rows of a channel
-    constexpr unsigned ROW_THREADS = row_threads(H0, THREADS);  // threads staging one row
     constexpr unsigned WEIGHTS = CB * K_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u;  // of the staged halo
     // The weights first ([c][kappa][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
@@ -1122,17 +1111,16 @@ extern "C" __global__ void conv_r1_forward_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            // The halo row by row (a channel and its outer coordinates), ROW_THREADS threads along each: the
-            // row's position is worked out once, and its cells are contiguous in the source and in the halo.
-            for (unsigned r = tid / ROW_THREADS; r < CB * ROWS; r += THREADS / ROW_THREADS) {
-                const unsigned c = c0 + r / ROWS;
+            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
+                const unsigned c = c0 + e / HALO, h = e % HALO;
+                unsigned rest = h;
+                const pos_t h0 = (pos_t)rest;
                 bool inside = c < SRC_C;
-                unsigned offset = 0;  // of the row's source cells, but for the last axis
-                const real* __restrict__ src_row = src_values + (size_t)c * IN_SIZE + (size_t)offset * IN0;
-                for (unsigned x = tid % ROW_THREADS; x < H0; x += ROW_THREADS) {
-                    const pos_t j = origin0 + (pos_t)x;
-                    halo[r * H0 + x] = inside && j >= 0 && j < IN0 ? load_element(src_row + j) : scalar(0);
-                }
+                unsigned offset = 0;
+                const pos_t j0 = origin0 + h0;
+                inside = inside && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);

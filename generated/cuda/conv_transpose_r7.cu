@@ -786,15 +786,6 @@ __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, re
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
 // conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
 
-// Threads that stage one halo row of `extent` cells: the least power of two that covers it, at most a warp and
-// at most the block's `threads` (a power of two).
-__device__ __forceinline__ constexpr unsigned row_threads(unsigned extent, unsigned threads)
-{
-    unsigned n = 1;
-    while (n < extent && n < 32 && n < threads) n *= 2;
-    return n;
-}
-
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded
 // to quads). The run is read once into registers; each quad of weights feeds V * 4 multiply-adds.
@@ -1718,8 +1709,6 @@ extern "C" __global__ void conv_transpose_r7_backward_input_direct(
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3 * H4 * H5 * H6;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3 * TILES4 * TILES5 * TILES6;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
-    constexpr unsigned ROWS = HALO / H6;  // staged rows of a channel
-    constexpr unsigned ROW_THREADS = row_threads(H6, THREADS);  // threads staging one row
     constexpr unsigned WEIGHTS = CB * K_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u * H1 * H2 * H3 * H4 * H5 * H6;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2 * H3 * H4 * H5 * H6;  // of the staged halo
@@ -1809,14 +1798,11 @@ extern "C" __global__ void conv_transpose_r7_backward_input_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            // The halo row by row (a channel and its outer coordinates), ROW_THREADS threads along each: the
-            // row's position is worked out once, and its cells are contiguous in the source and in the halo.
-            for (unsigned r = tid / ROW_THREADS; r < CB * ROWS; r += THREADS / ROW_THREADS) {
-                const unsigned c = c0 + r / ROWS;
-                bool inside = c < SRC_C;
-                unsigned offset = 0;  // of the row's source cells, but for the last axis
-                const unsigned row = r % ROWS;
-                unsigned rest = row;
+            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
+                const unsigned c = c0 + e / HALO, h = e % HALO;
+                unsigned rest = h;
+                const pos_t h6 = (pos_t)(rest % nonzero(H6));
+                rest /= nonzero(H6);
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
                 rest /= nonzero(H5);
                 const pos_t h4 = (pos_t)(rest % nonzero(H4));
@@ -1828,6 +1814,8 @@ extern "C" __global__ void conv_transpose_r7_backward_input_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
+                bool inside = c < SRC_C;
+                unsigned offset = 0;
                 const pos_t j0 = origin0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
                 offset = offset * OUT0 + (unsigned)j0;
@@ -1846,11 +1834,10 @@ extern "C" __global__ void conv_transpose_r7_backward_input_direct(
                 const pos_t j5 = origin5 + h5;
                 inside = inside && j5 >= 0 && j5 < OUT5;
                 offset = offset * OUT5 + (unsigned)j5;
-                const real* __restrict__ src_row = src_values + (size_t)c * OUT_SIZE + (size_t)offset * OUT6;
-                for (unsigned x = tid % ROW_THREADS; x < H6; x += ROW_THREADS) {
-                    const pos_t j = origin6 + (pos_t)x;
-                    halo[r * H6 + x] = inside && j >= 0 && j < OUT6 ? load_element(src_row + j) : scalar(0);
-                }
+                const pos_t j6 = origin6 + h6;
+                inside = inside && j6 >= 0 && j6 < OUT6;
+                offset = offset * OUT6 + (unsigned)j6;
+                halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);

@@ -787,15 +787,6 @@ __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, re
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
 // conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
 
-// Threads that stage one halo row of `extent` cells: the least power of two that covers it, at most a warp and
-// at most the block's `threads` (a power of two).
-__device__ __forceinline__ constexpr unsigned row_threads(unsigned extent, unsigned threads)
-{
-    unsigned n = 1;
-    while (n < extent && n < 32 && n < threads) n *= 2;
-    return n;
-}
-
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded
 // to quads). The run is read once into registers; each quad of weights feeds V * 4 multiply-adds.
@@ -1769,8 +1760,6 @@ extern "C" __global__ void conv_transpose_r8_backward_input_direct(
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3 * H4 * H5 * H6 * H7;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3 * TILES4 * TILES5 * TILES6 * TILES7;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
-    constexpr unsigned ROWS = HALO / H7;  // staged rows of a channel
-    constexpr unsigned ROW_THREADS = row_threads(H7, THREADS);  // threads staging one row
     constexpr unsigned WEIGHTS = CB * K_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u * H1 * H2 * H3 * H4 * H5 * H6 * H7;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2 * H3 * H4 * H5 * H6 * H7;  // of the staged halo
@@ -1868,14 +1857,11 @@ extern "C" __global__ void conv_transpose_r8_backward_input_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            // The halo row by row (a channel and its outer coordinates), ROW_THREADS threads along each: the
-            // row's position is worked out once, and its cells are contiguous in the source and in the halo.
-            for (unsigned r = tid / ROW_THREADS; r < CB * ROWS; r += THREADS / ROW_THREADS) {
-                const unsigned c = c0 + r / ROWS;
-                bool inside = c < SRC_C;
-                unsigned offset = 0;  // of the row's source cells, but for the last axis
-                const unsigned row = r % ROWS;
-                unsigned rest = row;
+            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
+                const unsigned c = c0 + e / HALO, h = e % HALO;
+                unsigned rest = h;
+                const pos_t h7 = (pos_t)(rest % nonzero(H7));
+                rest /= nonzero(H7);
                 const pos_t h6 = (pos_t)(rest % nonzero(H6));
                 rest /= nonzero(H6);
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
@@ -1889,6 +1875,8 @@ extern "C" __global__ void conv_transpose_r8_backward_input_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
+                bool inside = c < SRC_C;
+                unsigned offset = 0;
                 const pos_t j0 = origin0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
                 offset = offset * OUT0 + (unsigned)j0;
@@ -1910,11 +1898,10 @@ extern "C" __global__ void conv_transpose_r8_backward_input_direct(
                 const pos_t j6 = origin6 + h6;
                 inside = inside && j6 >= 0 && j6 < OUT6;
                 offset = offset * OUT6 + (unsigned)j6;
-                const real* __restrict__ src_row = src_values + (size_t)c * OUT_SIZE + (size_t)offset * OUT7;
-                for (unsigned x = tid % ROW_THREADS; x < H7; x += ROW_THREADS) {
-                    const pos_t j = origin7 + (pos_t)x;
-                    halo[r * H7 + x] = inside && j >= 0 && j < OUT7 ? load_element(src_row + j) : scalar(0);
-                }
+                const pos_t j7 = origin7 + h7;
+                inside = inside && j7 >= 0 && j7 < OUT7;
+                offset = offset * OUT7 + (unsigned)j7;
+                halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);

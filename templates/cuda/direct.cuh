@@ -1,15 +1,6 @@
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
 // conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
 
-// Threads that stage one halo row of `extent` cells: the least power of two that covers it, at most a warp and
-// at most the block's `threads` (a power of two).
-__device__ __forceinline__ constexpr unsigned row_threads(unsigned extent, unsigned threads)
-{
-    unsigned n = 1;
-    while (n < extent && n < 32 && n < threads) n *= 2;
-    return n;
-}
-
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded
 // to quads). The run is read once into registers; each quad of weights feeds V * 4 multiply-adds.
