@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Time the forward of small-channel conv cases under the small-channel direct kernel's tiles and under the
+implicit GEMM: the plans' pick first, then the GEMM (no direct kernel), then each `--tile` (V cells a thread,
+block threads; the box and channels a step cut as the plans cut them). Back-to-back forwards on the CUDA tape,
+CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. Every row's output is
+compared with the first's. Feeds docs/DESIGN.md's rule for when the plans take the direct kernel.
+
+    python benchmarks/direct_sweep.py [--cases NAME,...] [--tile V,THREADS]... [--rounds N] [--list]
+
+The cases are the benchmark's (suite/cases.py) with a direct-form stage of at most 16 dst channels, and
+EXTRA_CASES below. `--list` prints each row's tile without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from convgen.direct_model import (
+    DIRECT_MAX_CB,
+    DirectShape,
+    DirectTile,
+    choose_direct,
+    direct_box,
+    direct_shapes,
+    direct_shared_bytes,
+    direct_tile,
+    no_direct,
+)
+from convgen.tile_model import H200, Hardware
+from suite.cases import CASES, Case, batched_conv
+from suite.contestants import convgen_op, make_device_inputs
+
+# Small-channel shapes beyond the benchmark's (no cuDNN reference times: 0).
+EXTRA_CASES = (
+    batched_conv("conv3d_8_32_n8", "conv3d N8 8→8 32³ k3 p1", 8, 8, 8, (32, 32, 32), 3, 1, 1, 0, 0),
+    batched_conv("conv3d_16_16_n16", "conv3d N16 16→16 16³ k3 p1", 16, 16, 16, (16, 16, 16), 3, 1, 1, 0, 0),
+    batched_conv("conv4d_8_8_n32", "conv4d N32 8→8 8⁴ k3 p1", 32, 8, 8, (8, 8, 8, 8), 3, 1, 1, 0, 0),
+    batched_conv("conv2d_16_56_n32", "conv2d N32 16→16 56² k3 p1", 32, 16, 16, (56, 56), 3, 1, 1, 0, 0),
+    batched_conv("conv2d_64_8_n32", "conv2d N32 64→8 56² k3 p1", 32, 64, 8, (56, 56), 3, 1, 1, 0, 0),
+)
+ROUNDS, LAUNCHES_PER_ROUND = 7, 20
+Chooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
+
+
+def parse_tile(text: str) -> tuple[int, int]:
+    """`V,THREADS` (argparse's type for --tile)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a tile is V,THREADS (positive integers), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def forward_shape(case: Case) -> DirectShape | None:
+    """The case's direct-form stage as the direct kernel sees it (float32, FMAs), if it is a convolution."""
+    if not case.is_conv:
+        return None
+    (shape,) = direct_shapes(case.geometry, 4, 0).values()
+    return shape
+
+
+def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
+    """The direct tile of `v` cells a thread and `threads` threads, as many channels a step as fit; None when
+    even one does not fit the shared memory or the stage has more dst channels than the kernel holds."""
+    if direct_tile(shape, hardware) is None:
+        return None
+    box = direct_box(shape.dst_spatial, v, threads)
+    for cb in (DIRECT_MAX_CB, 4, 2, 1):
+        tile = DirectTile(v=v, mb=shape.m, cb=min(cb, shape.source_c), box=box)
+        if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
+            return tile
+    return None
+
+
+def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:
+    """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones."""
+    planned = choose_direct(shape, H200)
+    out: list[tuple[str, Chooser]] = [(f"planned {describe(planned)}", choose_direct), ("gemm", no_direct)]
+    for v, threads in tiles:
+        tile = tile_of(shape, v, threads)
+        if tile is not None:
+            out.append((describe(tile), lambda s, hw, tile=tile: tile))
+    return out
+
+
+def describe(tile: DirectTile | None) -> str:
+    if tile is None:
+        return "(the GEMM)"
+    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{'x'.join(map(str, tile.box))}"
+
+
+def time_forward(case: Case, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int) -> tuple[float, Any]:
+    """Median µs of one forward on a tape whose plans take `chooser`'s direct tiles, and its output."""
+    import convgen.cuda
+
+    backend = type("SweepBackend", (convgen.cuda.CupyBackend,), {"direct_chooser": staticmethod(chooser)})
+    tape = type("SweepTape", (convgen.cuda.Tape,), {"backend_class": backend})()
+    ids = {}
+    for name in ("weight", "bias", "x"):
+        tape, ids[name] = tape.leaf(inputs[name])
+    op = convgen_op(case, tape, ids)
+    recorded, out = op().unwrap()
+    output = recorded.value(out)
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(LAUNCHES_PER_ROUND):
+            op()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1000 / LAUNCHES_PER_ROUND)
+    return statistics.median(times), output
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := forward_shape(case)) and s.m <= 16}
+    parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
+    parser.add_argument("--tile", type=parse_tile, action="append", default=[],
+                        help="V,THREADS: one more row for every case (repeatable)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
+    args = parser.parse_args()
+    names = [n for n in args.cases.split(",") if n] or list(all_cases)
+    unknown = [n for n in names if n not in all_cases]
+    if unknown:
+        parser.error(f"--cases: unknown case {unknown[0]!r} (cases: {', '.join(all_cases)})")
+    cupy = None if args.list else __import__("cupy")
+    for name in names:
+        case = all_cases[name]
+        shape = forward_shape(case)
+        assert shape is not None
+        reference = None
+        inputs = None if cupy is None else make_device_inputs(case, cupy)
+        for label, chooser in rows(shape, args.tile):
+            if cupy is None:
+                print(f"{name:18s} {label}")
+                continue
+            us, output = time_forward(case, chooser, inputs, cupy, args.rounds)
+            reference = output if reference is None else reference
+            err = float(cupy.linalg.norm(output - reference) / cupy.linalg.norm(reference))
+            print(f"{name:18s} {label:44s} {us:9.1f} us  err {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""benchmarks/direct_sweep.py without a GPU (`--list`): the plans' pick first, then the GEMM and the tiles from
+the command line, and the errors for a case or tile it cannot take."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "direct_sweep.py"
+
+
+def sweep(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--list", *args], capture_output=True, text=True, check=False)
+
+
+def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm() -> None:
+    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "4,256")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "conv4d_8_16_n8     planned v2 thr256 cb2 box2x4x4x16",
+        "conv4d_8_16_n8     gemm",
+        "conv4d_8_16_n8     v4 thr256 cb2 box4x4x4x16",
+        "conv3d_16_16_n16   planned (the GEMM)",
+        "conv3d_16_16_n16   gemm",
+        "conv3d_16_16_n16   v4 thr256 cb4 box8x8x16",
+    ]
+
+
+def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
+    done = sweep("--cases", "conv2d_64_56_n32")  # 64 dst channels: no direct tile
+    assert done.returncode == 2 and "error: --cases: unknown case 'conv2d_64_56_n32' (cases: conv4d_8_16," in done.stderr
+    done = sweep("--tile", "4")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        "error: argument --tile: a tile is V,THREADS (positive integers), got '4'")
