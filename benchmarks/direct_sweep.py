@@ -18,17 +18,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from convgen.direct_model import (
-    DIRECT_MAX_CB,
-    DirectShape,
-    DirectTile,
-    choose_direct,
-    direct_box,
-    direct_shapes,
-    direct_shared_bytes,
-    direct_tile,
-    no_direct,
-)
+from convgen.direct_model import DirectShape, DirectTile, choose_direct, cut_tile, direct_shapes, direct_tile, no_direct
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
 from suite.contestants import convgen_op, make_device_inputs
@@ -62,16 +52,9 @@ def forward_shape(case: Case) -> DirectShape | None:
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
-    """The direct tile of `v` cells a thread and `threads` threads, as many channels a step as fit; None when
-    even one does not fit the shared memory or the stage has more dst channels than the kernel holds."""
-    if direct_tile(shape, hardware) is None:
-        return None
-    box = direct_box(shape.dst_spatial, v, threads)
-    for cb in (DIRECT_MAX_CB, 4, 2, 1):
-        tile = DirectTile(v=v, mb=shape.m, cb=min(cb, shape.source_c), box=box)
-        if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
-            return tile
-    return None
+    """The direct tile of `v` cells a thread and `threads` threads, cut as the plans cut one; None when the
+    stage has more dst channels than the kernel holds or one channel's step does not fit the shared memory."""
+    return cut_tile(shape, v, threads, hardware) if direct_tile(shape, hardware) else None
 
 
 def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:

@@ -120,12 +120,17 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
         v -= 1
     if span(v) > DIRECT_MAX_SPAN:
         return None
-    for threads in threads_tried:
-        box = direct_box(shape.dst_spatial, v, threads)
-        for cb in (8, 4, 2, 1):
-            tile = DirectTile(v=v, mb=shape.m, cb=min(cb, DIRECT_MAX_CB, shape.source_c), box=box)
-            if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
-                return tile
+    return next((tile for threads in threads_tried if (tile := cut_tile(shape, v, threads, hardware))), None)
+
+
+def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> DirectTile | None:
+    """The tile of `v` cells a thread and a box for `threads` threads, staging as many source channels a step as
+    fit the shared memory (DIRECT_MAX_CB, then halves of it, none past the stage's), or None when one does not."""
+    box = direct_box(shape.dst_spatial, v, threads)
+    for halvings in range(DIRECT_MAX_CB.bit_length()):
+        tile = DirectTile(v=v, mb=shape.m, cb=min(DIRECT_MAX_CB >> halvings, shape.source_c), box=box)
+        if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
+            return tile
     return None
 
 

@@ -412,9 +412,10 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     # multiply-adds: a warp of t8x8 keeps the pipe as busy as two of t4x8, one of t4x4 half as busy
     # (ILP_CREDIT_WAVES).
     ilp_credit = shape.conv and not shape.mma and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
-    half_warps = HALF_ISSUE_WARPS * (FMA_REFERENCE_TILE / (tm * tn) if ilp_credit else 1)
-    if not shape.conv and not shape.mma and threads == WEIGHT_ILP_THREADS:
-        half_warps = HALF_ISSUE_WARPS * min(1, FMA_REFERENCE_TILE / (tm * tn))
+    # Weight-gradient FMA stages of WEIGHT_ILP_THREADS threads: the credit only.
+    weight_credit = not shape.conv and not shape.mma and threads == WEIGHT_ILP_THREADS
+    ilp = FMA_REFERENCE_TILE / (tm * tn)
+    half_warps = HALF_ISSUE_WARPS * (ilp if ilp_credit else min(1, ilp) if weight_credit else 1)
     utilisation = warps / (warps + half_warps)
     issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
