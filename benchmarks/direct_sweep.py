@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Time the forward of small-channel conv cases under the small-channel direct kernel's tiles and under the
-implicit GEMM: the plans' pick first, then the GEMM (no direct kernel), then each `--tile` (V cells a thread,
-block threads; the box and channels a step cut as the plans cut them). Back-to-back forwards on the CUDA tape,
-CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. Every row's output is
-compared with the first's. Feeds docs/DESIGN.md's rule for when the plans take the direct kernel.
+"""Time one conv-shaped stage (`--stage`: the forward, or the backward_input) of small-channel conv cases under
+the small-channel direct kernel's tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
+direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the
+plans cut them). Back-to-back forwards, or backwards of one recorded forward (whose weight and bias gradients
+are the same kernels in every row), on the CUDA tape, CUDA events, median of rounds: at these sizes the GPU,
+not the host, sets the pace. Every row's output (y, or the input's gradient) is compared with the first's.
+Feeds docs/DESIGN.md's rule for when the plans take the direct kernel.
 
-    python benchmarks/direct_sweep.py [--cases NAME,...] [--tile V,THREADS]... [--rounds N] [--list]
+    python benchmarks/direct_sweep.py [--stage forward|backward_input] [--cases NAME,...] [--tile V,THREADS]...
+                                      [--rounds N] [--list]
 
-The cases are the benchmark's (suite/cases.py) with a direct-form stage of at most 16 dst channels, and
-EXTRA_CASES below. `--list` prints each row's tile without a GPU.
+The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
+below. `--list` prints each row's tile without a GPU.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from convgen.direct_model import DirectShape, DirectTile, choose_direct, cut_tile, direct_shapes, direct_tile, no_direct
+from convgen.direct_model import DirectShape, DirectTile, choose_direct, cut_tile, direct_shapes, direct_tile
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
 from suite.contestants import convgen_op, make_device_inputs
@@ -30,7 +33,11 @@ EXTRA_CASES = (
     batched_conv("conv4d_8_8_n32", "conv4d N32 8→8 8⁴ k3 p1", 32, 8, 8, (8, 8, 8, 8), 3, 1, 1, 0, 0),
     batched_conv("conv2d_16_56_n32", "conv2d N32 16→16 56² k3 p1", 32, 16, 16, (56, 56), 3, 1, 1, 0, 0),
     batched_conv("conv2d_64_8_n32", "conv2d N32 64→8 56² k3 p1", 32, 64, 8, (56, 56), 3, 1, 1, 0, 0),
+    batched_conv("conv2d_8_64_n32", "conv2d N32 8→64 56² k3 p1", 32, 8, 64, (56, 56), 3, 1, 1, 0, 0),
+    batched_conv("conv2d_3_64_k4s2_n32", "conv2d N32 3→64 112² k4 s2 p1", 32, 3, 64, (112, 112), 4, 2, 1, 0, 0),
+    batched_conv("conv3d_4_32_s2_n8", "conv3d N8 4→32 32³ k3 s2 p1", 8, 4, 32, (32, 32, 32), 3, 2, 1, 0, 0),
 )
+STAGES = ("forward", "backward_input")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
 Chooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
 
@@ -43,12 +50,9 @@ def parse_tile(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def forward_shape(case: Case) -> DirectShape | None:
-    """The case's direct-form stage as the direct kernel sees it (float32, FMAs), if it is a convolution."""
-    if not case.is_conv:
-        return None
-    (shape,) = direct_shapes(case.geometry, 4, 0).values()
-    return shape
+def stage_shape(case: Case, stage: str) -> DirectShape | None:
+    """The case's `stage` as the direct kernel sees it (float32, FMAs), if it is a convolution."""
+    return direct_shapes(case.geometry, 4, 0)[stage] if case.is_conv else None
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
@@ -58,13 +62,18 @@ def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200)
 
 
 def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:
-    """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones."""
+    """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones. A row's
+    choice applies to the swept stage (`shape`); the other stage keeps the plans' pick."""
+
+    def only(choice: DirectTile | None) -> Chooser:
+        return lambda s, hw: choice if s == shape else choose_direct(s, hw)
+
     planned = choose_direct(shape, H200)
-    out: list[tuple[str, Chooser]] = [(f"planned {describe(planned)}", choose_direct), ("gemm", no_direct)]
+    out: list[tuple[str, Chooser]] = [(f"planned {describe(planned)}", choose_direct), ("gemm", only(None))]
     for v, threads in tiles:
         tile = tile_of(shape, v, threads)
         if tile is not None:
-            out.append((describe(tile), lambda s, hw, tile=tile: tile))
+            out.append((describe(tile), only(tile)))
     return out
 
 
@@ -74,8 +83,10 @@ def describe(tile: DirectTile | None) -> str:
     return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{'x'.join(map(str, tile.box))}"
 
 
-def time_forward(case: Case, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int) -> tuple[float, Any]:
-    """Median µs of one forward on a tape whose plans take `chooser`'s direct tiles, and its output."""
+def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int
+               ) -> tuple[float, Any]:
+    """Median µs of one forward (or one backward of a recorded forward) on a tape whose plans take `chooser`'s
+    direct tiles, and its output (y, or the input's gradient)."""
     import convgen.cuda
 
     backend = type("SweepBackend", (convgen.cuda.CupyBackend,), {"direct_chooser": staticmethod(chooser)})
@@ -85,14 +96,18 @@ def time_forward(case: Case, chooser: Chooser, inputs: dict[str, Any], cupy: Any
         tape, ids[name] = tape.leaf(inputs[name])
     op = convgen_op(case, tape, ids)
     recorded, out = op().unwrap()
-    output = recorded.value(out)
+    if stage == "forward":
+        call, output = op, recorded.value(out)
+    else:
+        call = lambda: recorded.backward(out, inputs["seed"])  # noqa: E731
+        output = call().unwrap()[ids["x"]]
     cupy.cuda.Device().synchronize()
     times = []
     for _ in range(rounds):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         for _ in range(LAUNCHES_PER_ROUND):
-            op()
+            call()
         end.record()
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) * 1000 / LAUNCHES_PER_ROUND)
@@ -101,7 +116,9 @@ def time_forward(case: Case, chooser: Chooser, inputs: dict[str, Any], cupy: Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := forward_shape(case)) and s.m <= 16}
+    parser.add_argument("--stage", choices=STAGES, default="forward")
+    stage = parser.parse_known_args()[0].stage
+    all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := stage_shape(case, stage)) and s.m <= 16}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="V,THREADS: one more row for every case (repeatable)")
@@ -115,7 +132,7 @@ def main() -> None:
     cupy = None if args.list else __import__("cupy")
     for name in names:
         case = all_cases[name]
-        shape = forward_shape(case)
+        shape = stage_shape(case, stage)
         assert shape is not None
         reference = None
         inputs = None if cupy is None else make_device_inputs(case, cupy)
@@ -123,7 +140,7 @@ def main() -> None:
             if cupy is None:
                 print(f"{name:18s} {label}")
                 continue
-            us, output = time_forward(case, chooser, inputs, cupy, args.rounds)
+            us, output = time_stage(case, stage, chooser, inputs, cupy, args.rounds)
             reference = output if reference is None else reference
             err = float(cupy.linalg.norm(output - reference) / cupy.linalg.norm(reference))
             print(f"{name:18s} {label:44s} {us:9.1f} us  err {err:.1e}", flush=True)

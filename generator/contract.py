@@ -70,8 +70,8 @@ SHARED_BUFFERS = 2
 COLUMN_POINTER_ROW_STEP = 2
 
 
-# A direct-form stage (conv forward, transpose backward_input) also has a `_direct` kernel: the small-channel
-# direct convolution (templates/cuda/_direct_conv.cu.j2), which the plan launches instead of the stage's GEMM
+# A conv-shaped stage (forward or backward_input) also has a `_direct` kernel: the small-channel direct
+# convolution (templates/cuda/_direct_conv.cu.j2), which the plan launches instead of the stage's GEMM
 # where <PREFIX>_DIRECT is 1. Its defines: V dst cells a thread owns along the last axis, MB dst channels and
 # CB source channels of a block's step, and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
 DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB")
@@ -196,10 +196,11 @@ def _pack(stage: str, layout: ConvRow) -> Stage:
 
 
 def _direct(stage: Stage) -> Stage:
-    """The small-channel direct convolution of a direct-form stage: its parameters and output, another kernel."""
+    """The small-channel direct convolution of a conv-shaped stage: its parameters and output, another kernel."""
     return Stage(f"{stage.name}_direct", stage.params,
-                 "The same sums as the stage's GEMM, as a stencil: a block stages a box's source halo and weights "
-                 "for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.",
+                 "The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block "
+                 "stages a box's source halo and weights for a few channels at a time; launched instead of the GEMM "
+                 "where the plan's DIRECT is 1.",
                  stage.layout)
 
 
@@ -213,15 +214,18 @@ _CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_majo
 _CONV_FORWARD_STAGE = Stage(
     "forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
     "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].", _CONV_FORWARD)
+_CONV_BACKWARD_INPUT_STAGE = Stage(
+    "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
+    "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
+    _CONV_BACKWARD_INPUT)
 _CONV_STAGES = (
     _pack("forward", _CONV_FORWARD),
     _CONV_FORWARD_STAGE,
     _direct(_CONV_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _CONV_BACKWARD_INPUT),
-    Stage("backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
-          "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
-          _CONV_BACKWARD_INPUT),
+    _CONV_BACKWARD_INPUT_STAGE,
+    _direct(_CONV_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
           "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
@@ -232,6 +236,11 @@ _CONV_STAGES = (
 )
 
 _TRANSPOSE_FORWARD = ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)
+_TRANSPOSE_FORWARD_STAGE = Stage(
+    "forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
+    "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
+    "each output cell gathers from the input cells whose scatter reaches it.",
+    _TRANSPOSE_FORWARD)
 _TRANSPOSE_BACKWARD_INPUT = ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)
 _TRANSPOSE_BACKWARD_INPUT_STAGE = Stage(
     "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
@@ -239,10 +248,8 @@ _TRANSPOSE_BACKWARD_INPUT_STAGE = Stage(
     _TRANSPOSE_BACKWARD_INPUT)
 _CONV_TRANSPOSE_STAGES = (
     _pack("forward", _TRANSPOSE_FORWARD),
-    Stage("forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
-          "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
-          "each output cell gathers from the input cells whose scatter reaches it.",
-          _TRANSPOSE_FORWARD),
+    _TRANSPOSE_FORWARD_STAGE,
+    _direct(_TRANSPOSE_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
     _TRANSPOSE_BACKWARD_INPUT_STAGE,

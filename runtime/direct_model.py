@@ -1,6 +1,6 @@
-"""The small-channel direct convolution: when a direct-form stage (conv forward, transpose backward_input)
-runs as a stencil (templates/cuda/_direct_conv.cu.j2) instead of its implicit GEMM, and how its blocks are
-cut. Steers which kernel runs, never what is computed.
+"""The small-channel direct convolution: when a conv-shaped stage (forward or backward_input: one of the direct
+form, the other gathered per stride phase) runs as a stencil (templates/cuda/_direct_conv.cu.j2) instead of its
+implicit GEMM, and how its blocks are cut. Steers which kernel runs, never what is computed.
 
 An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
 window the gather dominates (conv4d N8 8->8 16⁴: 298 µs forward as a GEMM, 18 TFLOP/s). The direct kernel
@@ -9,7 +9,12 @@ Measured on the H200 (benchmarks/measured/2026-12-01-h200-*direct-sweep*.txt, fo
 GEMM): conv4d N8 8->8 16⁴ k3 214 / 298 and one image 45 / 50, N32 8->8 8⁴ 61 / 89, conv3d N8 8->8 32³ k3 40 /
 59; with 16 channels it lost (conv3d N16 16->16 16³: 49 / 45), with 9-offset windows it tied (conv2d N32
 16->16 56² 32 / 34, N8 3->16 224² 21 / 24, conv1d N32 8->8 k5 19 / 19) and with many source channels it lost
-(conv2d N32 64->8 56²: 81 / 65).
+(conv2d N32 64->8 56²: 81 / 65). The gather-form stages (backward_input of a conv, µs of the whole backward of
+one recorded forward, direct / GEMM; 2026-12-01-h200-*-direct-sweep-bwi.txt) follow the same rule: conv4d N8
+8->8 16⁴ 900 / 979, N32 8⁴ 238 / 270, conv3d N8 8->8 32³ 260 / 280; 16 channels 156 / 154, 9 offsets 111 / 113,
+an 8-channel dst with 64 source channels 192 / 189. With 3 dst channels, 64 source channels and phases of
+16 offsets (conv2d N32 3->64 224² k7 s2) it won, 1167 / 1310; with phases of 4 or 8 offsets (k4 s2, conv3d k3
+s2) it lost, 187 / 168 and 96 / 78.
 """
 
 from __future__ import annotations
@@ -22,9 +27,14 @@ from convgen.geometry import Family, Geometry
 from convgen.tile_model import Hardware, ceil_div
 
 DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
-# When the plans take it: few dst and source channels, a window of many offsets, FMAs.
+# When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...
 DIRECT_PLAN_MAX_CHANNELS = 8
-DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one)
+DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one; a phase's in the gather form)
+# ... or very few dst channels, whatever the source channels, a window of some offsets and a grid of many
+# blocks an SM (measured with 27 an SM; one image's 0.85 an SM timed within the noise of its GEMM).
+DIRECT_FEW_DST = 4
+DIRECT_FEW_DST_MIN_WINDOW = 16
+DIRECT_FEW_DST_MIN_BLOCKS_PER_SM = 4
 # How its blocks are cut. V = 2 cells a thread at 256 threads ran every measured case fastest or within 5% of the
 # fastest (conv4d N8 16⁴: 214 µs, V = 8 205, V = 4 216; one image 46 against 67-118 for V = 4 or 8; conv3d N8
 # 32³: 40 against 43-64); padding the staged rows against bank conflicts changed nothing measurable (conv4d N8:
@@ -37,18 +47,26 @@ DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers; the halo's
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DirectShape:
-    """A direct-form stage as the direct kernel sees it, per group: dst cell d reads src cell d*S + k*D - P."""
+    """A conv-shaped stage as the direct kernel sees it, per group: a stencil over `cells` per axis (the dst
+    cells; in the gather form, the cells u of one of `phases` stride phases, dst cell rho + S*u), each `step`
+    source cells after the last, reading at most `taps` window offsets `spacing` apart."""
 
-    dst_spatial: tuple[int, ...]
-    kernel: tuple[int, ...]
-    stride: tuple[int, ...]
-    dilation: tuple[int, ...]
+    cells: tuple[int, ...]
+    taps: tuple[int, ...]
+    step: tuple[int, ...]
+    spacing: tuple[int, ...]
+    phases: int
     m: int  # dst channels of a group
     source_c: int  # source channels of a group
     images: int
     groups: int
     staged_bytes: int  # of a value in shared memory: 8 for float64, else 4 (16-bit elements widen)
     mma: int  # the stage's MMA_MODE: the direct kernel multiplies with FMAs only
+
+    @property
+    def window(self) -> int:
+        """Window offsets a cell reads at most (in the gather form, its phase's)."""
+        return math.prod(self.taps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,24 +88,40 @@ DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
 
 
 def direct_shapes(geom: Geometry, staged_bytes: int, mma: int) -> dict[str, DirectShape]:
-    """The direct-form stages of a conv-family geometry: conv's forward, the transpose's backward_input."""
+    """The conv-shaped stages of a conv-family geometry: forward and backward_input, one of them of the direct
+    form (conv's forward, the transpose's backward_input), the other of the gather form (dst cell d = j*S + k*D
+    - P collects from source cell j), which runs per stride phase: per axis ceil(dst / S) cells u, at most
+    ceil(K / SG) taps DG apart (SG = S / gcd(S, D), DG = D / gcd(S, D); _phases.cu.j2)."""
     in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
-    common = {"kernel": geom.kernel, "stride": geom.stride, "dilation": geom.dilation, "images": geom.images,
-              "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
+    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
+    gcds = [math.gcd(s, d) for s, d in zip(geom.stride, geom.dilation)]
+
+    def direct_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
+        return DirectShape(cells=dst_spatial, taps=geom.kernel, step=geom.stride, spacing=geom.dilation, phases=1,
+                           m=m, source_c=source_c, **common)
+
+    def gather_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
+        return DirectShape(cells=tuple(ceil_div(e, s) for e, s in zip(dst_spatial, geom.stride)),
+                           taps=tuple(ceil_div(k, s // g) for k, s, g in zip(geom.kernel, geom.stride, gcds)),
+                           step=(1,) * geom.rank, spacing=tuple(d // g for d, g in zip(geom.dilation, gcds)),
+                           phases=math.prod(geom.stride), m=m, source_c=source_c, **common)
+
     if geom.family is Family.CONV:
-        return {"forward": DirectShape(dst_spatial=geom.out_spatial, m=out_c, source_c=in_c, **common)}
-    return {"backward_input": DirectShape(dst_spatial=geom.in_spatial, m=in_c, source_c=out_c, **common)}
+        return {"forward": direct_form(geom.out_spatial, out_c, in_c),
+                "backward_input": gather_form(geom.in_spatial, in_c, out_c)}
+    return {"forward": gather_form(geom.out_spatial, out_c, in_c),
+            "backward_input": direct_form(geom.in_spatial, in_c, out_c)}
 
 
 def halo(box: tuple[int, ...], shape: DirectShape) -> int:
-    """Source cells a block stages per channel: its box's windows, per axis (box - 1) * S + (K - 1) * D + 1."""
-    return math.prod((b - 1) * s + (k - 1) * d + 1 for b, s, k, d in zip(box, shape.stride, shape.kernel,
-                                                                          shape.dilation))
+    """Source cells a block stages per channel: its box's windows, per axis (box - 1) * step + (taps - 1) *
+    spacing + 1."""
+    return math.prod((b - 1) * s + (t - 1) * d + 1 for b, s, t, d in zip(box, shape.step, shape.taps, shape.spacing))
 
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
     """Static shared memory of a block: CB channels' weights (MB padded to quads) and halo."""
-    weights = tile.cb * math.prod(shape.kernel) * ceil_div(tile.mb, 4) * 4
+    weights = tile.cb * shape.window * ceil_div(tile.mb, 4) * 4
     return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
 
 
@@ -114,8 +148,8 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     whose step of one source channel fits the shared memory, then as many channels a step as fit."""
     if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0:
         return None
-    span = lambda v: (v - 1) * shape.stride[-1] + (shape.kernel[-1] - 1) * shape.dilation[-1] + 1  # noqa: E731
-    v = min(DIRECT_CELLS, shape.dst_spatial[-1])
+    span = lambda v: (v - 1) * shape.step[-1] + (shape.taps[-1] - 1) * shape.spacing[-1] + 1  # noqa: E731
+    v = min(DIRECT_CELLS, shape.cells[-1])
     while v > 1 and span(v) > DIRECT_MAX_SPAN:
         v -= 1
     if span(v) > DIRECT_MAX_SPAN:
@@ -126,7 +160,7 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
 def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> DirectTile | None:
     """The tile of `v` cells a thread and a box for `threads` threads, staging as many source channels a step as
     fit the shared memory (DIRECT_MAX_CB, then halves of it, none past the stage's), or None when one does not."""
-    box = direct_box(shape.dst_spatial, v, threads)
+    box = direct_box(shape.cells, v, threads)
     for halvings in range(DIRECT_MAX_CB.bit_length()):
         tile = DirectTile(v=v, mb=shape.m, cb=min(DIRECT_MAX_CB >> halvings, shape.source_c), box=box)
         if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
@@ -135,12 +169,18 @@ def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> Di
 
 
 def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
-    """The plans' direct chooser: the direct tile of a stage of at most DIRECT_PLAN_MAX_CHANNELS dst and source
-    channels and a window of at least DIRECT_MIN_WINDOW offsets (where it was measured faster than the GEMM),
-    else None (the GEMM)."""
-    if max(shape.m, shape.source_c) > DIRECT_PLAN_MAX_CHANNELS or math.prod(shape.kernel) < DIRECT_MIN_WINDOW:
+    """The plans' direct chooser, where it was measured faster than the GEMM: the direct tile of a stage of at
+    most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
+    of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets whose grid has
+    DIRECT_FEW_DST_MIN_BLOCKS_PER_SM blocks an SM; else None (the GEMM)."""
+    tile = direct_tile(shape, hardware)
+    if tile is None:
         return None
-    return direct_tile(shape, hardware)
+    if max(shape.m, shape.source_c) <= DIRECT_PLAN_MAX_CHANNELS and shape.window >= DIRECT_MIN_WINDOW:
+        return tile
+    few_dst = shape.m <= DIRECT_FEW_DST and shape.window >= DIRECT_FEW_DST_MIN_WINDOW
+    enough_blocks = direct_grid(tile, shape) >= DIRECT_FEW_DST_MIN_BLOCKS_PER_SM * hardware.sm_count
+    return tile if few_dst and enough_blocks else None
 
 
 def no_direct(shape: DirectShape, hardware: Hardware) -> None:
@@ -149,6 +189,6 @@ def no_direct(shape: DirectShape, hardware: Hardware) -> None:
 
 
 def direct_grid(tile: DirectTile, shape: DirectShape) -> int:
-    """Blocks of a launch: (image, group, dst channel block, box)."""
-    boxes = math.prod(ceil_div(d, b) for d, b in zip(shape.dst_spatial, tile.box))
-    return shape.images * shape.groups * ceil_div(shape.m, tile.mb) * boxes
+    """Blocks of a launch: (image, group, phase, dst channel block, box)."""
+    boxes = math.prod(ceil_div(d, b) for d, b in zip(shape.cells, tile.box))
+    return shape.images * shape.groups * shape.phases * ceil_div(shape.m, tile.mb) * boxes

@@ -1,7 +1,8 @@
-"""The small-channel direct kernel on the GPU (`pytest -m cuda`): a direct-form stage of at most 16 dst
-channels (conv forward, transpose backward_input), taken wherever it can be (not only where the plans take it),
-against the CPU tape at every rank 1..8, in float32 and float64, with stride, padding, dilation, groups and
-batches; the same geometries through the GEMM agree; an inf weight beside padding takes the careful path."""
+"""The small-channel direct kernel on the GPU (`pytest -m cuda`): the conv-shaped stages of at most 16 dst
+channels (forward and backward_input; one of the direct form, one gathered per stride phase), taken wherever
+it can be (not only where the plans take it), against the CPU tape at every rank 1..8, in float32 and float64,
+with stride, padding, dilation, groups and batches; the same geometries through the GEMM agree; an inf weight
+beside padding takes the careful path in both forms."""
 
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ def direct_geometry(family: Family, rank: int) -> Geometry:
     return G(family, 6, 8, in_spatial, kernel, stride, padding, batch=2, dilation=dilation, groups=2)
 
 
-def direct_stage(geom: Geometry) -> str:
-    return "forward" if geom.family is Family.CONV else "backward_input"
+STAGES = ("forward", "backward_input")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -53,14 +53,15 @@ def direct_stage(geom: Geometry) -> str:
 @pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
 def test_direct_kernel_matches_cpu_tape(family: Family, rank: int, dtype: str) -> None:
     geom = direct_geometry(family, rank)
-    stage = direct_stage(geom)
-    assert plan(geom, dtype=dtype, direct_chooser=ANY_BLOCK).launches[stage].kernel == f"{stage}_direct", geom
+    launches = plan(geom, dtype=dtype, direct_chooser=ANY_BLOCK).launches
+    assert all(launches[stage].kernel == f"{stage}_direct" for stage in STAGES), geom
     check_against_cpu(geom, reference.case_rng("cuda direct", family.value, rank, dtype), AnyBlockTape, dtype)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4])
 def test_direct_kernel_and_gemm_agree(rank: int) -> None:
-    """The same sums in another order: the direct kernel's output within float32's bound of the GEMM's."""
+    """The same sums in another order: the direct kernel's output and input gradient within float32's bound of
+    the GEMM's; the weight and bias gradients are the same kernels."""
     geom = G(Family.CONV, 5, 7, (9,) * rank if rank < 4 else (6,) * rank, (3,) * rank, (1,) * rank, (1,) * rank,
              batch=3)
     rng = reference.case_rng("cuda direct vs gemm", rank)
@@ -69,25 +70,31 @@ def test_direct_kernel_and_gemm_agree(rank: int) -> None:
     ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
     scale = np.linalg.norm(ref_abs[0])
     assert np.linalg.norm(direct[0] - gemm[0]) <= 2 * reference.RTOL * scale
-    for got, expected in zip(direct[1], gemm[1], strict=True):  # the backward stages are the same kernels
-        np.testing.assert_array_equal(got, expected)
+    weight_grad, bias_grad, input_grad = direct[1]
+    assert np.linalg.norm(input_grad - gemm[1][2]) <= 2 * reference.RTOL * np.linalg.norm(ref_abs[1][2])
+    np.testing.assert_array_equal(weight_grad, gemm[1][0])
+    np.testing.assert_array_equal(bias_grad, gemm[1][1])
 
 
-def test_an_inf_weight_beside_padding_takes_the_careful_path() -> None:
-    """0 * inf must not reach a sum: padded cells are skipped (SEMANTICS §3), so exactly the output cells the
-    CPU tape makes non-finite are, with the same signs."""
-    geom = G(Family.CONV, 5, 4, (7, 9), (3, 3), (1, 1), (1, 1), batch=2)
-    assert plan(geom, direct_chooser=ANY_BLOCK).launches["forward"].kernel == "forward_direct"
-    rng = reference.case_rng("cuda direct non-finite")
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_inf_weight_beside_padding_takes_the_careful_path(stride: int) -> None:
+    """0 * inf must not reach a sum: padded cells are skipped (SEMANTICS §3), so exactly the output and input
+    gradient cells the CPU tape makes non-finite are, with the same signs (stride 2: the gather form's phases)."""
+    geom = G(Family.CONV, 5, 4, (7, 9), (3, 3), (1, stride), (1, 1), batch=2)
+    launches = plan(geom, direct_chooser=ANY_BLOCK).launches
+    assert all(launches[stage].kernel == f"{stage}_direct" for stage in STAGES)
+    rng = reference.case_rng("cuda direct non-finite", stride)
     weight, bias, x = reference.draw_inputs(rng, geom)
     weight[1, 2, 0, 0], weight[3, 4, 2, 1] = np.inf, np.nan
-    got = run(AnyBlockTape(), geom, [weight, bias, x], reference.draw_grad(rng, geom))[0]
-    ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], reference.draw_grad(rng, geom))[0]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
-    np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(ref) * np.sign(ref))
-    assert np.isinf(ref).any() and np.isfinite(ref).any()
-    finite = np.isfinite(ref)
-    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+    grad = reference.draw_grad(rng, geom)
+    got = run(AnyBlockTape(), geom, [weight, bias, x], grad)
+    ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], grad)
+    for got_value, ref_value in ((got[0], ref[0]), (got[1][2], ref[1][2])):
+        np.testing.assert_array_equal(np.isnan(got_value), np.isnan(ref_value))
+        np.testing.assert_array_equal(np.isinf(got_value) * np.sign(got_value), np.isinf(ref_value) * np.sign(ref_value))
+        assert not np.isfinite(ref_value).all() and np.isfinite(ref_value).any()
+        finite = np.isfinite(ref_value)
+        np.testing.assert_allclose(got_value[finite], ref_value[finite], rtol=1e-4, atol=1e-4)
 
 
 def test_the_plans_take_the_direct_kernel_for_few_channels_and_large_windows() -> None:

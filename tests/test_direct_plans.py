@@ -1,5 +1,6 @@
-"""Plans of the small-channel direct kernel (convgen.direct_model), without a GPU: which direct-form stages
-run it, how its blocks are cut, and that everything else keeps its GEMM."""
+"""Plans of the small-channel direct kernel (convgen.direct_model), without a GPU: which conv-shaped stages
+run it (the direct form, and the gather form per stride phase), how its blocks are cut, and that everything
+else keeps its GEMM."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from convgen.geometry import Family, Geometry
 CONV4D_N8 = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
 
 
-def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_direct():
+def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_and_input_gradient_direct():
     p = plan(CONV4D_N8)
     forward = p.launches["forward"]
     assert forward.kernel == "forward_direct"
@@ -35,15 +36,50 @@ def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_direct():
     assert p.defines["FWD_DIRECT_CB"] == 2
     # Nothing else of the GEMM forward runs: no pack, no split, no reduce.
     assert (p.launches["forward_pack"].grid, p.launches["forward_reduce"].grid, p.splits["forward"]) == (0, 0, 1)
-    # The gather-form backward_input and the weight gradient stay GEMMs.
-    assert not p.launches["backward_input"].kernel and not p.launches["backward_weight"].kernel
+    # Stride 1: the gather-form backward_input is one phase of the same stencil, flipped; the weight gradient
+    # stays a GEMM.
+    backward_input = p.launches["backward_input"]
+    assert (backward_input.kernel, backward_input.block, backward_input.grid) == ("backward_input_direct", 256, 1024)
+    assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [2, 8, 2]
+    assert not p.launches["backward_weight"].kernel
 
 
-def test_a_transpose_runs_its_backward_input_direct():
-    geom = Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7, 5), (3, 3, 3), (2, 1, 1), (1, 0, 1), batch=2)
+def test_a_transpose_runs_both_stages_direct_where_its_phases_have_27_offsets():
+    geom = Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7, 5), (3, 3, 3), (1, 1, 1), (1, 0, 1), batch=2)
     p = plan(geom)
+    assert p.launches["backward_input"].kernel == "backward_input_direct"
+    assert p.launches["forward"].kernel == "forward_direct"
+    assert set(direct_shapes(geom, 4, 0)) == {"forward", "backward_input"}
+    # Stride 2 on one axis: the forward's phases have at most 2 x 3 x 3 offsets, its GEMM runs.
+    strided = Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7, 5), (3, 3, 3), (2, 1, 1), (1, 0, 1), batch=2)
+    p = plan(strided)
     assert p.launches["backward_input"].kernel == "backward_input_direct" and not p.launches["forward"].kernel
-    assert set(direct_shapes(geom, 4, 0)) == {"backward_input"}
+
+
+def test_the_gather_form_runs_per_stride_phase():
+    """k7 s2: per axis 2 phases of ceil(224 / 2) cells u, at most 4 taps (offsets 0, 2, 4, 6 or 1, 3, 5) one
+    source cell apart; a dilation 2 over stride 2 leaves phases no offset reaches (gcd 2: SG = 1, DG = 1)."""
+    geom = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
+    shape = direct_shapes(geom, 4, 0)["backward_input"]
+    assert (shape.cells, shape.taps, shape.step, shape.spacing, shape.phases) == ((112, 112), (4, 4), (1, 1),
+                                                                                  (1, 1), 4)
+    assert (shape.m, shape.source_c, shape.window) == (3, 64, 16)
+    dilated = Geometry.build(Family.CONV, 3, 4, (11, 9), (2, 3), (2, 2), (1, 1), dilation=(2, 4), batch=2)
+    shape = direct_shapes(dilated, 4, 0)["backward_input"]
+    assert (shape.cells, shape.taps, shape.spacing, shape.phases) == ((6, 5), (2, 3), (1, 2), 4)
+
+
+def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_is_large():
+    """Where the GEMM reuses each gathered value 3 times: the k7 s2 input gradient of 32 images runs direct (3584
+    blocks), that of one image (112 blocks) and phases of 4 offsets (k4 s2) keep the GEMM."""
+    batched = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
+    p = plan(batched)
+    assert p.launches["backward_input"].kernel == "backward_input_direct" and p.launches["backward_input"].grid == 3584
+    assert not p.launches["forward"].kernel  # 64 dst channels
+    one_image = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3))
+    assert not plan(one_image).launches["backward_input"].kernel
+    k4 = Geometry.build(Family.CONV, 3, 64, (112, 112), (4, 4), (2, 2), (1, 1), batch=32)
+    assert not plan(k4).launches["backward_input"].kernel
 
 
 @pytest.mark.parametrize(("in_c", "out_c", "kernel", "precision", "dtype", "direct"), [
@@ -93,10 +129,10 @@ def test_boxes_fill_the_last_axis_first_then_double_the_others_innermost_first()
 def test_a_long_dilated_window_leaves_the_stage_to_its_gemm():
     """V shrinks until a thread's source run fits DIRECT_MAX_SPAN registers; a run over that even for one
     cell means no direct tile."""
-    common = {"dst_spatial": (40,), "stride": (1,), "m": 4, "source_c": 4, "images": 1, "groups": 1,
+    common = {"cells": (40,), "step": (1,), "phases": 1, "m": 4, "source_c": 4, "images": 1, "groups": 1,
               "staged_bytes": 4, "mma": 0}
-    assert direct_tile(DirectShape(kernel=(3,), dilation=(15,), **common), H200).v == 2  # 1 + 30 + 1 cells
-    assert direct_tile(DirectShape(kernel=(3,), dilation=(16,), **common), H200) is None  # 0 + 32 + 1
+    assert direct_tile(DirectShape(taps=(3,), spacing=(15,), **common), H200).v == 2  # 1 + 30 + 1 cells
+    assert direct_tile(DirectShape(taps=(3,), spacing=(16,), **common), H200) is None  # 0 + 32 + 1
 
 
 def test_every_direct_tile_fits_the_static_shared_memory():
@@ -111,7 +147,7 @@ def test_every_direct_tile_fits_the_static_shared_memory():
 
 
 def test_the_halo_is_the_windows_of_the_box():
-    shape = DirectShape(dst_spatial=(16, 16), kernel=(3, 5), stride=(2, 1), dilation=(1, 2), m=8, source_c=4,
+    shape = DirectShape(cells=(16, 16), taps=(3, 5), step=(2, 1), spacing=(1, 2), phases=1, m=8, source_c=4,
                         images=1, groups=1, staged_bytes=4, mma=0)
     assert halo((4, 16), shape) == (3 * 2 + 3) * (15 + 8 + 1)
     tile = DirectTile(v=4, mb=8, cb=2, box=(4, 16))

@@ -71,15 +71,16 @@ def test_forced_tiles_reading_a_repacked_weight(tile, dtype) -> None:
         check(geom, dtype, tile)
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["direct_forward", "gemm_forward"])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "gemm"])
 def test_non_finite_values_take_the_rare_path(direct) -> None:
     """An inf or NaN in A (the weight; the upstream gradient for the weight gradient) sends its slice down
     the masked path, which skips padding: exactly the cells the CPU tape makes non-finite are, with the
-    same signs, and the rest is close. The forward of its 6 channels runs the GEMM or the direct kernel
-    (whose careful path skips padding too)."""
-    geom = Geometry.build(Family.CONV, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    same signs, and the rest is close. The forward and input gradient (of 6 and 12 channels; stride 2: phases)
+    run their GEMMs or the direct kernel (whose careful path skips padding too)."""
+    geom = Geometry.build(Family.CONV, 12, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
     chooser = direct_tile if direct else no_direct
-    assert bool(plan(geom, direct_chooser=chooser).launches["forward"].kernel) is direct
+    launches = plan(geom, direct_chooser=chooser).launches
+    assert bool(launches["forward"].kernel) is direct and bool(launches["backward_input"].kernel) is direct
     rng = reference.case_rng("emulated non-finite")
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
@@ -105,24 +106,34 @@ def test_bias_gradient_split_into_parts(cells) -> None:
     check(geom, "float32")
 
 
-# The small-channel direct kernel (a direct-form stage of at most 16 dst channels, taken wherever it can be here,
-# not only where the plans take it): ranks 1-4, stride, padding,
-# dilation, groups, batches, V cells a thread that the last extent does not divide, several channel steps (CB),
-# and a transpose's backward_input.
+# The small-channel direct kernel (the conv-shaped stages of at most 16 dst channels, taken wherever they can be
+# here, not only where the plans take them): ranks 1-4, stride, padding, dilation, groups, batches, V cells a
+# thread that the last extent does not divide, several channel steps (CB), a transpose with output padding; in
+# the gather form phases of T and T - 1 taps, of one tap (k2 s2), and phases no offset reaches (K < S; gcd(S, D)
+# = 2).
 DIRECT_GEOMETRIES = [
     Geometry.build(Family.CONV, 3, 5, (11,), (3,), (1,), (1,)),
+    Geometry.build(Family.CONV, 5, 3, (13,), (7,), (2,), (3,), batch=2),
     Geometry.build(Family.CONV, 19, 6, (9, 10), (3, 3), (2, 1), (1, 2), dilation=(1, 2), batch=2),
+    Geometry.build(Family.CONV, 6, 3, (9, 10), (7, 5), (2, 3), (3, 1), batch=2),
     Geometry.build(Family.CONV, 6, 4, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 0, 1), groups=2, batch=3),
     Geometry.build(Family.CONV, 2, 3, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
+    Geometry.build(Family.CONV, 3, 4, (9,), (1,), (2,), (0,), batch=2),
+    Geometry.build(Family.CONV, 3, 4, (11, 9), (2, 3), (2, 2), (1, 1), dilation=(2, 2), batch=2),
     Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7), (3, 3), (2, 1), (1, 0), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 4, 3, (5, 6), (2, 2), (2, 2), (0, 0), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 6, 4, (5, 4, 3), (3, 2, 3), (2, 1, 3), (1, 0, 1), groups=2, batch=3,
+                   output_padding=(1, 0, 2)),
 ]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_direct_kernel_of_few_channels(dtype) -> None:
     for geom in DIRECT_GEOMETRIES:
-        stage = "forward" if geom.family is Family.CONV else "backward_input"
-        assert plan(geom, dtype=dtype, direct_chooser=direct_tile).launches[stage].kernel == f"{stage}_direct"
+        launches = plan(geom, dtype=dtype, direct_chooser=direct_tile).launches
+        # In both families the forward's dst channels are out_c, the input gradient's in_c.
+        for stage, dst_c in (("forward", geom.out_c), ("backward_input", geom.in_c)):
+            assert launches[stage].kernel == (f"{stage}_direct" if dst_c // geom.groups <= 16 else ""), geom
         check(geom, dtype, direct_chooser=direct_tile)
 
 

@@ -10,11 +10,12 @@
     !defined(IN0) || !defined(K0) || !defined(S0) || !defined(P0) || !defined(OUT0) || !defined(D0) || \
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
-    !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || \
-    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
-    !defined(BWI_DIRECT_BOX0) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
-    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
+    !defined(FWD_PACKED) || !defined(FWD_DIRECT) || !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || \
+    !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || !defined(BWI_BM) || !defined(BWI_BN) || \
+    !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || \
+    !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || \
+    !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -799,12 +800,13 @@ __device__ __forceinline__ void direct_row(const scalar* line, const scalar* wei
 }
 
 // The same row on the careful path (a staged weight is an inf or NaN): only source cells j = first + v * S + k * D
-// with 0 <= j < extent, padding skipped rather than multiplied as zeros. Not unrolled: it is rare.
-template <unsigned V, unsigned MB, unsigned MQ, unsigned K, unsigned S, unsigned D>
-__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, long long first,
-                                                  long long extent, scalar (&acc)[MB][V])
+// with 0 <= j < extent, padding skipped rather than multiplied as zeros, over the row's `taps` offsets. Not
+// unrolled: it is rare.
+template <unsigned V, unsigned MB, unsigned MQ, unsigned S, unsigned D>
+__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, unsigned taps,
+                                                  long long first, long long extent, scalar (&acc)[MB][V])
 {
-    for (unsigned k = 0; k < K; ++k) {
+    for (unsigned k = 0; k < taps; ++k) {
         for (unsigned v = 0; v < V; ++v) {
             const long long j = first + (long long)(v * S + k * D);
             if (j < 0 || j >= extent) continue;
@@ -875,13 +877,11 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r1_forward(
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
-    // Stride phases. Per axis, dst cell d = rho + S*u (rho = d mod S) collects only through the
-    // window offsets k with k*D = rho + P (mod S): k = phi + SG*r, SG = S / gcd(S, D), phi the
-    // least such k (none when gcd(S, D) does not divide rho + P: R = 0), r < R = ceil((K - phi) / SG),
-    // from source cell (rho + P - phi*D) / S + u - r*DG, DG = D / gcd(S, D) (exact divisions).
-    // Without dilation phi = (rho + P) mod S and SG = S. A block's columns are cells u of one phase
-    // (extents PU), so its reduction runs over (src channel block, r) with R0*R1*.. offsets instead
-    // of K_SIZE. With S = 1 on every axis there is one phase, r = k, and this is the plain gather.
+    // Stride phases (_phases.cu.j2): per axis, dst cell d = rho + S*u collects through the window
+    // offsets k = phi + SG*r, r < R, from source cell origin + u - r*DG. A block's columns are cells
+    // u of one phase (extents PU), so its reduction runs over (src channel block, r) with R0*R1*..
+    // offsets instead of K_SIZE. With S = 1 on every axis there is one phase, r = k, and this is
+    // the plain gather.
     constexpr unsigned PU0 = (OUT0 + S0 - 1) / S0;
     constexpr unsigned PHASES = 1u * S0;
     constexpr unsigned PHASE_N = (unsigned)(1ull * PU0);
@@ -1133,6 +1133,163 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r1_forward(
     }
 }
 
+// The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block stages a box's source
+// halo and weights for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.
+extern "C" __global__ void conv_transpose_r1_forward_direct(
+    const real* __restrict__ source,
+    const real* __restrict__ weight,
+    const real* __restrict__ bias,
+    const unsigned images,
+    real* __restrict__ dest)
+{
+    constexpr bool DIRECT = FWD_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
+    constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
+    constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
+    // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
+    constexpr unsigned E0 = (OUT0 + S0 - 1) / S0;  // the cells u of a phase
+    constexpr pos_t HS0 = 1, HD0 = D0 / gcd_of(S0, D0);
+    constexpr unsigned T0 = (K0 + S0 / gcd_of(S0, D0) - 1) / (S0 / gcd_of(S0, D0));  // R at most
+    constexpr unsigned BOX0 = FWD_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
+    static_assert(BOX0 % V == 0, "a thread's cells lie in one box");
+    constexpr unsigned LINE = BOX0 / V;  // threads along the last axis
+    constexpr unsigned THREADS = LINE;
+    constexpr unsigned HALO = 1u * H0;  // staged cells of a channel
+    constexpr unsigned TILES = 1u * TILES0;
+    constexpr unsigned T_SIZE = 1u * T0;
+    constexpr unsigned PHASES = 1u * S0;
+    constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
+    constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
+    constexpr unsigned STRIDE0 = 1u;  // of the staged halo
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
+    if constexpr (DIRECT) {
+        scalar* const ws = direct_shared;
+        scalar* const halo = direct_shared + WEIGHTS;
+        // Block -> (image, group, phase, dst channel block, box), box fastest.
+        const unsigned tile = blockIdx.x % TILES;
+        const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
+        [[maybe_unused]] const unsigned phase = blockIdx.x / TILES / M_BLOCKS % PHASES;
+        const unsigned group = blockIdx.x / TILES / M_BLOCKS / PHASES % GROUPS;
+        const unsigned image = blockIdx.x / TILES / M_BLOCKS / PHASES / GROUPS;
+        unsigned rest = tile;
+        const pos_t t0 = (pos_t)rest;
+        unsigned phase_rest = phase;
+        const pos_t rho0 = (pos_t)phase_rest;
+        constexpr pos_t SG0 = S0 / gcd_of(S0, D0), DG0 = D0 / gcd_of(S0, D0);
+        pos_t phi0 = (rho0 + P0) % S0;
+        if constexpr (D0 != 1) {
+            const pos_t residue = phi0;
+            phi0 = -1;  // none
+            for (pos_t t = SG0 - 1; t >= 0; --t) {
+                if (t * D0 % S0 == residue) phi0 = t;
+            }
+        }
+        const pos_t R0 = (D0 == 1 || phi0 >= 0) && phi0 < K0
+                             ? (K0 - phi0 + SG0 - 1) / SG0 : 0;
+        const pos_t origin0 = D0 == 1 ? (rho0 + P0) / S0
+                                           : (rho0 + P0 - phi0 * D0) / S0;
+        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+        const unsigned tid = threadIdx.x;
+        [[maybe_unused]] unsigned thread_rest = tid / LINE;
+        const pos_t b0 = (pos_t)(tid % LINE * V);
+        unsigned thread_offset = 0;  // of the thread's first window in the halo
+        bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
+        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+        // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
+        [[maybe_unused]] const pos_t taps0 = R0;
+        const pos_t first0 = t0 * (pos_t)BOX0 + origin0 - (R0 - 1) * DG0;  // the halo's first source cell
+        any_tap = any_tap && R0 > 0;
+        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+        const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
+        const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
+
+        scalar acc[MB][V];
+#pragma unroll
+        for (unsigned i = 0; i < MB; ++i) {
+            const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+#pragma unroll
+            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+        }
+#pragma unroll 1
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            __syncthreads();  // the last step's reads are done
+            bool rare = false;
+            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
+                unsigned rest = tap;
+                const pos_t r0 = (pos_t)rest;
+                bool tap_ok = true;
+                unsigned kappa = 0;
+                tap_ok = tap_ok && r0 < R0;
+                kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
+                                     ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
+                rare = rare || !isfinite(w);
+                ws[e] = w;
+            }
+            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
+                const unsigned c = c0 + e / HALO, h = e % HALO;
+                unsigned rest = h;
+                const pos_t h0 = (pos_t)rest;
+                bool inside = c < SRC_C;
+                unsigned offset = 0;
+                const pos_t j0 = first0 + h0;
+                inside = inside && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
+            }
+            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+            rare = __syncthreads_or(rare);
+            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+#pragma unroll 1
+            for (unsigned c = 0; c < CB; ++c) {
+                if (!rare) {
+                    // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
+                    constexpr unsigned T_SHORT = T0 > 1 ? T0 - 1 : 1;
+                    if (taps0 == (pos_t)T0) {
+                        const scalar* line = halo + c * HALO + thread_offset;
+                        const scalar* w_line = ws + c * T_SIZE * MQ;
+                        direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
+                    } else {
+                        const scalar* line = halo + c * HALO + thread_offset;
+                        const scalar* w_line = ws + c * T_SIZE * MQ;
+                        direct_row<V, MB, MQ, T_SHORT, HS0, HD0>(line, w_line, acc);
+                    }
+                } else {
+                    const scalar* line = halo + c * HALO + thread_offset;
+                    const scalar* w_line = ws + c * T_SIZE * MQ;
+                    bool inside = true;  // the row's outer coordinates lie in the source
+                    if (inside) {
+                        direct_row_inside<V, MB, MQ, HS0, HD0>(
+                            line, w_line, (unsigned)taps0, first0 + b0 * HS0, IN0, acc);
+                    }
+                }
+            }
+        }
+        // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
+        const bool row_inside = true;
+        unsigned row_offset = 0;
+        constexpr unsigned CELL_STEP = S0;  // between a thread's cells along the last axis
+        const pos_t d_first = rho0 + S0 * o0;
+        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * OUT_SIZE
+                                 + (size_t)row_offset * OUT0 + (unsigned)d_first;
+#pragma unroll
+        for (unsigned i = 0; i < MB; ++i) {
+#pragma unroll
+            for (unsigned v = 0; v < V; ++v) {
+                if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
+                    && d_first + (pos_t)(v * CELL_STEP) < OUT0) {
+                    out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                }
+            }
+        }
+    }
+}
+
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r1_forward_reduce(
     const scalar* __restrict__ partial,
@@ -1372,8 +1529,8 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r1_backward_input(
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
-// The same sums as the stage's GEMM, as a stencil: a block stages a box's source halo and weights for a few channels at
-// a time; launched instead of the GEMM where the plan's DIRECT is 1.
+// The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block stages a box's source
+// halo and weights for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.
 extern "C" __global__ void conv_transpose_r1_backward_input_direct(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -1384,25 +1541,33 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
-    constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (IN0 + BOX0 - 1) / BOX0;
-    constexpr unsigned H0 = (BOX0 - 1) * S0 + (K0 - 1) * D0 + 1;  // halo extent
+    // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
+    constexpr unsigned E0 = IN0;
+    constexpr pos_t HS0 = S0, HD0 = D0;
+    constexpr unsigned T0 = K0;
+    constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
     static_assert(BOX0 % V == 0, "a thread's cells lie in one box");
     constexpr unsigned LINE = BOX0 / V;  // threads along the last axis
     constexpr unsigned THREADS = LINE;
     constexpr unsigned HALO = 1u * H0;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0;
+    constexpr unsigned T_SIZE = 1u * T0;
+    constexpr unsigned PHASES = 1;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
-    constexpr unsigned WEIGHTS = CB * K_SIZE * MQ;
+    constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u;  // of the staged halo
-    // The weights first ([c][kappa][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
     __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
         scalar* const ws = direct_shared;
         scalar* const halo = direct_shared + WEIGHTS;
-        // Block -> (image, group, dst channel block, box), box fastest.
+        // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
-        const unsigned group = blockIdx.x / TILES / M_BLOCKS % GROUPS, image = blockIdx.x / TILES / M_BLOCKS / GROUPS;
+        [[maybe_unused]] const unsigned phase = blockIdx.x / TILES / M_BLOCKS % PHASES;
+        const unsigned group = blockIdx.x / TILES / M_BLOCKS / PHASES % GROUPS;
+        const unsigned image = blockIdx.x / TILES / M_BLOCKS / PHASES / GROUPS;
         unsigned rest = tile;
         const pos_t t0 = (pos_t)rest;
         // This thread: lane along the last axis (V cells each), then the outer axes of the box.
@@ -1410,9 +1575,11 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
         [[maybe_unused]] unsigned thread_rest = tid / LINE;
         const pos_t b0 = (pos_t)(tid % LINE * V);
         unsigned thread_offset = 0;  // of the thread's first window in the halo
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first dst cell
-        const pos_t origin0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
-        thread_offset += (unsigned)(b0 * S0) * STRIDE0;
+        bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
+        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+        [[maybe_unused]] constexpr pos_t taps0 = K0;
+        const pos_t first0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
+        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
 
@@ -1424,12 +1591,14 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
             for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
         }
 #pragma unroll 1
-        for (unsigned c0 = 0; c0 < SRC_C; c0 += CB) {
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
             __syncthreads();  // the last step's reads are done
             bool rare = false;
             for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned mq = e % MQ, kappa = e / MQ % K_SIZE, c = c0 + e / MQ / K_SIZE, mm = m0 + mq;
-                const scalar w = mq < MB && mm < M && c < SRC_C
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                constexpr bool tap_ok = true;
+                const unsigned kappa = tap;
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
                                      ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
                 rare = rare || !isfinite(w);
                 ws[e] = w;
@@ -1440,7 +1609,7 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
                 const pos_t h0 = (pos_t)rest;
                 bool inside = c < SRC_C;
                 unsigned offset = 0;
-                const pos_t j0 = origin0 + h0;
+                const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
                 offset = offset * OUT0 + (unsigned)j0;
                 halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
@@ -1453,30 +1622,33 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
             for (unsigned c = 0; c < CB; ++c) {
                 if (!rare) {
                     const scalar* line = halo + c * HALO + thread_offset;
-                    const scalar* w_line = ws + c * K_SIZE * MQ;
-                    direct_row<V, MB, MQ, K0, S0, D0>(line, w_line, acc);
+                    const scalar* w_line = ws + c * T_SIZE * MQ;
+                    direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
                 } else {
                     const scalar* line = halo + c * HALO + thread_offset;
-                    const scalar* w_line = ws + c * K_SIZE * MQ;
+                    const scalar* w_line = ws + c * T_SIZE * MQ;
                     bool inside = true;  // the row's outer coordinates lie in the source
                     if (inside) {
-                        direct_row_inside<V, MB, MQ, K0, S0, D0>(
-                            line, w_line, origin0 + b0 * S0, OUT0, acc);
+                        direct_row_inside<V, MB, MQ, HS0, HD0>(
+                            line, w_line, (unsigned)taps0, first0 + b0 * HS0, OUT0, acc);
                     }
                 }
             }
         }
-        // V consecutive cells of each dst channel: the lanes of a line write one run.
+        // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
         const bool row_inside = true;
         unsigned row_offset = 0;
+        constexpr unsigned CELL_STEP = 1;
+        const pos_t d_first = o0;
         real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * IN_SIZE
-                                 + (size_t)row_offset * IN0 + (unsigned)o0;
+                                 + (size_t)row_offset * IN0 + (unsigned)d_first;
 #pragma unroll
         for (unsigned i = 0; i < MB; ++i) {
 #pragma unroll
             for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o0 + (pos_t)v < IN0) {
-                    out[(size_t)i * IN_SIZE + v] = narrowed(acc[i][v]);
+                if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
+                    && d_first + (pos_t)(v * CELL_STEP) < IN0) {
+                    out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
                 }
             }
         }

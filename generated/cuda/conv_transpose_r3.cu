@@ -12,12 +12,13 @@
     !defined(IN2) || !defined(K2) || !defined(S2) || !defined(P2) || !defined(OUT2) || !defined(D2) || \
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
-    !defined(FWD_PACKED) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || \
-    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
-    !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWW_BM) || \
-    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
-    !defined(BWW_MIN_BLOCKS)
+    !defined(FWD_PACKED) || !defined(FWD_DIRECT) || !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || \
+    !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || \
+    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
+    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || \
+    !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || \
+    !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -803,12 +804,13 @@ __device__ __forceinline__ void direct_row(const scalar* line, const scalar* wei
 }
 
 // The same row on the careful path (a staged weight is an inf or NaN): only source cells j = first + v * S + k * D
-// with 0 <= j < extent, padding skipped rather than multiplied as zeros. Not unrolled: it is rare.
-template <unsigned V, unsigned MB, unsigned MQ, unsigned K, unsigned S, unsigned D>
-__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, long long first,
-                                                  long long extent, scalar (&acc)[MB][V])
+// with 0 <= j < extent, padding skipped rather than multiplied as zeros, over the row's `taps` offsets. Not
+// unrolled: it is rare.
+template <unsigned V, unsigned MB, unsigned MQ, unsigned S, unsigned D>
+__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, unsigned taps,
+                                                  long long first, long long extent, scalar (&acc)[MB][V])
 {
-    for (unsigned k = 0; k < K; ++k) {
+    for (unsigned k = 0; k < taps; ++k) {
         for (unsigned v = 0; v < V; ++v) {
             const long long j = first + (long long)(v * S + k * D);
             if (j < 0 || j >= extent) continue;
@@ -879,13 +881,11 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r3_forward(
     constexpr unsigned COLS = BN > THREADS ? BN / THREADS : 1;       // B columns a thread stages
     constexpr unsigned ROW_STEP = BN < THREADS ? THREADS / BN : 1;
     constexpr unsigned B_ROWS = (BK + ROW_STEP - 1) / ROW_STEP;      // ... and rows per column
-    // Stride phases. Per axis, dst cell d = rho + S*u (rho = d mod S) collects only through the
-    // window offsets k with k*D = rho + P (mod S): k = phi + SG*r, SG = S / gcd(S, D), phi the
-    // least such k (none when gcd(S, D) does not divide rho + P: R = 0), r < R = ceil((K - phi) / SG),
-    // from source cell (rho + P - phi*D) / S + u - r*DG, DG = D / gcd(S, D) (exact divisions).
-    // Without dilation phi = (rho + P) mod S and SG = S. A block's columns are cells u of one phase
-    // (extents PU), so its reduction runs over (src channel block, r) with R0*R1*.. offsets instead
-    // of K_SIZE. With S = 1 on every axis there is one phase, r = k, and this is the plain gather.
+    // Stride phases (_phases.cu.j2): per axis, dst cell d = rho + S*u collects through the window
+    // offsets k = phi + SG*r, r < R, from source cell origin + u - r*DG. A block's columns are cells
+    // u of one phase (extents PU), so its reduction runs over (src channel block, r) with R0*R1*..
+    // offsets instead of K_SIZE. With S = 1 on every axis there is one phase, r = k, and this is
+    // the plain gather.
     constexpr unsigned PU0 = (OUT0 + S0 - 1) / S0;
     constexpr unsigned PU1 = (OUT1 + S1 - 1) / S1;
     constexpr unsigned PU2 = (OUT2 + S2 - 1) / S2;
@@ -1217,6 +1217,284 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r3_forward(
     }
 }
 
+// The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block stages a box's source
+// halo and weights for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.
+extern "C" __global__ void conv_transpose_r3_forward_direct(
+    const real* __restrict__ source,
+    const real* __restrict__ weight,
+    const real* __restrict__ bias,
+    const unsigned images,
+    real* __restrict__ dest)
+{
+    constexpr bool DIRECT = FWD_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
+    constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
+    constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
+    // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
+    constexpr unsigned E0 = (OUT0 + S0 - 1) / S0;  // the cells u of a phase
+    constexpr pos_t HS0 = 1, HD0 = D0 / gcd_of(S0, D0);
+    constexpr unsigned T0 = (K0 + S0 / gcd_of(S0, D0) - 1) / (S0 / gcd_of(S0, D0));  // R at most
+    constexpr unsigned BOX0 = FWD_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
+    constexpr unsigned E1 = (OUT1 + S1 - 1) / S1;  // the cells u of a phase
+    constexpr pos_t HS1 = 1, HD1 = D1 / gcd_of(S1, D1);
+    constexpr unsigned T1 = (K1 + S1 / gcd_of(S1, D1) - 1) / (S1 / gcd_of(S1, D1));  // R at most
+    constexpr unsigned BOX1 = FWD_DIRECT_BOX1, TILES1 = (E1 + BOX1 - 1) / BOX1;
+    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // halo extent
+    constexpr unsigned E2 = (OUT2 + S2 - 1) / S2;  // the cells u of a phase
+    constexpr pos_t HS2 = 1, HD2 = D2 / gcd_of(S2, D2);
+    constexpr unsigned T2 = (K2 + S2 / gcd_of(S2, D2) - 1) / (S2 / gcd_of(S2, D2));  // R at most
+    constexpr unsigned BOX2 = FWD_DIRECT_BOX2, TILES2 = (E2 + BOX2 - 1) / BOX2;
+    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // halo extent
+    static_assert(BOX2 % V == 0, "a thread's cells lie in one box");
+    constexpr unsigned LINE = BOX2 / V;  // threads along the last axis
+    constexpr unsigned THREADS = LINE * BOX0 * BOX1;
+    constexpr unsigned HALO = 1u * H0 * H1 * H2;  // staged cells of a channel
+    constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2;
+    constexpr unsigned T_SIZE = 1u * T0 * T1 * T2;
+    constexpr unsigned PHASES = 1u * S0 * S1 * S2;
+    constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
+    constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
+    constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
+    constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
+    constexpr unsigned STRIDE2 = 1u;  // of the staged halo
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
+    if constexpr (DIRECT) {
+        scalar* const ws = direct_shared;
+        scalar* const halo = direct_shared + WEIGHTS;
+        // Block -> (image, group, phase, dst channel block, box), box fastest.
+        const unsigned tile = blockIdx.x % TILES;
+        const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
+        [[maybe_unused]] const unsigned phase = blockIdx.x / TILES / M_BLOCKS % PHASES;
+        const unsigned group = blockIdx.x / TILES / M_BLOCKS / PHASES % GROUPS;
+        const unsigned image = blockIdx.x / TILES / M_BLOCKS / PHASES / GROUPS;
+        unsigned rest = tile;
+        const pos_t t2 = (pos_t)(rest % nonzero(TILES2));
+        rest /= nonzero(TILES2);
+        const pos_t t1 = (pos_t)(rest % nonzero(TILES1));
+        rest /= nonzero(TILES1);
+        const pos_t t0 = (pos_t)rest;
+        unsigned phase_rest = phase;
+        const pos_t rho2 = (pos_t)(phase_rest % S2);
+        phase_rest /= S2;
+        const pos_t rho1 = (pos_t)(phase_rest % S1);
+        phase_rest /= S1;
+        const pos_t rho0 = (pos_t)phase_rest;
+        constexpr pos_t SG0 = S0 / gcd_of(S0, D0), DG0 = D0 / gcd_of(S0, D0);
+        pos_t phi0 = (rho0 + P0) % S0;
+        if constexpr (D0 != 1) {
+            const pos_t residue = phi0;
+            phi0 = -1;  // none
+            for (pos_t t = SG0 - 1; t >= 0; --t) {
+                if (t * D0 % S0 == residue) phi0 = t;
+            }
+        }
+        const pos_t R0 = (D0 == 1 || phi0 >= 0) && phi0 < K0
+                             ? (K0 - phi0 + SG0 - 1) / SG0 : 0;
+        const pos_t origin0 = D0 == 1 ? (rho0 + P0) / S0
+                                           : (rho0 + P0 - phi0 * D0) / S0;
+        constexpr pos_t SG1 = S1 / gcd_of(S1, D1), DG1 = D1 / gcd_of(S1, D1);
+        pos_t phi1 = (rho1 + P1) % S1;
+        if constexpr (D1 != 1) {
+            const pos_t residue = phi1;
+            phi1 = -1;  // none
+            for (pos_t t = SG1 - 1; t >= 0; --t) {
+                if (t * D1 % S1 == residue) phi1 = t;
+            }
+        }
+        const pos_t R1 = (D1 == 1 || phi1 >= 0) && phi1 < K1
+                             ? (K1 - phi1 + SG1 - 1) / SG1 : 0;
+        const pos_t origin1 = D1 == 1 ? (rho1 + P1) / S1
+                                           : (rho1 + P1 - phi1 * D1) / S1;
+        constexpr pos_t SG2 = S2 / gcd_of(S2, D2), DG2 = D2 / gcd_of(S2, D2);
+        pos_t phi2 = (rho2 + P2) % S2;
+        if constexpr (D2 != 1) {
+            const pos_t residue = phi2;
+            phi2 = -1;  // none
+            for (pos_t t = SG2 - 1; t >= 0; --t) {
+                if (t * D2 % S2 == residue) phi2 = t;
+            }
+        }
+        const pos_t R2 = (D2 == 1 || phi2 >= 0) && phi2 < K2
+                             ? (K2 - phi2 + SG2 - 1) / SG2 : 0;
+        const pos_t origin2 = D2 == 1 ? (rho2 + P2) / S2
+                                           : (rho2 + P2 - phi2 * D2) / S2;
+        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+        const unsigned tid = threadIdx.x;
+        [[maybe_unused]] unsigned thread_rest = tid / LINE;
+        const pos_t b1 = (pos_t)(thread_rest % BOX1);
+        thread_rest /= BOX1;
+        const pos_t b0 = (pos_t)thread_rest;
+        const pos_t b2 = (pos_t)(tid % LINE * V);
+        unsigned thread_offset = 0;  // of the thread's first window in the halo
+        bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
+        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+        // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
+        [[maybe_unused]] const pos_t taps0 = R0;
+        const pos_t first0 = t0 * (pos_t)BOX0 + origin0 - (R0 - 1) * DG0;  // the halo's first source cell
+        any_tap = any_tap && R0 > 0;
+        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+        const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
+        // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
+        [[maybe_unused]] const pos_t taps1 = R1;
+        const pos_t first1 = t1 * (pos_t)BOX1 + origin1 - (R1 - 1) * DG1;  // the halo's first source cell
+        any_tap = any_tap && R1 > 0;
+        thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
+        const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
+        // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
+        [[maybe_unused]] const pos_t taps2 = R2;
+        const pos_t first2 = t2 * (pos_t)BOX2 + origin2 - (R2 - 1) * DG2;  // the halo's first source cell
+        any_tap = any_tap && R2 > 0;
+        thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
+        const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
+        const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
+
+        scalar acc[MB][V];
+#pragma unroll
+        for (unsigned i = 0; i < MB; ++i) {
+            const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+#pragma unroll
+            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+        }
+#pragma unroll 1
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            __syncthreads();  // the last step's reads are done
+            bool rare = false;
+            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
+                unsigned rest = tap;
+                const pos_t r2 = (pos_t)(rest % nonzero(T2));
+                rest /= nonzero(T2);
+                const pos_t r1 = (pos_t)(rest % nonzero(T1));
+                rest /= nonzero(T1);
+                const pos_t r0 = (pos_t)rest;
+                bool tap_ok = true;
+                unsigned kappa = 0;
+                tap_ok = tap_ok && r0 < R0;
+                kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                tap_ok = tap_ok && r1 < R1;
+                kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
+                tap_ok = tap_ok && r2 < R2;
+                kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
+                                     ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
+                rare = rare || !isfinite(w);
+                ws[e] = w;
+            }
+            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
+                const unsigned c = c0 + e / HALO, h = e % HALO;
+                unsigned rest = h;
+                const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                rest /= nonzero(H2);
+                const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                rest /= nonzero(H1);
+                const pos_t h0 = (pos_t)rest;
+                bool inside = c < SRC_C;
+                unsigned offset = 0;
+                const pos_t j0 = first0 + h0;
+                inside = inside && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                const pos_t j1 = first1 + h1;
+                inside = inside && j1 >= 0 && j1 < IN1;
+                offset = offset * IN1 + (unsigned)j1;
+                const pos_t j2 = first2 + h2;
+                inside = inside && j2 >= 0 && j2 < IN2;
+                offset = offset * IN2 + (unsigned)j2;
+                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
+            }
+            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+            rare = __syncthreads_or(rare);
+            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+#pragma unroll 1
+            for (unsigned c = 0; c < CB; ++c) {
+                if (!rare) {
+                    // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
+                    constexpr unsigned T_SHORT = T2 > 1 ? T2 - 1 : 1;
+                    if (taps2 == (pos_t)T2) {
+#pragma unroll 1
+                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                            if (k0 >= taps0) break;
+                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                            const unsigned tap0 = (unsigned)k0;
+#pragma unroll
+                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                if (k1 >= taps1) break;
+                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+                                const scalar* line = halo + c * HALO + line1;
+                                const scalar* w_line = ws + (c * T_SIZE + tap1 * T2) * MQ;
+                                direct_row<V, MB, MQ, T2, HS2, HD2>(line, w_line, acc);
+                            }
+                        }
+                    } else {
+#pragma unroll 1
+                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                            if (k0 >= taps0) break;
+                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                            const unsigned tap0 = (unsigned)k0;
+#pragma unroll
+                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                if (k1 >= taps1) break;
+                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+                                const scalar* line = halo + c * HALO + line1;
+                                const scalar* w_line = ws + (c * T_SIZE + tap1 * T2) * MQ;
+                                direct_row<V, MB, MQ, T_SHORT, HS2, HD2>(line, w_line, acc);
+                            }
+                        }
+                    }
+                } else {
+#pragma unroll 1
+                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                        if (k0 >= taps0) break;
+                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                        const unsigned tap0 = (unsigned)k0;
+#pragma unroll 1
+                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                            if (k1 >= taps1) break;
+                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+                            const scalar* line = halo + c * HALO + line1;
+                            const scalar* w_line = ws + (c * T_SIZE + tap1 * T2) * MQ;
+                            bool inside = true;  // the row's outer coordinates lie in the source
+                            const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                            inside = inside && j0 >= 0 && j0 < IN0;
+                            const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
+                            inside = inside && j1 >= 0 && j1 < IN1;
+                            if (inside) {
+                                direct_row_inside<V, MB, MQ, HS2, HD2>(
+                                    line, w_line, (unsigned)taps2, first2 + b2 * HS2, IN2, acc);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
+        const bool row_inside = o0 < E0 && rho0 + S0 * o0 < OUT0 && o1 < E1 && rho1 + S1 * o1 < OUT1;
+        unsigned row_offset = 0;
+        row_offset = row_offset * OUT0 + (unsigned)(rho0 + S0 * o0);
+        row_offset = row_offset * OUT1 + (unsigned)(rho1 + S1 * o1);
+        constexpr unsigned CELL_STEP = S2;  // between a thread's cells along the last axis
+        const pos_t d_first = rho2 + S2 * o2;
+        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * OUT_SIZE
+                                 + (size_t)row_offset * OUT2 + (unsigned)d_first;
+#pragma unroll
+        for (unsigned i = 0; i < MB; ++i) {
+#pragma unroll
+            for (unsigned v = 0; v < V; ++v) {
+                if (row_inside && m0 + i < M && o2 + (pos_t)v < (pos_t)E2
+                    && d_first + (pos_t)(v * CELL_STEP) < OUT2) {
+                    out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                }
+            }
+        }
+    }
+}
+
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
 extern "C" __global__ void conv_transpose_r3_forward_reduce(
     const scalar* __restrict__ partial,
@@ -1474,8 +1752,8 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r3_backward_input(
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
 }
 
-// The same sums as the stage's GEMM, as a stencil: a block stages a box's source halo and weights for a few channels at
-// a time; launched instead of the GEMM where the plan's DIRECT is 1.
+// The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block stages a box's source
+// halo and weights for a few channels at a time; launched instead of the GEMM where the plan's DIRECT is 1.
 extern "C" __global__ void conv_transpose_r3_backward_input_direct(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -1486,31 +1764,45 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
-    constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (IN0 + BOX0 - 1) / BOX0;
-    constexpr unsigned H0 = (BOX0 - 1) * S0 + (K0 - 1) * D0 + 1;  // halo extent
-    constexpr unsigned BOX1 = BWI_DIRECT_BOX1, TILES1 = (IN1 + BOX1 - 1) / BOX1;
-    constexpr unsigned H1 = (BOX1 - 1) * S1 + (K1 - 1) * D1 + 1;  // halo extent
-    constexpr unsigned BOX2 = BWI_DIRECT_BOX2, TILES2 = (IN2 + BOX2 - 1) / BOX2;
-    constexpr unsigned H2 = (BOX2 - 1) * S2 + (K2 - 1) * D2 + 1;  // halo extent
+    // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
+    constexpr unsigned E0 = IN0;
+    constexpr pos_t HS0 = S0, HD0 = D0;
+    constexpr unsigned T0 = K0;
+    constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
+    constexpr unsigned E1 = IN1;
+    constexpr pos_t HS1 = S1, HD1 = D1;
+    constexpr unsigned T1 = K1;
+    constexpr unsigned BOX1 = BWI_DIRECT_BOX1, TILES1 = (E1 + BOX1 - 1) / BOX1;
+    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // halo extent
+    constexpr unsigned E2 = IN2;
+    constexpr pos_t HS2 = S2, HD2 = D2;
+    constexpr unsigned T2 = K2;
+    constexpr unsigned BOX2 = BWI_DIRECT_BOX2, TILES2 = (E2 + BOX2 - 1) / BOX2;
+    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // halo extent
     static_assert(BOX2 % V == 0, "a thread's cells lie in one box");
     constexpr unsigned LINE = BOX2 / V;  // threads along the last axis
     constexpr unsigned THREADS = LINE * BOX0 * BOX1;
     constexpr unsigned HALO = 1u * H0 * H1 * H2;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2;
+    constexpr unsigned T_SIZE = 1u * T0 * T1 * T2;
+    constexpr unsigned PHASES = 1;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
-    constexpr unsigned WEIGHTS = CB * K_SIZE * MQ;
+    constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u;  // of the staged halo
-    // The weights first ([c][kappa][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
     __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
         scalar* const ws = direct_shared;
         scalar* const halo = direct_shared + WEIGHTS;
-        // Block -> (image, group, dst channel block, box), box fastest.
+        // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
-        const unsigned group = blockIdx.x / TILES / M_BLOCKS % GROUPS, image = blockIdx.x / TILES / M_BLOCKS / GROUPS;
+        [[maybe_unused]] const unsigned phase = blockIdx.x / TILES / M_BLOCKS % PHASES;
+        const unsigned group = blockIdx.x / TILES / M_BLOCKS / PHASES % GROUPS;
+        const unsigned image = blockIdx.x / TILES / M_BLOCKS / PHASES / GROUPS;
         unsigned rest = tile;
         const pos_t t2 = (pos_t)(rest % nonzero(TILES2));
         rest /= nonzero(TILES2);
@@ -1525,15 +1817,19 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
         const pos_t b0 = (pos_t)thread_rest;
         const pos_t b2 = (pos_t)(tid % LINE * V);
         unsigned thread_offset = 0;  // of the thread's first window in the halo
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first dst cell
-        const pos_t origin0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
-        thread_offset += (unsigned)(b0 * S0) * STRIDE0;
-        const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first dst cell
-        const pos_t origin1 = t1 * (pos_t)(BOX1 * S1) - P1;  // the halo's first source cell
-        thread_offset += (unsigned)(b1 * S1) * STRIDE1;
-        const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first dst cell
-        const pos_t origin2 = t2 * (pos_t)(BOX2 * S2) - P2;  // the halo's first source cell
-        thread_offset += (unsigned)(b2 * S2) * STRIDE2;
+        bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
+        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+        [[maybe_unused]] constexpr pos_t taps0 = K0;
+        const pos_t first0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
+        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+        const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
+        [[maybe_unused]] constexpr pos_t taps1 = K1;
+        const pos_t first1 = t1 * (pos_t)(BOX1 * S1) - P1;  // the halo's first source cell
+        thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
+        const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
+        [[maybe_unused]] constexpr pos_t taps2 = K2;
+        const pos_t first2 = t2 * (pos_t)(BOX2 * S2) - P2;  // the halo's first source cell
+        thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
 
@@ -1545,12 +1841,14 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
             for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
         }
 #pragma unroll 1
-        for (unsigned c0 = 0; c0 < SRC_C; c0 += CB) {
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
             __syncthreads();  // the last step's reads are done
             bool rare = false;
             for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned mq = e % MQ, kappa = e / MQ % K_SIZE, c = c0 + e / MQ / K_SIZE, mm = m0 + mq;
-                const scalar w = mq < MB && mm < M && c < SRC_C
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                constexpr bool tap_ok = true;
+                const unsigned kappa = tap;
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
                                      ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
                 rare = rare || !isfinite(w);
                 ws[e] = w;
@@ -1565,13 +1863,13 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
                 const pos_t h0 = (pos_t)rest;
                 bool inside = c < SRC_C;
                 unsigned offset = 0;
-                const pos_t j0 = origin0 + h0;
+                const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
                 offset = offset * OUT0 + (unsigned)j0;
-                const pos_t j1 = origin1 + h1;
+                const pos_t j1 = first1 + h1;
                 inside = inside && j1 >= 0 && j1 < OUT1;
                 offset = offset * OUT1 + (unsigned)j1;
-                const pos_t j2 = origin2 + h2;
+                const pos_t j2 = first2 + h2;
                 inside = inside && j2 >= 0 && j2 < OUT2;
                 offset = offset * OUT2 + (unsigned)j2;
                 halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
@@ -1584,56 +1882,59 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
             for (unsigned c = 0; c < CB; ++c) {
                 if (!rare) {
 #pragma unroll 1
-                    for (pos_t k0 = 0; k0 < K0; ++k0) {
-                        const unsigned line0 = thread_offset + (unsigned)(k0 * D0) * STRIDE0;
-                        const unsigned kappa0 = (unsigned)k0;
+                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                        const unsigned tap0 = (unsigned)k0;
 #pragma unroll
-                        for (pos_t k1 = 0; k1 < K1; ++k1) {
-                            const unsigned line1 = line0 + (unsigned)(k1 * D1) * STRIDE1;
-                            const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
+                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
                             const scalar* line = halo + c * HALO + line1;
-                            const scalar* w_line = ws + (c * K_SIZE + kappa1 * K2) * MQ;
-                            direct_row<V, MB, MQ, K2, S2, D2>(line, w_line, acc);
+                            const scalar* w_line = ws + (c * T_SIZE + tap1 * T2) * MQ;
+                            direct_row<V, MB, MQ, T2, HS2, HD2>(line, w_line, acc);
                         }
                     }
                 } else {
 #pragma unroll 1
-                    for (pos_t k0 = 0; k0 < K0; ++k0) {
-                        const unsigned line0 = thread_offset + (unsigned)(k0 * D0) * STRIDE0;
-                        const unsigned kappa0 = (unsigned)k0;
+                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                        const unsigned tap0 = (unsigned)k0;
 #pragma unroll 1
-                        for (pos_t k1 = 0; k1 < K1; ++k1) {
-                            const unsigned line1 = line0 + (unsigned)(k1 * D1) * STRIDE1;
-                            const unsigned kappa1 = kappa0 * K1 + (unsigned)k1;
+                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
                             const scalar* line = halo + c * HALO + line1;
-                            const scalar* w_line = ws + (c * K_SIZE + kappa1 * K2) * MQ;
+                            const scalar* w_line = ws + (c * T_SIZE + tap1 * T2) * MQ;
                             bool inside = true;  // the row's outer coordinates lie in the source
-                            const pos_t j0 = origin0 + b0 * S0 + k0 * D0;
+                            const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
                             inside = inside && j0 >= 0 && j0 < OUT0;
-                            const pos_t j1 = origin1 + b1 * S1 + k1 * D1;
+                            const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
                             inside = inside && j1 >= 0 && j1 < OUT1;
                             if (inside) {
-                                direct_row_inside<V, MB, MQ, K2, S2, D2>(
-                                    line, w_line, origin2 + b2 * S2, OUT2, acc);
+                                direct_row_inside<V, MB, MQ, HS2, HD2>(
+                                    line, w_line, (unsigned)taps2, first2 + b2 * HS2, OUT2, acc);
                             }
                         }
                     }
                 }
             }
         }
-        // V consecutive cells of each dst channel: the lanes of a line write one run.
+        // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
         const bool row_inside = o0 < IN0 && o1 < IN1;
         unsigned row_offset = 0;
-        row_offset = row_offset * IN0 + (unsigned)o0;
-        row_offset = row_offset * IN1 + (unsigned)o1;
+        row_offset = row_offset * IN0 + (unsigned)(o0);
+        row_offset = row_offset * IN1 + (unsigned)(o1);
+        constexpr unsigned CELL_STEP = 1;
+        const pos_t d_first = o2;
         real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * IN_SIZE
-                                 + (size_t)row_offset * IN2 + (unsigned)o2;
+                                 + (size_t)row_offset * IN2 + (unsigned)d_first;
 #pragma unroll
         for (unsigned i = 0; i < MB; ++i) {
 #pragma unroll
             for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o2 + (pos_t)v < IN2) {
-                    out[(size_t)i * IN_SIZE + v] = narrowed(acc[i][v]);
+                if (row_inside && m0 + i < M && o2 + (pos_t)v < (pos_t)E2
+                    && d_first + (pos_t)(v * CELL_STEP) < IN2) {
+                    out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
                 }
             }
         }

@@ -25,12 +25,13 @@ __device__ __forceinline__ void direct_row(const scalar* line, const scalar* wei
 }
 
 // The same row on the careful path (a staged weight is an inf or NaN): only source cells j = first + v * S + k * D
-// with 0 <= j < extent, padding skipped rather than multiplied as zeros. Not unrolled: it is rare.
-template <unsigned V, unsigned MB, unsigned MQ, unsigned K, unsigned S, unsigned D>
-__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, long long first,
-                                                  long long extent, scalar (&acc)[MB][V])
+// with 0 <= j < extent, padding skipped rather than multiplied as zeros, over the row's `taps` offsets. Not
+// unrolled: it is rare.
+template <unsigned V, unsigned MB, unsigned MQ, unsigned S, unsigned D>
+__device__ __forceinline__ void direct_row_inside(const scalar* line, const scalar* weights, unsigned taps,
+                                                  long long first, long long extent, scalar (&acc)[MB][V])
 {
-    for (unsigned k = 0; k < K; ++k) {
+    for (unsigned k = 0; k < taps; ++k) {
         for (unsigned v = 0; v < V; ++v) {
             const long long j = first + (long long)(v * S + k * D);
             if (j < 0 || j >= extent) continue;
