@@ -5,16 +5,16 @@ implicit GEMM, and how its blocks are cut. Steers which kernel runs, never what 
 An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
 window the gather dominates (conv4d N8 8->8 16⁴: 298 µs forward as a GEMM, 18 TFLOP/s). The direct kernel
 stages a box's source halo once per step and slides each thread's cells over the window in registers.
-Measured on the H200 (benchmarks/measured/2026-12-01-h200-*direct-sweep*.txt, forward, µs, direct /
-GEMM): conv4d N8 8->8 16⁴ k3 214 / 298 and one image 45 / 50, N32 8->8 8⁴ 61 / 89, conv3d N8 8->8 32³ k3 40 /
-59; with 16 channels it lost (conv3d N16 16->16 16³: 49 / 45), with 9-offset windows it tied (conv2d N32
-16->16 56² 32 / 34, N8 3->16 224² 21 / 24, conv1d N32 8->8 k5 19 / 19) and with many source channels it lost
-(conv2d N32 64->8 56²: 81 / 65). The gather-form stages (backward_input of a conv, µs of the whole backward of
-one recorded forward, direct / GEMM; 2026-12-01-h200-*-direct-sweep-bwi.txt) follow the same rule: conv4d N8
-8->8 16⁴ 900 / 979, N32 8⁴ 238 / 270, conv3d N8 8->8 32³ 260 / 280; 16 channels 156 / 154, 9 offsets 111 / 113,
-an 8-channel dst with 64 source channels 192 / 189. With 3 dst channels, 64 source channels and phases of
-16 offsets (conv2d N32 3->64 224² k7 s2) it won, 1167 / 1310; with phases of 4 or 8 offsets (k4 s2, conv3d k3
-s2) it lost, 187 / 168 and 96 / 78.
+Measured on the H200 (benchmarks/measured/2026-12-01-h200-*direct-sweep*.txt, forward, µs, direct / GEMM, before
+the staging per cell of docs/DESIGN.md, which took conv4d N8 to 178-183): conv4d N8 8->8 16⁴ k3 214 / 298 and
+one image 45 / 50, N32 8->8 8⁴ 61 / 89, conv3d N8 8->8 32³ k3 40 / 59; with 16 channels it lost (conv3d N16
+16->16 16³: 49 / 45), with 9-offset windows it tied (conv2d N32 16->16 56² 32 / 34, N8 3->16 224² 21 / 24,
+conv1d N32 8->8 k5 19 / 19) and with many source channels it lost (conv2d N32 64->8 56²: 81 / 65). The
+gather-form stages (backward_input of a conv, µs of the whole backward of one recorded forward, direct / GEMM;
+2026-12-01-h200-*-direct-sweep-bwi.txt) follow the same rule: conv4d N8 8->8 16⁴ 900 / 979, N32 8⁴ 238 / 270,
+conv3d N8 8->8 32³ 260 / 280; 16 channels 156 / 154, 9 offsets 111 / 113, an 8-channel dst with 64 source
+channels 192 / 189. With 3 dst channels, 64 source channels and phases of 16 offsets (conv2d N32 3->64 224² k7
+s2) it won, 1167 / 1310; with phases of 4 or 8 offsets (k4 s2, conv3d k3 s2) it lost, 187 / 168 and 96 / 78.
 """
 
 from __future__ import annotations

@@ -1174,15 +1174,15 @@ extern "C" __global__ void conv_r3_forward_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h2 = (pos_t)(rest % nonzero(H2));
                 rest /= nonzero(H2);
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < IN0;
@@ -1193,7 +1193,12 @@ extern "C" __global__ void conv_r3_forward_direct(
                 const pos_t j2 = first2 + h2;
                 inside = inside && j2 >= 0 && j2 < IN2;
                 offset = offset * IN2 + (unsigned)j2;
-                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * IN_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
@@ -1828,15 +1833,15 @@ extern "C" __global__ void conv_r3_backward_input_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h2 = (pos_t)(rest % nonzero(H2));
                 rest /= nonzero(H2);
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
@@ -1847,7 +1852,12 @@ extern "C" __global__ void conv_r3_backward_input_direct(
                 const pos_t j2 = first2 + h2;
                 inside = inside && j2 >= 0 && j2 < OUT2;
                 offset = offset * OUT2 + (unsigned)j2;
-                halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * OUT_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);

@@ -1275,9 +1275,9 @@ extern "C" __global__ void conv_r7_forward_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h6 = (pos_t)(rest % nonzero(H6));
                 rest /= nonzero(H6);
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
@@ -1291,7 +1291,7 @@ extern "C" __global__ void conv_r7_forward_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < IN0;
@@ -1314,7 +1314,12 @@ extern "C" __global__ void conv_r7_forward_direct(
                 const pos_t j6 = first6 + h6;
                 inside = inside && j6 >= 0 && j6 < IN6;
                 offset = offset * IN6 + (unsigned)j6;
-                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * IN_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
@@ -2301,9 +2306,9 @@ extern "C" __global__ void conv_r7_backward_input_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h6 = (pos_t)(rest % nonzero(H6));
                 rest /= nonzero(H6);
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
@@ -2317,7 +2322,7 @@ extern "C" __global__ void conv_r7_backward_input_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
@@ -2340,7 +2345,12 @@ extern "C" __global__ void conv_r7_backward_input_direct(
                 const pos_t j6 = first6 + h6;
                 inside = inside && j6 >= 0 && j6 < OUT6;
                 offset = offset * OUT6 + (unsigned)j6;
-                halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * OUT_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);

@@ -1613,9 +1613,9 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
                 rest /= nonzero(H5);
                 const pos_t h4 = (pos_t)(rest % nonzero(H4));
@@ -1627,7 +1627,7 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < IN0;
@@ -1647,7 +1647,12 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                 const pos_t j5 = first5 + h5;
                 inside = inside && j5 >= 0 && j5 < IN5;
                 offset = offset * IN5 + (unsigned)j5;
-                halo[e] = inside ? load_element(src_values + (size_t)c * IN_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * IN_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
@@ -2232,9 +2237,9 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                 rare = rare || !isfinite(w);
                 ws[e] = w;
             }
-            for (unsigned e = tid; e < CB * HALO; e += THREADS) {
-                const unsigned c = c0 + e / HALO, h = e % HALO;
-                unsigned rest = h;
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
                 const pos_t h5 = (pos_t)(rest % nonzero(H5));
                 rest /= nonzero(H5);
                 const pos_t h4 = (pos_t)(rest % nonzero(H4));
@@ -2246,7 +2251,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                 const pos_t h1 = (pos_t)(rest % nonzero(H1));
                 rest /= nonzero(H1);
                 const pos_t h0 = (pos_t)rest;
-                bool inside = c < SRC_C;
+                bool inside = true;
                 unsigned offset = 0;
                 const pos_t j0 = first0 + h0;
                 inside = inside && j0 >= 0 && j0 < OUT0;
@@ -2266,7 +2271,12 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                 const pos_t j5 = first5 + h5;
                 inside = inside && j5 >= 0 && j5 < OUT5;
                 offset = offset * OUT5 + (unsigned)j5;
-                halo[e] = inside ? load_element(src_values + (size_t)c * OUT_SIZE + offset) : scalar(0);
+                const real* __restrict__ cell = src_values + (size_t)c0 * OUT_SIZE + offset;
+#pragma unroll
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                }
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
