@@ -146,8 +146,8 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     """How the direct kernel would cut a stage of at most DIRECT_MAX_M dst channels multiplied with FMAs, or
     None: V cells a thread while their source run fits DIRECT_MAX_SPAN, the first block size of `threads_tried`
     whose step of one source channel fits the shared memory, then as many channels a step as fit."""
-    if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0:
-        return None
+    if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
+        return None  # FMAs only, few dst channels, something to read and to write
     span = lambda v: (v - 1) * shape.step[-1] + (shape.taps[-1] - 1) * shape.spacing[-1] + 1  # noqa: E731
     v = min(DIRECT_CELLS, shape.cells[-1])
     while v > 1 and span(v) > DIRECT_MAX_SPAN:

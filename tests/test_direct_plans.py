@@ -69,6 +69,16 @@ def test_the_gather_form_runs_per_stride_phase():
     assert (shape.cells, shape.taps, shape.spacing, shape.phases) == ((6, 5), (2, 3), (1, 2), 4)
 
 
+def test_an_empty_input_axis_leaves_the_input_gradient_to_its_gemm():
+    """Padding alone gives an empty input axis output cells: the input gradient has no cells to write."""
+    geom = Geometry.build(Family.CONV, 3, 2, (5, 5, 0), (3, 3, 3), (1, 1, 3), (1, 1, 3), batch=2)
+    assert geom.out_spatial == (5, 5, 2)
+    assert direct_shapes(geom, 4, 0)["backward_input"].cells == (5, 5, 0)
+    p = plan(geom)
+    assert p.launches["forward"].kernel == "forward_direct"
+    assert not p.launches["backward_input"].kernel and p.launches["backward_input"].grid == 0
+
+
 def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_is_large():
     """Where the GEMM reuses each gathered value 3 times: the k7 s2 input gradient of 32 images runs direct (3584
     blocks), that of one image (112 blocks) and phases of 4 offsets (k4 s2) keep the GEMM."""
