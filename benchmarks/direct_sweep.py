@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Time one conv-shaped stage (`--stage`: the forward, or the backward_input) of small-channel conv cases under
-the small-channel direct kernel's tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
+"""Time one stage (`--stage`: the forward, the backward_input or the backward_weight) of small-channel conv cases
+under the small-channel direct kernels' tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
 direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the
-plans cut them). Back-to-back forwards, or backwards of one recorded forward (whose weight and bias gradients
-are the same kernels in every row), on the CUDA tape, CUDA events, median of rounds: at these sizes the GPU,
-not the host, sets the pace. Every row's output (y, or the input's gradient) is compared with the first's.
-Feeds docs/DESIGN.md's rule for when the plans take the direct kernel.
+plans cut them; none for the weight gradient). Back-to-back forwards, or backwards of one recorded forward (whose
+other stages are the same kernels in every row), on the CUDA tape, CUDA events, median of rounds: at these sizes
+the GPU, not the host, sets the pace. Every row's output (y, or the input's or weight's gradient) is compared
+with the first's. The weight gradient gets a row of its direct kernel wherever the kernel can take it. Feeds
+docs/DESIGN.md's rule for when the plans take the direct kernels.
 
-    python benchmarks/direct_sweep.py [--stage forward|backward_input] [--cases NAME,...] [--tile V,THREADS]...
-                                      [--rounds N] [--list]
+    python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
+                                      [--tile V,THREADS]... [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
 below. `--list` prints each row's tile without a GPU.
@@ -21,7 +22,16 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from convgen.direct_model import DirectShape, DirectTile, choose_direct, cut_tile, direct_shapes, direct_tile
+from convgen.direct_model import (
+    DirectShape,
+    DirectTile,
+    WeightTile,
+    choose_direct,
+    cut_tile,
+    direct_shapes,
+    direct_tile,
+    weight_shape,
+)
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
 from suite.contestants import convgen_op, make_device_inputs
@@ -37,7 +47,7 @@ EXTRA_CASES = (
     batched_conv("conv2d_3_64_k4s2_n32", "conv2d N32 3→64 112² k4 s2 p1", 32, 3, 64, (112, 112), 4, 2, 1, 0, 0),
     batched_conv("conv3d_4_32_s2_n8", "conv3d N8 4→32 32³ k3 s2 p1", 8, 4, 32, (32, 32, 32), 3, 2, 1, 0, 0),
 )
-STAGES = ("forward", "backward_input")
+STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
 Chooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
 
@@ -51,14 +61,19 @@ def parse_tile(text: str) -> tuple[int, int]:
 
 
 def stage_shape(case: Case, stage: str) -> DirectShape | None:
-    """The case's `stage` as the direct kernel sees it (float32, FMAs), if it is a convolution."""
-    return direct_shapes(case.geometry, 4, 0)[stage] if case.is_conv else None
+    """The case's `stage` as the direct kernels see it (float32, FMAs), if it is a convolution."""
+    if not case.is_conv:
+        return None
+    if stage == "backward_weight":
+        return weight_shape(case.geometry, 4, 0)
+    return direct_shapes(case.geometry, 4, 0)[stage]
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
     """The direct tile of `v` cells a thread and `threads` threads, cut as the plans cut one; None when the
-    stage has more dst channels than the kernel holds or one channel's step does not fit the shared memory."""
-    return cut_tile(shape, v, threads, hardware) if direct_tile(shape, hardware) else None
+    stage has more dst channels than the kernel holds or one channel's step does not fit the shared memory, and
+    for the weight gradient (whose tile has no such choice)."""
+    return cut_tile(shape, v, threads, hardware) if direct_tile(shape, hardware) and not shape.weight else None
 
 
 def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:
@@ -74,13 +89,19 @@ def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Ch
         tile = tile_of(shape, v, threads)
         if tile is not None:
             out.append((describe(tile), only(tile)))
+    weight = direct_tile(shape, H200) if shape.weight else None
+    if weight is not None and weight != planned:
+        out.append((describe(weight), only(weight)))
     return out
 
 
-def describe(tile: DirectTile | None) -> str:
+def describe(tile: DirectTile | WeightTile | None) -> str:
     if tile is None:
         return "(the GEMM)"
-    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{'x'.join(map(str, tile.box))}"
+    box = "x".join(map(str, tile.box))
+    if isinstance(tile, WeightTile):
+        return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} parts{tile.parts} box{box}"
+    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}"
 
 
 def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int
@@ -100,7 +121,7 @@ def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any],
         call, output = op, recorded.value(out)
     else:
         call = lambda: recorded.backward(out, inputs["seed"])  # noqa: E731
-        output = call().unwrap()[ids["x"]]
+        output = call().unwrap()[ids["x" if stage == "backward_input" else "weight"]]
     cupy.cuda.Device().synchronize()
     times = []
     for _ in range(rounds):

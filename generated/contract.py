@@ -70,11 +70,15 @@ HALF_MMA_MODE = 2
 ELEMENT_TYPES: dict[str, tuple[int, int]] = {'float32': (4, 0), 'float64': (8, 0), 'float16': (2, 0), 'bfloat16': (2, 1)}
 # <PREFIX>_PACKED (0/1), a define only of the stages with a `_pack` kernel: A read from the repacked weight.
 PACKED_FIELD = 'PACKED'
-# The defines of a direct-form stage's `_direct` kernel (the small-channel direct convolution): <PREFIX>_DIRECT
+# The defines of a conv-shaped stage's `_direct` kernel (the small-channel direct convolution): <PREFIX>_DIRECT
 # (1: launched instead of the stage's GEMM), _V (dst cells a thread owns along the last axis), _MB and _CB (dst
-# and source channels of a block's step), and per axis a <PREFIX>_DIRECT_BOX<a> (the block's box of dst cells).
+# and source channels of a block's step), and per axis a <PREFIX>_DIRECT_BOX<a> (the block's box of cells).
 DIRECT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_MB', 'DIRECT_CB')
 DIRECT_BOX_FIELD = 'DIRECT_BOX'
+# The weight gradient's `_direct` kernel: <PREFIX>_DIRECT, _V (D cells a thread reads at a time along the last
+# axis), _LANES (threads per U channel and outer window offsets) and the box of D's cells of a work item,
+# <PREFIX>_DIRECT_BOX<a>; its blocks per group (partial sums) are the stage's <PREFIX>_SPLIT.
+DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES')
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
 # FMA conv-shaped stages whose threads stage B rows at most this far apart read them from one pointer per
@@ -154,6 +158,12 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_weight", "real", False, True),
         ),
+        "backward_weight_direct": (
+            Param("d_values", "grad", "real", True, True),
+            Param("u_values", "x", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "grad_weight", "real", False, True),
+        ),
         "backward_weight_reduce": (
             Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_weight", "real", False, True),
@@ -214,6 +224,12 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("dest", "grad_x", "real", False, True),
         ),
         "backward_weight": (
+            Param("d_values", "x", "real", True, True),
+            Param("u_values", "grad", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "grad_weight", "real", False, True),
+        ),
+        "backward_weight_direct": (
             Param("d_values", "x", "real", True, True),
             Param("u_values", "grad", "real", True, True),
             Param("images", "images", "unsigned", True, False),
@@ -375,6 +391,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r1_backward_input_direct",
             "backward_input_reduce": "conv_r1_backward_input_reduce",
             "backward_weight": "conv_r1_backward_weight",
+            "backward_weight_direct": "conv_r1_backward_weight_direct",
             "backward_weight_reduce": "conv_r1_backward_weight_reduce",
             "backward_bias": "conv_r1_backward_bias",
             "backward_bias_reduce": "conv_r1_backward_bias_reduce",
@@ -385,7 +402,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "BWI_BM",
             "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -400,6 +418,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r2_backward_input_direct",
             "backward_input_reduce": "conv_r2_backward_input_reduce",
             "backward_weight": "conv_r2_backward_weight",
+            "backward_weight_direct": "conv_r2_backward_weight_direct",
             "backward_weight_reduce": "conv_r2_backward_weight_reduce",
             "backward_bias": "conv_r2_backward_bias",
             "backward_bias_reduce": "conv_r2_backward_bias_reduce",
@@ -411,7 +430,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
             "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -426,6 +445,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r3_backward_input_direct",
             "backward_input_reduce": "conv_r3_backward_input_reduce",
             "backward_weight": "conv_r3_backward_weight",
+            "backward_weight_direct": "conv_r3_backward_weight_direct",
             "backward_weight_reduce": "conv_r3_backward_weight_reduce",
             "backward_bias": "conv_r3_backward_bias",
             "backward_bias_reduce": "conv_r3_backward_bias_reduce",
@@ -437,7 +457,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT",
+            "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -452,6 +473,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r4_backward_input_direct",
             "backward_input_reduce": "conv_r4_backward_input_reduce",
             "backward_weight": "conv_r4_backward_weight",
+            "backward_weight_direct": "conv_r4_backward_weight_direct",
             "backward_weight_reduce": "conv_r4_backward_weight_reduce",
             "backward_bias": "conv_r4_backward_bias",
             "backward_bias_reduce": "conv_r4_backward_bias_reduce",
@@ -465,6 +487,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX3",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -479,6 +503,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r5_backward_input_direct",
             "backward_input_reduce": "conv_r5_backward_input_reduce",
             "backward_weight": "conv_r5_backward_weight",
+            "backward_weight_direct": "conv_r5_backward_weight_direct",
             "backward_weight_reduce": "conv_r5_backward_weight_reduce",
             "backward_bias": "conv_r5_backward_bias",
             "backward_bias_reduce": "conv_r5_backward_bias_reduce",
@@ -492,7 +517,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -507,6 +534,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r6_backward_input_direct",
             "backward_input_reduce": "conv_r6_backward_input_reduce",
             "backward_weight": "conv_r6_backward_weight",
+            "backward_weight_direct": "conv_r6_backward_weight_direct",
             "backward_weight_reduce": "conv_r6_backward_weight_reduce",
             "backward_bias": "conv_r6_backward_bias",
             "backward_bias_reduce": "conv_r6_backward_bias_reduce",
@@ -521,7 +549,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -536,6 +565,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r7_backward_input_direct",
             "backward_input_reduce": "conv_r7_backward_input_reduce",
             "backward_weight": "conv_r7_backward_weight",
+            "backward_weight_direct": "conv_r7_backward_weight_direct",
             "backward_weight_reduce": "conv_r7_backward_weight_reduce",
             "backward_bias": "conv_r7_backward_bias",
             "backward_bias_reduce": "conv_r7_backward_bias_reduce",
@@ -551,7 +581,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4",
             "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -566,6 +597,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_r8_backward_input_direct",
             "backward_input_reduce": "conv_r8_backward_input_reduce",
             "backward_weight": "conv_r8_backward_weight",
+            "backward_weight_direct": "conv_r8_backward_weight_direct",
             "backward_weight_reduce": "conv_r8_backward_weight_reduce",
             "backward_bias": "conv_r8_backward_bias",
             "backward_bias_reduce": "conv_r8_backward_bias_reduce",
@@ -581,7 +613,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -596,6 +630,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r1_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
+            "backward_weight_direct": "conv_transpose_r1_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
             "backward_bias": "conv_transpose_r1_backward_bias",
             "backward_bias_reduce": "conv_transpose_r1_backward_bias_reduce",
@@ -606,7 +641,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "BWI_BM",
             "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -621,6 +657,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r2_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
+            "backward_weight_direct": "conv_transpose_r2_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
             "backward_bias": "conv_transpose_r2_backward_bias",
             "backward_bias_reduce": "conv_transpose_r2_backward_bias_reduce",
@@ -632,7 +669,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
             "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -647,6 +684,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r3_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
+            "backward_weight_direct": "conv_transpose_r3_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
             "backward_bias": "conv_transpose_r3_backward_bias",
             "backward_bias_reduce": "conv_transpose_r3_backward_bias_reduce",
@@ -658,7 +696,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT",
+            "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -673,6 +712,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r4_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
+            "backward_weight_direct": "conv_transpose_r4_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
             "backward_bias": "conv_transpose_r4_backward_bias",
             "backward_bias_reduce": "conv_transpose_r4_backward_bias_reduce",
@@ -686,6 +726,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX3",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -700,6 +742,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r5_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
+            "backward_weight_direct": "conv_transpose_r5_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
             "backward_bias": "conv_transpose_r5_backward_bias",
             "backward_bias_reduce": "conv_transpose_r5_backward_bias_reduce",
@@ -713,7 +756,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -728,6 +773,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r6_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
+            "backward_weight_direct": "conv_transpose_r6_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
             "backward_bias": "conv_transpose_r6_backward_bias",
             "backward_bias_reduce": "conv_transpose_r6_backward_bias_reduce",
@@ -742,7 +788,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -757,6 +804,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r7_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
+            "backward_weight_direct": "conv_transpose_r7_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
             "backward_bias": "conv_transpose_r7_backward_bias",
             "backward_bias_reduce": "conv_transpose_r7_backward_bias_reduce",
@@ -772,7 +820,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
             "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4",
             "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS",
+            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -787,6 +836,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_direct": "conv_transpose_r8_backward_input_direct",
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
+            "backward_weight_direct": "conv_transpose_r8_backward_weight_direct",
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
             "backward_bias": "conv_transpose_r8_backward_bias",
             "backward_bias_reduce": "conv_transpose_r8_backward_bias_reduce",
@@ -802,7 +852,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

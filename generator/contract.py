@@ -52,6 +52,7 @@ PRECISION_MMA_MODES: dict[str, int] = {"highest": 0, "high": 3, "medium": 1}
 HALF_MMA_MODE = 2
 # The implicit-GEMM stages of the conv families, the prefix of their tile defines, and the fields.
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
+WEIGHT_STAGE = "backward_weight"
 # MIN_BLOCKS: the blocks per SM the kernel's registers are fitted to (__launch_bounds__ where above 1).
 TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "MIN_BLOCKS")
 # <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (every conv-shaped stage): A is read
@@ -76,6 +77,10 @@ COLUMN_POINTER_ROW_STEP = 2
 # CB source channels of a block's step, and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
 DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB")
 DIRECT_BOX_FIELD = "DIRECT_BOX"
+# The weight gradient's `_direct` kernel (templates/cuda/_direct_weight.cu.j2): V cells a thread reads at a time
+# along the last axis, LANES threads per (U channel, outer window offsets), and per axis the box of D's cells of
+# a work item; the stage's <PREFIX>_SPLIT is then its blocks per group (partial sums its reduce kernel adds up).
+DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
 
 
 def tile_defines(stage: str) -> tuple[str, ...]:
@@ -95,8 +100,8 @@ def direct_defines(family: Family, stage: str, rank: int) -> tuple[str, ...]:
     if not any(s.name == f"{stage}_direct" for s in FAMILY_STAGES[family]):
         return ()
     prefix = GEMM_STAGES[stage]
-    return (*(f"{prefix}_{field}" for field in DIRECT_FIELDS),
-            *(f"{prefix}_{DIRECT_BOX_FIELD}{a}" for a in range(rank)))
+    fields = DIRECT_WEIGHT_FIELDS if stage == WEIGHT_STAGE else DIRECT_FIELDS
+    return (*(f"{prefix}_{field}" for field in fields), *(f"{prefix}_{DIRECT_BOX_FIELD}{a}" for a in range(rank)))
 
 
 def pool_defines(family: Family) -> tuple[str, ...]:
@@ -204,6 +209,15 @@ def _direct(stage: Stage) -> Stage:
                  stage.layout)
 
 
+def _direct_weight(stage: Stage) -> Stage:
+    """The small-channel direct weight gradient: the weight stage's parameters and output (or its partial buffer,
+    which the stage's reduce kernel adds up), another kernel."""
+    return Stage(f"{stage.name}_direct", stage.params,
+                 "The same sums as the weight-gradient GEMM, as a stencil: a block stages a box of D and U's halo "
+                 "for all channels per work item, a thread per (U channel, outer window offsets) slides over the "
+                 "box; launched instead of the GEMM where the plan's DIRECT is 1.", stage.layout)
+
+
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
                    "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel "
                    "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
@@ -218,6 +232,10 @@ _CONV_BACKWARD_INPUT_STAGE = Stage(
     "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
     "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
     _CONV_BACKWARD_INPUT)
+_CONV_WEIGHT_STAGE = Stage(
+    "backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
+    "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
+    WeightRow("OUT", "OUT_C", "IN", "IN_C"))
 _CONV_STAGES = (
     _pack("forward", _CONV_FORWARD),
     _CONV_FORWARD_STAGE,
@@ -227,9 +245,8 @@ _CONV_STAGES = (
     _CONV_BACKWARD_INPUT_STAGE,
     _direct(_CONV_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
-    Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
-          "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
-          WeightRow("OUT", "OUT_C", "IN", "IN_C")),
+    _CONV_WEIGHT_STAGE,
+    _direct_weight(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,
@@ -246,6 +263,10 @@ _TRANSPOSE_BACKWARD_INPUT_STAGE = Stage(
     "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
     "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
     _TRANSPOSE_BACKWARD_INPUT)
+_TRANSPOSE_WEIGHT_STAGE = Stage(
+    "backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
+    "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",
+    WeightRow("IN", "IN_C", "OUT", "OUT_C"))
 _CONV_TRANSPOSE_STAGES = (
     _pack("forward", _TRANSPOSE_FORWARD),
     _TRANSPOSE_FORWARD_STAGE,
@@ -255,9 +276,8 @@ _CONV_TRANSPOSE_STAGES = (
     _TRANSPOSE_BACKWARD_INPUT_STAGE,
     _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
-    Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
-          "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",
-          WeightRow("IN", "IN_C", "OUT", "OUT_C")),
+    _TRANSPOSE_WEIGHT_STAGE,
+    _direct_weight(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,

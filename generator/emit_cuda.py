@@ -25,6 +25,7 @@ from convgen.generator.contract import (
     CONV_DEFINES,
     DIRECT_BOX_FIELD,
     DIRECT_FIELDS,
+    DIRECT_WEIGHT_FIELDS,
     ELEMENT_TYPES,
     FAMILY_STAGES,
     GEMM_STAGES,
@@ -115,7 +116,7 @@ def _kind(stage: Stage) -> str:
     if stage.name.endswith("_pack"):
         return "pack"
     if stage.name.endswith("_direct"):
-        return "direct"
+        return "weight_direct" if isinstance(stage.layout, WeightRow) else "direct"
     if isinstance(stage.layout, ConvRow):
         return "conv"
     if isinstance(stage.layout, WeightRow):
@@ -203,6 +204,7 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         element_types=ELEMENT_TYPES,
         tile_fields=TILE_FIELDS,
         direct_fields=DIRECT_FIELDS,
+        direct_weight_fields=DIRECT_WEIGHT_FIELDS,
         direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,

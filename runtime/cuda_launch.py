@@ -15,12 +15,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
-from convgen.direct_model import DirectChooser, DirectShape, DirectTile, choose_direct, direct_grid, direct_shapes
+from convgen.direct_model import (
+    DirectChooser,
+    DirectShape,
+    DirectTile,
+    WeightTile,
+    choose_direct,
+    direct_grid,
+    direct_shapes,
+    weight_shape,
+)
 from convgen.generated.contract import (
     BIAS_PREFIX,
     BIAS_STAGE,
     DIRECT_BOX_FIELD,
     DIRECT_FIELDS,
+    DIRECT_WEIGHT_FIELDS,
     ELEMENT_TYPES,
     GEMM_STAGES,
     HALF_MMA_MODE,
@@ -140,6 +150,16 @@ def _direct_defines(prefix: str, tile: DirectTile | None, rank: int) -> dict[str
             **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box)}}
 
 
+def _weight_direct_defines(prefix: str, tile: WeightTile | None, rank: int) -> dict[str, int]:
+    """The weight stage's direct-kernel defines: the tile's (its parts the stage's split), or all 1 but
+    <PREFIX>_DIRECT = 0 (the GEMM runs, split as its tile says)."""
+    fields = (1, tile.v, tile.lanes) if tile else (0, 1, 1)
+    box = tile.box if tile else (1,) * rank
+    split = {f"{prefix}_SPLIT": tile.parts} if tile else {}
+    return {**{f"{prefix}_{field}": value for field, value in zip(DIRECT_WEIGHT_FIELDS, fields)},
+            **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box)}, **split}
+
+
 def _direct_stage(stage: str, shape: DirectShape, tile: DirectTile, launches: dict[str, Launch],
                   splits: dict[str, int]) -> None:
     """Launches of a stage that runs its `_direct` kernel: no pack, no split, no reduce."""
@@ -174,11 +194,18 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
         launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, tile.split)
         splits[stage] = tile.split
-        if stage in stencils:  # a direct-form stage: its `_direct` kernel where the chooser gives a tile
+        if stage in stencils:  # a conv-shaped stage: its `_direct` kernel where the chooser gives a tile
             direct = direct_chooser(stencils[stage], hardware)
             values.update(_direct_defines(prefix, direct, geom.rank))
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
+        else:  # the weight gradient: its `_direct` kernel likewise, its parts summed by its reduce kernel
+            weight = direct_chooser(weight_shape(bucketed, staged_bytes, mma), hardware)
+            values.update(_weight_direct_defines(prefix, weight, geom.rank))
+            if weight and count:
+                launches[stage] = Launch(geom.groups * weight.parts, weight.threads, kernel=f"{stage}_direct")
+                launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
+                splits[stage] = weight.parts
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)

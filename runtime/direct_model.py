@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import Hardware, ceil_div
+from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware, ceil_div
 
 DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
 # When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...
@@ -43,6 +43,12 @@ DIRECT_CELLS = 2  # V: consecutive dst cells a thread owns along the last axis .
 DIRECT_MAX_SPAN = 32  # ... while the source run they read stays within this many registers
 DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
 DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers; the halo's size bounds it)
+# The direct weight gradient: a thread per (U channel, outer window offsets) and lane holds M x K_last sums ...
+WEIGHT_MAX_ROWS = 256  # ... of at most this many rows a block (one thread each, and lanes up to this many threads)
+WEIGHT_MAX_SUMS = 64  # ... and registers
+WEIGHT_MAX_BOX_CELLS = 512  # a work item's box of D's cells grows to this many while its staging fits
+WEIGHT_BOX_LAST = 32  # cells of the box along the last axis at most
+WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC: 64-72 in float32, ~100 in float64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +68,9 @@ class DirectShape:
     groups: int
     staged_bytes: int  # of a value in shared memory: 8 for float64, else 4 (16-bit elements widen)
     mma: int  # the stage's MMA_MODE: the direct kernel multiplies with FMAs only
+    # The weight gradient (its own kernel, _direct_weight.cu.j2): `cells` are D's, `m` D's channels, `source_c`
+    # U's, and `images` the batch its split is chosen for (the plan's bucket: the split is a define).
+    weight: bool = False
 
     @property
     def window(self) -> int:
@@ -84,7 +93,23 @@ class DirectTile:
         return math.prod(self.box[:-1]) * (self.box[-1] // self.v)
 
 
-DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
+@dataclass(frozen=True, slots=True)
+class WeightTile:
+    """The direct weight gradient's blocks: `parts` blocks a group split the work items (image, box of D's cells
+    `box`); in a block `lanes` threads per (U channel, outer window offsets), each reading V cells at a time."""
+
+    v: int
+    lanes: int
+    box: tuple[int, ...]
+    parts: int
+    rows: int  # U channels x outer window offsets
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.lanes
+
+
+DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | WeightTile | None"]
 
 
 def direct_shapes(geom: Geometry, staged_bytes: int, mma: int) -> dict[str, DirectShape]:
@@ -146,6 +171,8 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     """How the direct kernel would cut a stage of at most DIRECT_MAX_M dst channels multiplied with FMAs, or
     None: V cells a thread while their source run fits DIRECT_MAX_SPAN, the first block size of `threads_tried`
     whose step of one source channel fits the shared memory, then as many channels a step as fit."""
+    if shape.weight:
+        return weight_tile(shape, hardware)
     if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
         return None  # FMAs only, few dst channels, something to read and to write
     span = lambda v: (v - 1) * shape.step[-1] + (shape.taps[-1] - 1) * shape.spacing[-1] + 1  # noqa: E731
@@ -178,6 +205,8 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
         return None
     if max(shape.m, shape.source_c) <= DIRECT_PLAN_MAX_CHANNELS and shape.window >= DIRECT_MIN_WINDOW:
         return tile
+    if shape.weight:
+        return None
     few_dst = shape.m <= DIRECT_FEW_DST and shape.window >= DIRECT_FEW_DST_MIN_WINDOW
     enough_blocks = direct_grid(tile, shape) >= DIRECT_FEW_DST_MIN_BLOCKS_PER_SM * hardware.sm_count
     return tile if few_dst and enough_blocks else None
@@ -192,3 +221,61 @@ def direct_grid(tile: DirectTile, shape: DirectShape) -> int:
     """Blocks of a launch: (image, group, phase, dst channel block, box)."""
     boxes = math.prod(ceil_div(d, b) for d, b in zip(shape.cells, tile.box))
     return shape.images * shape.groups * shape.phases * ceil_div(shape.m, tile.mb) * boxes
+
+
+def weight_shape(geom: Geometry, staged_bytes: int, mma: int) -> DirectShape:
+    """The weight-gradient stage of a conv-family geometry as the direct weight kernel sees it, per group: dW[m, c,
+    k] sums D[m, p] * U[c, p*S + k*D - P] over D's cells p (conv: D the output gradient, U the input; transpose:
+    D the input, U the output gradient); `geom.images` should be the plan's bucket of the batch."""
+    in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
+    conv = geom.family is Family.CONV
+    return DirectShape(cells=geom.out_spatial if conv else geom.in_spatial, taps=geom.kernel, step=geom.stride,
+                       spacing=geom.dilation, phases=1, m=out_c if conv else in_c, source_c=in_c if conv else out_c,
+                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, mma=mma, weight=True)
+
+
+def weight_staged(box: tuple[int, ...], shape: DirectShape) -> int:
+    """Values a work item stages: the box of D's M channels and U's halo of its channels."""
+    return shape.m * math.prod(box) + shape.source_c * halo(box, shape)
+
+
+def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
+    """How the direct weight kernel would cut a weight-gradient stage multiplied with FMAs, or None: rows of at most
+    WEIGHT_MAX_ROWS (U channels x outer window offsets) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1
+    cells a read, the last axis of the box up to WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the
+    innermost out while the staging fits the shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes
+    up to WEIGHT_MAX_ROWS threads; parts to fill the SMs once, within the split workspace."""
+    rows = shape.source_c * math.prod(shape.taps[:-1])
+    if shape.mma or 0 in shape.cells or not 1 <= rows <= WEIGHT_MAX_ROWS or not 1 <= shape.m:
+        return None
+    if shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
+        return None
+    capacity = hardware.shared_per_block // shape.staged_bytes
+    *outer, last = shape.cells
+    v = 4 if last >= 4 else 2 if last >= 2 else 1
+    box = [1] * len(outer) + [min(ceil_div(last, v) * v, WEIGHT_BOX_LAST)]
+    if weight_staged(tuple(box), shape) > capacity:
+        return None
+    grown = True
+    while grown:
+        grown = False
+        for a in reversed(range(len(outer))):
+            wider = [*box[:a], box[a] * 2, *box[a + 1:]]
+            if box[a] < outer[a] and math.prod(wider) <= WEIGHT_MAX_BOX_CELLS and weight_staged(tuple(wider), shape) \
+                    <= capacity:
+                box, grown = wider, True
+    lanes = max(1, min(WEIGHT_MAX_ROWS // rows, math.prod(box[:-1])))  # lanes take the box's lines in turn
+    threads = rows * lanes
+    staged_bytes = max(weight_staged(tuple(box), shape), threads * shape.m * shape.taps[-1] if lanes > 1 else 0) * \
+        shape.staged_bytes
+    if staged_bytes > hardware.shared_per_block:
+        return None
+    registers = WEIGHT_REGISTERS * shape.staged_bytes // 4
+    resident = max(1, min(hardware.shared_per_sm // (staged_bytes + hardware.shared_reserved_per_block),
+                          hardware.threads_per_sm // threads, hardware.registers_per_sm // (registers * threads),
+                          hardware.blocks_per_sm))
+    items = shape.images * math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box))
+    weights = shape.groups * shape.m * shape.source_c * math.prod(shape.taps)
+    workspace = SPLIT_WORKSPACE_BYTES // (weights * shape.staged_bytes)
+    parts = max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups), workspace))
+    return WeightTile(v=v, lanes=lanes, box=tuple(box), parts=parts, rows=rows)

@@ -4,6 +4,7 @@ else keeps its GEMM."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -18,6 +19,7 @@ from convgen.direct_model import (
     direct_tile,
     halo,
     no_direct,
+    weight_shape,
 )
 from convgen.geometry import Family, Geometry
 
@@ -36,12 +38,19 @@ def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_and_input_gra
     assert p.defines["FWD_DIRECT_CB"] == 2
     # Nothing else of the GEMM forward runs: no pack, no split, no reduce.
     assert (p.launches["forward_pack"].grid, p.launches["forward_reduce"].grid, p.splits["forward"]) == (0, 0, 1)
-    # Stride 1: the gather-form backward_input is one phase of the same stencil, flipped; the weight gradient
-    # stays a GEMM.
+    # Stride 1: the gather-form backward_input is one phase of the same stencil, flipped.
     backward_input = p.launches["backward_input"]
     assert (backward_input.kernel, backward_input.block, backward_input.grid) == ("backward_input_direct", 256, 1024)
     assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [2, 8, 2]
-    assert not p.launches["backward_weight"].kernel
+    # The weight gradient: a thread per (input channel, outer window offsets), 8 x 27 = 216; boxes of 2 x 2 x 2 x
+    # 16 cells of the output gradient (8 x 128 of it and 8 x 4 x 4 x 4 x 18 of the input's halo: 40 KB), 4 cells a
+    # read; 528 blocks (4 an SM by the registers) split 8 images x 512 boxes, their partial sums reduced.
+    weight = p.launches["backward_weight"]
+    assert (weight.kernel, weight.block, weight.grid) == ("backward_weight_direct", 216, 528)
+    assert [p.defines[f"BWW_DIRECT_{field}"] for field in ("V", "LANES")] == [4, 1]
+    assert [p.defines[f"BWW_DIRECT_BOX{a}"] for a in range(4)] == [2, 2, 2, 16]
+    assert p.splits["backward_weight"] == p.defines["BWW_SPLIT"] == 528
+    assert p.launches["backward_weight_reduce"].grid > 0
 
 
 def test_a_transpose_runs_both_stages_direct_where_its_phases_have_27_offsets():
@@ -124,8 +133,28 @@ def test_groups_count_their_own_channels():
 def test_without_a_direct_tile_every_stage_runs_its_gemm_and_the_defines_say_so():
     p = plan(CONV4D_N8, direct_chooser=no_direct)
     assert not any(launch.kernel for launch in p.launches.values())
-    assert p.defines["FWD_DIRECT"] == 0
+    assert p.defines["FWD_DIRECT"] == p.defines["BWI_DIRECT"] == p.defines["BWW_DIRECT"] == 0
     assert all(p.defines[f"FWD_DIRECT_{field}"] == 1 for field in ("V", "MB", "CB", "BOX0", "BOX3"))
+    assert all(p.defines[f"BWW_DIRECT_{field}"] == 1 for field in ("V", "LANES", "BOX0", "BOX3"))
+    assert p.defines["BWW_SPLIT"] == p.splits["backward_weight"]  # the GEMM tile's own split
+
+
+def test_the_weight_gradient_runs_direct_for_few_channels_and_large_windows():
+    """The conv's (input channels x outer offsets rows) and the transpose's (output channels); 16 channels and
+    9-offset windows keep the GEMM, and so do the tensor-core precisions; the split is chosen for the batch's
+    bucket (a power of two), so batches of 5 to 8 share the defines."""
+    for family in (Family.CONV, Family.CONV_TRANSPOSE):
+        geom = Geometry.build(family, 8, 4, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=6)
+        shape = weight_shape(geom, 4, 0)
+        rows = (8 if family is Family.CONV else 4) * 9
+        assert (shape.m * shape.source_c, direct_tile(shape, H200).rows) == (32, rows)
+        p = plan(geom)
+        assert p.launches["backward_weight"].kernel == "backward_weight_direct"
+        assert p.defines == plan(dataclasses.replace(geom, batch=8)).defines
+        assert not plan(geom, precision="medium").launches["backward_weight"].kernel
+    for geom in (Geometry.build(Family.CONV, 16, 16, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2),
+                 Geometry.build(Family.CONV, 8, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2)):
+        assert not plan(geom).launches["backward_weight"].kernel
 
 
 def test_boxes_fill_the_last_axis_first_then_double_the_others_innermost_first():
