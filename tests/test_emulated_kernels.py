@@ -9,6 +9,8 @@ GPU."""
 
 from __future__ import annotations
 
+import math
+
 import shutil
 import sys
 from pathlib import Path
@@ -106,8 +108,8 @@ def test_bias_gradient_split_into_parts(cells) -> None:
     check(geom, "float32")
 
 
-# The small-channel direct kernel (the conv-shaped stages of at most 16 dst channels, taken wherever they can be
-# here, not only where the plans take them): ranks 1-4, stride, padding, dilation, groups, batches, V cells a
+# The small-channel direct kernels (the conv-shaped stages of at most 16 dst channels and the weight gradient,
+# taken wherever they can be here, not only where the plans take them): ranks 1-4, stride, padding, dilation, groups, batches, V cells a
 # thread that the last extent does not divide, several channel steps (CB), a transpose with output padding; in
 # the gather form phases of T and T - 1 taps, of one tap (k2 s2), and phases no offset reaches (K < S; gcd(S, D)
 # = 2).
@@ -134,6 +136,10 @@ def test_direct_kernel_of_few_channels(dtype) -> None:
         # In both families the forward's dst channels are out_c, the input gradient's in_c.
         for stage, dst_c in (("forward", geom.out_c), ("backward_input", geom.in_c)):
             assert launches[stage].kernel == (f"{stage}_direct" if dst_c // geom.groups <= 16 else ""), geom
+        # The weight gradient's direct kernel: rows of U channels x outer window offsets, M x K_last sums each.
+        u_c, d_c = (geom.in_c, geom.out_c) if geom.family is Family.CONV else (geom.out_c, geom.in_c)
+        rows, sums = u_c // geom.groups * math.prod(geom.kernel[:-1]), d_c // geom.groups * geom.kernel[-1]
+        assert bool(launches["backward_weight"].kernel) is (rows <= 256 and sums <= 64), geom
         check(geom, dtype, direct_chooser=direct_tile)
 
 
