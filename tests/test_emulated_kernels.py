@@ -10,7 +10,6 @@ GPU."""
 from __future__ import annotations
 
 import math
-
 import shutil
 import sys
 from pathlib import Path
