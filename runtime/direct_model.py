@@ -1,6 +1,7 @@
-"""The small-channel direct convolution: when a conv-shaped stage (forward or backward_input: one of the direct
-form, the other gathered per stride phase) runs as a stencil (templates/cuda/_direct_conv.cu.j2) instead of its
-implicit GEMM, and how its blocks are cut. Steers which kernel runs, never what is computed.
+"""The small-channel direct kernels: when a conv-shaped stage (forward or backward_input: one of the direct form,
+the other gathered per stride phase) runs as a stencil (templates/cuda/_direct_conv.cu.j2), or the weight gradient
+as its direct kernel (templates/cuda/_direct_weight.cu.j2, `weight_shape`, `weight_tile`), instead of the stage's
+implicit GEMM, and how their blocks are cut. Steers which kernel runs, never what is computed.
 
 An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
 window the gather dominates (conv4d N8 8->8 16⁴: 298 µs forward as a GEMM, 18 TFLOP/s). The direct kernel
