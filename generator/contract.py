@@ -201,21 +201,17 @@ def _pack(stage: str, layout: ConvRow) -> Stage:
 
 
 def _direct(stage: Stage) -> Stage:
-    """The small-channel direct convolution of a conv-shaped stage: its parameters and output, another kernel."""
-    return Stage(f"{stage.name}_direct", stage.params,
-                 "The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block "
-                 "stages a box's source halo and weights for a few channels at a time; launched instead of the GEMM "
-                 "where the plan's DIRECT is 1.",
-                 stage.layout)
-
-
-def _direct_weight(stage: Stage) -> Stage:
-    """The small-channel direct weight gradient: the weight stage's parameters and output (or its partial buffer,
-    which the stage's reduce kernel adds up), another kernel."""
-    return Stage(f"{stage.name}_direct", stage.params,
-                 "The same sums as the weight-gradient GEMM, as a stencil: a block stages a box of D and U's halo "
-                 "for all channels per work item, a thread per (U channel, outer window offsets) slides over the "
-                 "box; launched instead of the GEMM where the plan's DIRECT is 1.", stage.layout)
+    """The small-channel direct kernel of a conv stage (conv-shaped, or the weight gradient): its parameters and
+    output (the weight gradient's, or its partial buffer, which the stage's reduce kernel adds up), another kernel."""
+    if isinstance(stage.layout, WeightRow):
+        summary = ("The same sums as the weight-gradient GEMM, as a stencil: a block stages a box of D and U's halo "
+                   "for all channels per work item, a thread per (U channel, outer window offsets) slides over the "
+                   "box; launched instead of the GEMM where the plan's DIRECT is 1.")
+    else:
+        summary = ("The same sums as the stage's GEMM, as a stencil (per stride phase in the gather form): a block "
+                   "stages a box's source halo and weights for a few channels at a time; launched instead of the GEMM "
+                   "where the plan's DIRECT is 1.")
+    return Stage(f"{stage.name}_direct", stage.params, summary, stage.layout)
 
 
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
@@ -246,7 +242,7 @@ _CONV_STAGES = (
     _direct(_CONV_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _CONV_WEIGHT_STAGE,
-    _direct_weight(_CONV_WEIGHT_STAGE),
+    _direct(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,
@@ -277,7 +273,7 @@ _CONV_TRANSPOSE_STAGES = (
     _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _TRANSPOSE_WEIGHT_STAGE,
-    _direct_weight(_TRANSPOSE_WEIGHT_STAGE),
+    _direct(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,

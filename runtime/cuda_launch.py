@@ -19,7 +19,6 @@ from convgen.direct_model import (
     DirectChooser,
     DirectShape,
     DirectTile,
-    WeightTile,
     choose_direct,
     direct_grid,
     direct_shapes,
@@ -142,22 +141,13 @@ def batch_bucket(images: int) -> int:
     return 1 << max(images - 1, 0).bit_length()
 
 
-def _direct_defines(prefix: str, tile: DirectTile | None, rank: int) -> dict[str, int]:
-    """A direct-form stage's direct-kernel defines: the tile's, or all 1 but <PREFIX>_DIRECT = 0 (the GEMM runs)."""
-    fields = (1, tile.v, tile.mb, tile.cb) if tile else (0, 1, 1, 1)
-    box = tile.box if tile else (1,) * rank
-    return {**{f"{prefix}_{field}": value for field, value in zip(DIRECT_FIELDS, fields)},
-            **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box)}}
-
-
-def _weight_direct_defines(prefix: str, tile: WeightTile | None, rank: int) -> dict[str, int]:
-    """The weight stage's direct-kernel defines: the tile's (its parts the stage's split), or all 1 but
-    <PREFIX>_DIRECT = 0 (the GEMM runs, split as its tile says)."""
-    fields = (1, tile.v, tile.lanes) if tile else (0, 1, 1)
-    box = tile.box if tile else (1,) * rank
-    split = {f"{prefix}_SPLIT": tile.parts} if tile else {}
-    return {**{f"{prefix}_{field}": value for field, value in zip(DIRECT_WEIGHT_FIELDS, fields)},
-            **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box)}, **split}
+def _direct_defines(prefix: str, fields: tuple[str, ...], values: tuple[int, ...] | None,
+                    box: tuple[int, ...] | None, rank: int) -> dict[str, int]:
+    """A stage's direct-kernel defines: `fields` set to `values` and the box, or all 1 but <PREFIX>_DIRECT = 0
+    when `values` is None (the GEMM runs)."""
+    values = values or (0, *(1 for _ in fields[1:]))
+    return {**{f"{prefix}_{field}": value for field, value in zip(fields, values, strict=True)},
+            **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box or (1,) * rank)}}
 
 
 def _direct_stage(stage: str, shape: DirectShape, tile: DirectTile, launches: dict[str, Launch],
@@ -196,12 +186,16 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         splits[stage] = tile.split
         if stage in stencils:  # a conv-shaped stage: its `_direct` kernel where the chooser gives a tile
             direct = direct_chooser(stencils[stage], hardware)
-            values.update(_direct_defines(prefix, direct, geom.rank))
+            values.update(_direct_defines(prefix, DIRECT_FIELDS, direct and (1, direct.v, direct.mb, direct.cb),
+                                          direct and direct.box, geom.rank))
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
         else:  # the weight gradient: its `_direct` kernel likewise, its parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes, mma), hardware)
-            values.update(_weight_direct_defines(prefix, weight, geom.rank))
+            values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
+                                          weight and weight.box, geom.rank))
+            if weight:  # its parts are the stage's split
+                values[f"{prefix}_SPLIT"] = weight.parts
             if weight and count:
                 launches[stage] = Launch(geom.groups * weight.parts, weight.threads, kernel=f"{stage}_direct")
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
