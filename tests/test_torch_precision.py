@@ -78,7 +78,8 @@ def test_per_operation_switches(generic: str, cudnn: str, conv: str, tf32: bool)
 
 @pytest.mark.parametrize("allow", [True, False])
 def test_a_torch_with_only_allow_tf32(monkeypatch, allow: bool) -> None:
-    """Before torch 2.9 cuDNN has no per-operation switches."""
+    """Before torch 2.9 cuDNN has no per-operation switches (nor their C getter)."""
+    monkeypatch.delattr(torch._C, "_get_fp32_precision_getter")
     monkeypatch.setattr(torch.backends, "cudnn", types.SimpleNamespace(allow_tf32=allow))
     assert torch_conv_uses_tf32() is allow
 

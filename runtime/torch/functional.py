@@ -83,23 +83,48 @@ def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
-def _checked(op: str, named: tuple[tuple[str, Tensor | None], ...], autocast: bool) -> tuple[Tensor | None, ...]:
-    """The tensors of `named` (input first, bias may be None): torch tensors, with `autocast` (the
+# The names of the tensors _checked takes, in the backend's order after the input.
+_CONV_TENSORS = ("input", "weight", "bias")
+_POOL_TENSORS = ("input",)
+# Whether autocast is on for any device type: one C call (per device type, torch.is_autocast_enabled).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def _checked(op: str, names: tuple[str, ...], tensors: tuple[Tensor | None, ...],
+             autocast: bool) -> tuple[Tensor | None, ...]:
+    """`tensors` (named by `names`: input first, bias may be None): torch tensors, with `autocast` (the
     convolutions) cast as torch's autocast casts its own convolutions' first, then of float32, float64,
     float16 or bfloat16, all of the input's dtype and on its device; no torch.func transform active (its
-    wrapped tensors have no memory that the device code could read)."""
-    for name, tensor in named:
+    wrapped tensors have no memory that the device code could read). The usual call (plain tensors of one
+    supported dtype and device, no autocast, eager) is told apart in a few attribute reads: this runs on
+    every call, and the full check costs 4 µs of a tiny call's host time."""
+    input = tensors[0]
+    if isinstance(input, Tensor) and not (autocast and _any_autocast()) and not torch.compiler.is_compiling() \
+            and not _transforms_active() and input.dtype in devices.DTYPE_NAMES:
+        dtype, device = input.dtype, input.device
+        for tensor in tensors[1:]:
+            if tensor is not None and not (isinstance(tensor, Tensor) and tensor.dtype is dtype
+                                           and tensor.device == device):
+                break
+        else:
+            return tensors
+    return _checked_in_full(op, names, tensors, autocast)
+
+
+def _checked_in_full(op: str, names: tuple[str, ...], tensors: tuple[Tensor | None, ...],
+                     autocast: bool) -> tuple[Tensor | None, ...]:
+    """_checked, every rule in turn: the tensors as the op takes them, or the error of the first rule broken."""
+    for name, tensor in zip(names, tensors):
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not torch.compiler.is_compiling() and _transforms_active():
         raise RuntimeError(f"convgen.torch.{op}: torch.func transforms (vmap, grad, jacrev, ...) are not supported; "
                            f"call the op outside them (autograd and torch.compile are)")
-    tensors = tuple(tensor for _, tensor in named)
     if autocast:
         tensors = _autocast(tensors)
     input = tensors[0]
     dtype, device = input.dtype, input.device
-    for (name, _), tensor in zip(named, tensors):
+    for name, tensor in zip(names, tensors):
         if tensor is None:
             continue
         if tensor.dtype not in devices.DTYPE_NAMES:
@@ -170,7 +195,7 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding_mode 'zeros' or 'circular'."""
     op = "conv"
-    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
+    input, weight, bias = _checked(op, _CONV_TENSORS, (input, weight, bias), autocast=True)
     key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
                     groups, padding_mode)
     geom = _GEOMETRIES.get(key) if key is not None else None
@@ -200,7 +225,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """N-D transposed convolution (torch.nn.functional.conv_transpose{1,2,3}d at every rank)."""
     op = "conv_transpose"
-    input, weight, bias = _checked(op, (("input", input), ("weight", weight), ("bias", bias)), autocast=True)
+    input, weight, bias = _checked(op, _CONV_TENSORS, (input, weight, bias), autocast=True)
     key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding,
                     output_padding, groups, dilation)
     geom = _GEOMETRIES.get(key) if key is not None else None
@@ -230,7 +255,7 @@ def _conv_transpose_geometry(op: str, input: Tensor, weight: Tensor, bias: Tenso
 def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, stride: Any, padding: Any,
                    dilation: Any, beta: Any = None) -> tuple[Tensor, Geometry]:
     """The input after autocast, checked, and the pool's geometry."""
-    (input,) = _checked(op, (("input", input),), autocast=False)
+    (input,) = _checked(op, _POOL_TENSORS, (input,), autocast=False)
     kernel_size = _integer(kernel_size)
     if type(kernel_size) is int:
         if input.dim() < 3:
