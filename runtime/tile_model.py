@@ -407,7 +407,6 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
                           hardware.blocks_per_sm, hardware.shared_per_sm // shared))
     busiest = ceil_div(blocks, hardware.sm_count)
-    warps = min(busiest, resident) * threads / 32
     # In conv-shaped FMA stages of many waves, warps also hide latency with their thread tile's independent
     # multiply-adds: a warp of t8x8 keeps the pipe as busy as two of t4x8, one of t4x4 half as busy
     # (ILP_CREDIT_WAVES).
@@ -416,8 +415,13 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     weight_credit = not shape.conv and not shape.mma and threads == WEIGHT_ILP_THREADS
     ilp = FMA_REFERENCE_TILE / (tm * tn)
     half_warps = HALF_ISSUE_WARPS * (ilp if ilp_credit else min(1, ilp) if weight_credit else 1)
-    utilisation = warps / (warps + half_warps)
-    issue = busiest * (threads / 32) * per_slice * per_split / (ISSUE_PER_CYCLE * utilisation)
+    # The busiest SM runs its blocks in rounds of `resident`. The weight gradient's last, partial round has fewer
+    # warps to hide latency with (conv2d N32 64->64 56²: 396 blocks of 256 threads at 2 an SM took 325 µs, of 128
+    # threads at 3 an SM, one round, 260); the conv-shaped stages were calibrated on the first round's warps.
+    first = min(busiest, resident)  # blocks of the first round
+    rounds, tail = divmod(busiest, resident) if not shape.conv else (busiest / first, 0)
+    issue = sum(count * _round_issue(blocks_in_round * threads / 32, half_warps, per_slice * per_split)
+                for count, blocks_in_round in ((rounds, first), (1, tail)) if count and blocks_in_round)
     latency = ceil_div(busiest, resident) * per_split * SLICE_LATENCY_CYCLES
     cost = max(issue, latency) + KERNEL_CYCLES
     if split > 1:
@@ -425,6 +429,12 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         seconds = moved / (hardware.memory_bandwidth * SPLIT_BANDWIDTH_SHARE)
         cost += SPLIT_KERNEL_CYCLES + seconds * hardware.clock_hz
     return cost
+
+
+def _round_issue(warps: float, half_warps: float, per_warp: int) -> float:
+    """Cycles of one round of `warps` resident warps each issuing `per_warp` instructions, issue derated by
+    how well they hide latency (half the rate at `half_warps`)."""
+    return warps * per_warp / (ISSUE_PER_CYCLE * warps / (warps + half_warps))
 
 
 def packs_weight(shape: GemmShape, tile: GemmTile) -> bool:
