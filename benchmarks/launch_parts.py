@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Host cost of the CuPy and torch calls a tiny op's host path is made of (issues 9 and 10): allocations
+(`cupy.empty`, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch with its arguments passed as
+arrays, as CuPy's CIntptr pointers or as Python ints, its shared memory and stream by keyword or by
+position, and the device, stream and pointer queries around them. µs per call, the median of 5 rounds
+of back-to-back calls. Needs a GPU, CuPy and torch.
+
+    python3 benchmarks/launch_parts.py [--calls N]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from argparse import ArgumentParser
+from collections.abc import Callable
+from typing import Any
+
+SOURCE = r"""extern "C" __global__ void touch(const float* a, float* b, unsigned* c, unsigned n)
+{ if (n == 12345) b[0] = a[0] + c[0]; }"""
+
+
+def per_call(call: Callable[[], Any], calls: int, synchronize: Callable[[], Any]) -> float:
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+        synchronize()
+    return statistics.median(rounds)
+
+
+def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
+    """Name -> the call it times."""
+    from cupy.cuda.function import CIntptr
+
+    kernel = cupy.RawModule(code=SOURCE).get_function("touch")
+    a, b = cupy.zeros((1, 4, 4), cupy.float32), cupy.zeros((1, 2, 2), cupy.float32)
+    c, n = cupy.zeros((1, 2, 2), cupy.uint32), numpy.uint32(4)
+    pointers = tuple(CIntptr(array.data.ptr) for array in (a, b, c))
+    tensor = torch.zeros(1, 4, 4, device="cuda")
+    device = tensor.device
+    return {
+        "cupy.empty((1, 2, 2), float32)": lambda: cupy.empty((1, 2, 2), numpy.float32),
+        "cupy.cuda.alloc(16)": lambda: cupy.cuda.alloc(16),
+        "launch, arrays": lambda: kernel((1,), (32,), (a, b, c, n)),
+        "launch, arrays, shared memory and stream by keyword": lambda: kernel((1,), (32,), (a, b, c, n),
+                                                                               shared_mem=0, stream=None),
+        "launch, arrays, shared memory and stream by position": lambda: kernel((1,), (32,), (a, b, c, n), 0, None),
+        "launch, CIntptr pointers made before": lambda: kernel((1,), (32,), (*pointers, n)),
+        "launch, CIntptr pointers made per call": lambda: kernel(
+            (1,), (32,), (CIntptr(a.data.ptr), CIntptr(b.data.ptr), CIntptr(c.data.ptr), n)),
+        "launch, Python int pointers": lambda: kernel((1,), (32,), (a.data.ptr, b.data.ptr, c.data.ptr, n)),
+        "array.data.ptr": lambda: a.data.ptr,
+        "cupy.cuda.runtime.getDevice()": cupy.cuda.runtime.getDevice,
+        "torch.empty((1, 2, 2), dtype, device)": lambda: torch.empty((1, 2, 2), dtype=torch.float32, device=device),
+        "torch.empty_like(tensor)": lambda: torch.empty_like(tensor),
+        "tensor.new_empty((1, 2, 2))": lambda: tensor.new_empty((1, 2, 2)),
+        "tensor.data_ptr()": tensor.data_ptr,
+        "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "torch._C._cuda_getDevice()": torch._C._cuda_getDevice,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20000, help="calls a round (default 20000)")
+    args = parser.parse_args(argv)
+    import cupy
+    import numpy
+    import torch
+
+    for name, call in rows(cupy, numpy, torch).items():
+        print(f"{name:56s} {per_call(call, args.calls, cupy.cuda.Device().synchronize):7.2f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
