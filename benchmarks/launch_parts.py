@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Host cost of the CuPy and torch calls a tiny op's host path is made of (issues 9 and 10): allocations
 (`cupy.empty`, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch with its arguments passed as
-arrays, as CuPy's CIntptr pointers or as Python ints, its shared memory and stream by keyword or by
-position, and the device, stream and pointer queries around them. µs per call, the median of 5 rounds
+arrays, as CuPy's CIntptr pointers or as Python ints, its shared memory and stream by keyword, and
+the device, stream and pointer queries around them. µs per call, the median of 5 rounds
 of back-to-back calls. Needs a GPU, CuPy and torch.
 
     python3 benchmarks/launch_parts.py [--calls N]
@@ -47,7 +47,6 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         "launch, arrays": lambda: kernel((1,), (32,), (a, b, c, n)),
         "launch, arrays, shared memory and stream by keyword": lambda: kernel((1,), (32,), (a, b, c, n),
                                                                                shared_mem=0, stream=None),
-        "launch, arrays, shared memory and stream by position": lambda: kernel((1,), (32,), (a, b, c, n), 0, None),
         "launch, CIntptr pointers made before": lambda: kernel((1,), (32,), (*pointers, n)),
         "launch, CIntptr pointers made per call": lambda: kernel(
             (1,), (32,), (CIntptr(a.data.ptr), CIntptr(b.data.ptr), CIntptr(c.data.ptr), n)),

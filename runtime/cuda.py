@@ -272,10 +272,13 @@ class CupyBackend:
 
     def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
               args: tuple[Any, ...]) -> None:
-        """One kernel launch; shared memory and stream passed by position, which CuPy's launch parses faster than
-        keywords (None: CuPy's current stream)."""
+        """One kernel launch."""
+        stream = self._launch_stream()
         try:
-            function(grid, block, args, shared_bytes, self._launch_stream())
+            if stream is None:
+                function(grid, block, args, shared_mem=shared_bytes)
+            else:
+                function(grid, block, args, shared_mem=shared_bytes, stream=stream)
         except self._errors as error:
             raise BackendError(f"{stage} kernel failed: {error}") from error
 

@@ -49,7 +49,7 @@ class RecordingModule:
         RecordingModule.options.append(options)
 
     def get_function(self, symbol: str):
-        return lambda grid, block, args, shared_mem=0, stream=None: None
+        return lambda grid, block, args, shared_mem=0: None
 
 
 @pytest.fixture

@@ -48,8 +48,7 @@ class RecordingModule:
         RecordingModule.builds += 1
 
     def get_function(self, symbol: str):
-        return lambda grid, block, args, shared_mem=0, stream=None: RecordingModule.launches.append(
-            (symbol, grid, block, args))
+        return lambda grid, block, args, shared_mem=0: RecordingModule.launches.append((symbol, grid, block, args))
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ class _StandInModule:
         pass
 
     def get_function(self, symbol: str) -> Any:
-        return lambda grid, block, args, shared_mem=0, stream=None: None
+        return lambda grid, block, args, shared_mem=0: None
 
 
 def stand_in_cupy() -> types.ModuleType:
