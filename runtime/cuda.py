@@ -201,6 +201,10 @@ class CupyBackend:
             array.fill(_POISON[name])
         return array
 
+    def _like(self, array: Any) -> Any:
+        """A new array of `array`'s shape in the backend's dtype (scratch shaped like an input)."""
+        return self._output(array.shape)
+
     # Compiling and launching.
 
     def _compile(self, geom: Geometry) -> _Compiled:
@@ -310,7 +314,7 @@ class CupyBackend:
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size, launched
         before the output is allocated, so that the GPU has work while the host allocates."""
         if f"{stage}_pack" in compiled.launches:
-            packed = self._output(values["weight"].shape)
+            packed = self._like(values["weight"])
             self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
             values = {**values, "weight": packed}
         return self._into_output(compiled, stage, values, output_shape)
