@@ -274,3 +274,19 @@ def test_tensor_core_conv_stages_fit_two_blocks_per_sm():
     assert by_tile[(128, 128, 8, 8)] == 1  # 2 x 64 accumulators
     medium = gemm_shapes(geom, 4, 1)["forward"]
     assert {t.min_blocks for t in tile_candidates(medium, H200) if (t.tm, t.tn) == (8, 8)} == {2}
+
+
+def test_weight_gradient_splits_fill_whole_rounds_of_resident_blocks():
+    """An SM runs its blocks in rounds of as many as fit at once, and a last partial round hides latency with
+    fewer warps. Measured on the H200 (benchmarks/measured/2026-12-01-h200-6065144-weight-sweep.txt), conv2d
+    N32 64->64 56²'s weight gradient at 64x64 t4x4 (256 threads, 2 blocks an SM): split 44 (396 blocks, a
+    round of 264 then one of 132) 326 µs, split 29 (261 blocks, one round) 304 µs."""
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    shape = gemm_shapes(geom)["backward_weight"]
+    chosen = choose_tile(shape, H200)
+    assert (chosen.bm, chosen.bn, chosen.tm, chosen.tn, chosen.split) == (64, 64, 4, 4, 29)
+    one_round = gemm_cost(shape, chosen, H200)
+    with_a_tail = gemm_cost(shape, replace(chosen, split=44), H200)
+    assert with_a_tail > one_round
+    # The rounds as the docstring counts them: 261 blocks fit one round of 2 an SM, 396 need a second.
+    assert shape.grid(64, 64, 29) <= H200.sm_count * 2 < shape.grid(64, 64, 44) <= H200.sm_count * 3
