@@ -416,8 +416,9 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     ilp = FMA_REFERENCE_TILE / (tm * tn)
     half_warps = HALF_ISSUE_WARPS * (ilp if ilp_credit else min(1, ilp) if weight_credit else 1)
     # The busiest SM runs its blocks in rounds of `resident`. The weight gradient's last, partial round has fewer
-    # warps to hide latency with (conv2d N32 64->64 56²: 396 blocks of 256 threads at 2 an SM took 325 µs, of 128
-    # threads at 3 an SM, one round, 260); the conv-shaped stages were calibrated on the first round's warps.
+    # warps to hide latency with (conv2d N32 64->64 56², 64x64 t4x4 at 2 blocks an SM: split 44, 396 blocks in two
+    # rounds, 326 µs; split 29, 261 blocks in one, 304); the conv-shaped stages were calibrated on the first
+    # round's warps.
     first = min(busiest, resident)  # blocks of the first round
     rounds, tail = divmod(busiest, resident) if not shape.conv else (busiest / first, 0)
     issue = sum(count * _round_issue(blocks_in_round * threads / 32, half_warps, per_slice * per_split)
