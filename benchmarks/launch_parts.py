@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Host cost of the CuPy and torch calls a tiny op's host path is made of (issues 9 and 10): allocations
-(`cupy.empty`, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch with its arguments passed as
-arrays, as CuPy's CIntptr pointers or as Python ints, its shared memory and stream by keyword, and
+(`cupy.empty`, the `cupy.ndarray` constructor, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch
+with its arguments passed as arrays, as a bare allocation's MemoryPointer, as CuPy's CIntptr pointers or
+as Python ints, its shared memory and stream by keyword, and
 the device, stream and pointer queries around them. µs per call, the median of 5 rounds
 of back-to-back calls. Needs a GPU, CuPy and torch.
 
@@ -39,14 +40,18 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
     a, b = cupy.zeros((1, 4, 4), cupy.float32), cupy.zeros((1, 2, 2), cupy.float32)
     c, n = cupy.zeros((1, 2, 2), cupy.uint32), numpy.uint32(4)
     pointers = tuple(CIntptr(array.data.ptr) for array in (a, b, c))
+    memory, float32 = cupy.cuda.alloc(16), numpy.dtype(numpy.float32)
     tensor = torch.zeros(1, 4, 4, device="cuda")
     device = tensor.device
     return {
         "cupy.empty((1, 2, 2), float32)": lambda: cupy.empty((1, 2, 2), numpy.float32),
+        "cupy.ndarray((1, 2, 2), float32)": lambda: cupy.ndarray((1, 2, 2), numpy.float32),
+        "cupy.ndarray((1, 2, 2), dtype object)": lambda: cupy.ndarray((1, 2, 2), float32),
         "cupy.cuda.alloc(16)": lambda: cupy.cuda.alloc(16),
         "launch, arrays": lambda: kernel((1,), (32,), (a, b, c, n)),
         "launch, arrays, shared memory and stream by keyword": lambda: kernel((1,), (32,), (a, b, c, n),
                                                                                shared_mem=0, stream=None),
+        "launch, arrays and a MemoryPointer": lambda: kernel((1,), (32,), (a, b, memory, n)),
         "launch, CIntptr pointers made before": lambda: kernel((1,), (32,), (*pointers, n)),
         "launch, CIntptr pointers made per call": lambda: kernel(
             (1,), (32,), (CIntptr(a.data.ptr), CIntptr(b.data.ptr), CIntptr(c.data.ptr), n)),

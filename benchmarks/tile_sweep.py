@@ -45,7 +45,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import fitted_blocks, whole_parts
-from suite.cases import CASES, UNBATCHED_CASES, Case
+from suite.cases import CASES, SWEEP_CASES, UNBATCHED_CASES, Case
 
 CLASSIC = [(128, 128, 8, 8), (64, 128, 8, 8), (64, 64, 4, 4), (32, 128, 4, 8)]  # (bm, bn, tm, tn)
 LAUNCHES_PER_ROUND = 20
@@ -257,7 +257,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=3, help="cheapest other block shapes to time per stage")
     parser.add_argument("--cases", default="",
-                        help="conv case names, comma-separated, batched ones too (default: the one-image ones)")
+                        help="conv case names, comma-separated, batched and calibration (suite.cases.SWEEP_CASES) "
+                             "ones too (default: the one-image ones)")
     parser.add_argument("--json", default="", help="where to write the rows (e.g. benchmarks/results/tiles.json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--precision", choices=tuple(PRECISION_MMA_MODES), default="highest",
@@ -274,7 +275,8 @@ def main() -> None:
     forced = tuple(args.tile)
     wanted = set(filter(None, args.cases.split(",")))
     default = {case.name for case in UNBATCHED_CASES}
-    cases = [case for case in CASES if case.is_conv and (case.name in wanted if wanted else case.name in default)]
+    cases = [case for case in CASES + SWEEP_CASES
+             if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
             list_candidates(case, args.top, args.precision, stages, forced)

@@ -179,6 +179,31 @@ BATCHED_CASES = (
 CASES = UNBATCHED_CASES + BATCHED_CASES
 CASES_BY_NAME = {case.name: case for case in CASES}
 
+
+def sweep_conv(name: str, batch: int, in_c: int, out_c: int, spatial: tuple[int, ...], k: int = 3) -> Case:
+    """A batched k×…×k convolution of stride 1 and same padding, titled from its numbers."""
+    rank, side = len(spatial), "×".join(map(str, spatial))
+    return Case.square(name, f"conv{rank}d N{batch} {in_c}→{out_c} {side} k{k}", Family.CONV, in_c, out_c,
+                       spatial, k, 1, k // 2, batch=batch)
+
+
+# Shapes beyond the benchmark's that `tile_sweep.py --cases` also takes, for calibrating the tile model over
+# more GEMM sizes than six cases give (out_c, in_c × kernel, images × cells); not benchmarked.
+SWEEP_CASES = (
+    sweep_conv("sweep_2d_64_56_n16", 16, 64, 64, (56, 56)),
+    sweep_conv("sweep_2d_32_56_n32", 32, 32, 32, (56, 56)),
+    sweep_conv("sweep_2d_128_28_n32", 32, 128, 128, (28, 28)),
+    sweep_conv("sweep_2d_64_112_n8", 8, 64, 64, (112, 112)),
+    sweep_conv("sweep_2d_256_14_n16", 16, 256, 256, (14, 14)),
+    sweep_conv("sweep_2d_64to128_28_n32", 32, 64, 128, (28, 28)),
+    sweep_conv("sweep_2d_128to64_28_n32", 32, 128, 64, (28, 28)),
+    sweep_conv("sweep_2d_96_28_n64", 64, 96, 96, (28, 28)),
+    sweep_conv("sweep_1d_32_4096_n32", 32, 32, 32, (4096,), k=5),
+    sweep_conv("sweep_1d_128_2048_n16", 16, 128, 128, (2048,)),
+    sweep_conv("sweep_3d_64_16_n4", 4, 64, 64, (16, 16, 16)),
+    sweep_conv("sweep_3d_48_24_n8", 8, 48, 48, (24, 24, 24)),
+)
+
 CASE_TABLE_HEADER = ("name", "title", "op", "batch", "input", "output", "weight", "kernel", "stride", "padding",
                      "beta", "io bytes", "floor fwd µs", "graph copies",
                      f"cuDNN ref ms fwd / fwd+bwd ({REFERENCE_DATE})")
