@@ -6,7 +6,8 @@ back-to-back launches (stage + its split reduce), median of rounds. Every candid
 checked against the planned one's (relative error). Feeds the cost model's calibration.
 
     python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--stages STAGE,...]
-                                    [--tile BM,BN,TM,TN,SPLIT[,packed]]... [--precision P] [--json PATH]
+                                    [--tile BM,BN,TM,TN,SPLIT[,packed]]... [--precision P] [--dtype D]
+                                    [--json PATH]
                                     [--rounds N] [--list]
 
 `--stages` sweeps only the named GEMM stages; each `--tile` adds a candidate to every swept stage whose
@@ -108,14 +109,15 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
     return chosen
 
 
-def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile, precision: str) -> Plan:
+def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile, precision: str,
+                   dtype: str = "float32") -> Plan:
     """The plan of `geom` with `tile` for the stage of shape `stage_shape` and the default choice
     elsewhere (a stage of the same shape gets `tile` too; only the swept stage is launched)."""
 
     def chooser(shape: GemmShape, hardware: Hardware) -> GemmTile:
         return tile if shape == stage_shape else choose_tile(shape, hardware)
 
-    return plan(geom, choose_tile=chooser, precision=precision)
+    return plan(geom, choose_tile=chooser, dtype=dtype, precision=precision)
 
 
 def model_us(shape: GemmShape, tile: GemmTile, hardware: Hardware = H200) -> float:
@@ -144,7 +146,7 @@ def stage_launcher(module: Any, family: Family, symbols: dict[str, str], candida
     if candidate_plan.splits[stage] == 1:
         add(stage, values)
     else:
-        partial = cupy.empty((candidate_plan.splits[stage], *values[output].shape), cupy.float32)
+        partial = cupy.empty((candidate_plan.splits[stage], *values[output].shape), values[output].dtype)
         add(stage, {**values, output: partial})
         add(f"{stage}_reduce", {**values, "partial": partial})
 
@@ -169,47 +171,49 @@ def median_us(launch: Callable[[], None], rounds: int, cupy: Any) -> float:
     return statistics.median(samples)
 
 
-def stage_values(case: Case, cupy: Any) -> dict[str, Any]:
-    """Random inputs of every GEMM stage of `case` and an output buffer per stage, by contract role."""
+def stage_values(case: Case, cupy: Any, dtype: str = "float32") -> dict[str, Any]:
+    """Random inputs of every GEMM stage of `case` in `dtype` and an output buffer per stage, by contract role."""
     rng = cupy.random.RandomState(1)
     geom = case.geometry
     weight_shape, bias_shape, input_shape = geom.parent_shapes
     return {
-        "x": rng.standard_normal(input_shape, dtype=cupy.float32),
-        "weight": rng.standard_normal(weight_shape, dtype=cupy.float32),
-        "bias": rng.standard_normal(bias_shape, dtype=cupy.float32),
-        "grad": rng.standard_normal(geom.output_shape, dtype=cupy.float32),
+        "x": rng.standard_normal(input_shape, dtype=dtype),
+        "weight": rng.standard_normal(weight_shape, dtype=dtype),
+        "bias": rng.standard_normal(bias_shape, dtype=dtype),
+        "grad": rng.standard_normal(geom.output_shape, dtype=dtype),
         "images": numpy.uint32(geom.images),
-        "y": cupy.empty(geom.output_shape, cupy.float32),
-        "grad_x": cupy.empty(input_shape, cupy.float32),
-        "grad_weight": cupy.empty(weight_shape, cupy.float32),
+        "y": cupy.empty(geom.output_shape, dtype),
+        "grad_x": cupy.empty(input_shape, dtype),
+        "grad_weight": cupy.empty(weight_shape, dtype),
     }
 
 
-def stage_shapes(geom: Geometry, precision: str) -> dict[str, GemmShape]:
-    return gemm_shapes(geom, 4, PRECISION_MMA_MODES[precision])
+def stage_shapes(geom: Geometry, precision: str, dtype: str = "float32") -> dict[str, GemmShape]:
+    return gemm_shapes(geom, numpy.dtype(dtype).itemsize, PRECISION_MMA_MODES[precision])
 
 
-def swept_shapes(geom: Geometry, precision: str, stages: frozenset[str]) -> dict[str, GemmShape]:
+def swept_shapes(geom: Geometry, precision: str, stages: frozenset[str],
+                 dtype: str = "float32") -> dict[str, GemmShape]:
     """The GEMM stages of `geom` to sweep: those named in `stages`, or all when it is empty."""
-    return {stage: shape for stage, shape in stage_shapes(geom, precision).items() if not stages or stage in stages}
+    return {stage: shape for stage, shape in stage_shapes(geom, precision, dtype).items()
+            if not stages or stage in stages}
 
 
 def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, stages: frozenset[str] = frozenset(),
-               forced: tuple[ForcedTile, ...] = ()) -> list[dict[str, Any]]:
+               forced: tuple[ForcedTile, ...] = (), dtype: str = "float32") -> list[dict[str, Any]]:
     """Every candidate tile of every GEMM stage of `case` (of `stages` when given), timed and checked against
     the planned one."""
     geom = case.geometry
     entry = KERNELS[(geom.family, geom.rank)]
     source = (importlib.resources.files("convgen.generated") / "cuda" / entry.source).read_text()
-    values = stage_values(case, cupy)
+    values = stage_values(case, cupy, dtype)
     rows = []
-    for stage, shape in swept_shapes(geom, precision, stages).items():
+    for stage, shape in swept_shapes(geom, precision, stages, dtype).items():
         (output,) = (p.role for p in STAGES[geom.family][stage] if not p.const)
         out = values[output]
         reference = None
         for index, tile in enumerate(candidates(shape, top, forced=forced)):
-            candidate_plan = plan_with_tile(geom, shape, tile, precision)
+            candidate_plan = plan_with_tile(geom, shape, tile, precision, dtype)
             module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
             launch = stage_launcher(module, geom.family, entry.symbols, candidate_plan, stage, values, cupy)
             launch()
@@ -218,7 +222,8 @@ def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, sta
                 reference, error = out.copy(), 0.0
             else:
                 error = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
-            row = tile_row(case, stage, tile, candidate_plan, planned=index == 0) | {"precision": precision}
+            row = tile_row(case, stage, tile, candidate_plan, planned=index == 0)
+            row |= {"precision": precision, "dtype": dtype}
             row |= {"us": round(median_us(launch, rounds, cupy), 2), "model_us": round(model_us(shape, tile), 2),
                     "rel_err_vs_planned": error}
             rows.append(row)
@@ -243,12 +248,12 @@ def row_line(row: dict[str, Any]) -> str:
 
 
 def list_candidates(case: Case, top: int, precision: str, stages: frozenset[str] = frozenset(),
-                    forced: tuple[ForcedTile, ...] = ()) -> None:
+                    forced: tuple[ForcedTile, ...] = (), dtype: str = "float32") -> None:
     """The candidates of every stage (of `stages` when given) with the model's time, as the sweep would time
     them (no GPU)."""
-    for stage, shape in swept_shapes(case.geometry, precision, stages).items():
+    for stage, shape in swept_shapes(case.geometry, precision, stages, dtype).items():
         for index, tile in enumerate(candidates(shape, top, forced=forced)):
-            row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile, precision),
+            row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile, precision, dtype),
                            planned=index == 0)
             print(row_line(row) + f"  model {model_us(shape, tile):8.2f} us")
 
@@ -263,6 +268,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--precision", choices=tuple(PRECISION_MMA_MODES), default="highest",
                         help="how the GEMMs multiply (convgen.backend.PRECISIONS)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="the element type (the tape's dtype; float64 multiplies in \"highest\" only)")
     parser.add_argument("--stages", default="", help="GEMM stages to sweep, comma-separated (default: all)")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="BM,BN,TM,TN,SPLIT[,packed]: one more candidate for every swept stage (repeatable)")
@@ -279,13 +286,13 @@ def main() -> None:
              if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
-            list_candidates(case, args.top, args.precision, stages, forced)
+            list_candidates(case, args.top, args.precision, stages, forced, args.dtype)
         return
     import cupy
 
     start = time.perf_counter()
     rows = [row for case in cases
-            for row in sweep_case(case, args.top, args.rounds, args.precision, cupy, stages, forced)]
+            for row in sweep_case(case, args.top, args.rounds, args.precision, cupy, stages, forced, args.dtype)]
     print(f"sweep took {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
