@@ -283,10 +283,35 @@ def test_weight_gradient_splits_fill_whole_rounds_of_resident_blocks():
     round of 264 then one of 132) 326 µs, split 29 (261 blocks, one round) 304 µs."""
     geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
     shape = gemm_shapes(geom)["backward_weight"]
-    chosen = choose_tile(shape, H200)
-    assert (chosen.bm, chosen.bn, chosen.tm, chosen.tn, chosen.split) == (64, 64, 4, 4, 29)
-    one_round = gemm_cost(shape, chosen, H200)
-    with_a_tail = gemm_cost(shape, replace(chosen, split=44), H200)
+    one_round = gemm_cost(shape, GemmTile(64, 64, 16, 4, 4, 29), H200)
+    with_a_tail = gemm_cost(shape, GemmTile(64, 64, 16, 4, 4, 44), H200)
     assert with_a_tail > one_round
     # The rounds as the docstring counts them: 261 blocks fit one round of 2 an SM, 396 need a second.
     assert shape.grid(64, 64, 29) <= H200.sm_count * 2 < shape.grid(64, 64, 44) <= H200.sm_count * 3
+
+
+# Batched weight gradients, conv (batch, in_c, out_c, spatial, k) -> (bm, bn, tm, tn, split) the model picks, and the
+# µs the H200 measured for that pick and for the one the rule before it made
+# (benchmarks/measured/2026-12-01-h200-08b2fc4-weight-sweep.txt and -weight-pairs.txt).
+WEIGHT_PICKS = [
+    ((32, 64, 64, (56, 56), 3), (64, 64, 8, 8, 58)),  # 269 µs; 64x64 t4x4 split 29 304
+    ((8, 64, 64, (112, 112), 3), (64, 64, 8, 8, 58)),  # 269; t4x4 306
+    ((32, 128, 64, (28, 28), 3), (64, 128, 8, 8, 29)),  # 137 (the fastest measured); 64x256 t8x8 146
+    ((8, 48, 48, (24, 24, 24), 3), (64, 128, 8, 8, 24)),  # 650 (the fastest); 64x256 t8x8 704
+    ((32, 64, 64, (4096,), 5), (64, 64, 4, 4, 52)),  # 215 (the fastest), unchanged; 64x64 t8x8 split 52 284
+    ((8, 32, 32, (32, 32, 32), 3), (32, 128, 4, 4, 37)),  # 640 (the fastest), unchanged
+    ((8, 128, 128, (128, 128), 3), (128, 128, 8, 8, 14)),  # 1166 (the fastest), unchanged
+]
+
+
+@pytest.mark.parametrize(("conv", "expected"), WEIGHT_PICKS)
+def test_weight_gradient_credits_thread_tiles_at_every_thread_count(conv, expected):
+    """The weight gradient's warps hide latency with their thread tile's multiply-adds at any thread count (a
+    t8x8 warp like two of t4x8; a smaller tile's a little worse than its accumulators say): the picks of
+    WEIGHT_PICKS, each the fastest of the tiles measured for its shape or within 3% of it (64->64: t4x8 at 128
+    threads took 261 µs)."""
+    batch, in_c, out_c, spatial, k = conv
+    rank = len(spatial)
+    geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (k,) * rank, (1,) * rank, (k // 2,) * rank, batch=batch)
+    chosen = choose_tile(gemm_shapes(geom)["backward_weight"], H200)
+    assert (chosen.bm, chosen.bn, chosen.tm, chosen.tn, chosen.split) == expected
