@@ -254,6 +254,21 @@ class EmulatedArray(np.ndarray):
         return np.array(self)
 
 
+class EmulatedMemory:
+    """A bare allocation (`cupy.cuda.alloc`: CuPy's MemoryPointer), passed to a launch as the pointer it holds."""
+
+    ALIGNMENT = 256  # as CuPy's pool aligns its blocks: vector accesses (float4, double2) stay aligned
+
+    def __init__(self, size: int) -> None:
+        raw = np.empty(size + self.ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % self.ALIGNMENT
+        self.buffer = raw[start:start + size]
+        self.ptr = raw.ctypes.data + start
+
+    def memset_async(self, value: int, size: int) -> None:
+        self.buffer[:size] = value
+
+
 def _device(array: Any) -> EmulatedArray:
     return np.ascontiguousarray(array).view(EmulatedArray)
 
@@ -310,7 +325,9 @@ class EmulatedModule:
                    stream: Any = None) -> None:
             held, pointers = [], []
             for arg in args:
-                if isinstance(arg, np.ndarray) and arg.ndim > 0:
+                if isinstance(arg, EmulatedMemory):
+                    pointers.append(arg.ptr)
+                elif isinstance(arg, np.ndarray) and arg.ndim > 0:
                     if not arg.flags.c_contiguous:
                         raise EmulatedError(f"{name}: a non-contiguous array argument")
                     pointers.append(arg.ctypes.data)
@@ -338,6 +355,7 @@ def emulated_cupy() -> types.ModuleType:
     cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
     cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
+    cuda.alloc = EmulatedMemory
     cupy = types.ModuleType("cupy")
     cupy.cuda, cupy.ndarray, cupy.RawModule = cuda, EmulatedArray, EmulatedModule
     cupy.float32, cupy.float64 = np.float32, np.float64

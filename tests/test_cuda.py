@@ -260,14 +260,34 @@ def test_max_pool_nan_and_ties_follow_the_cpu_tape() -> None:
     np.testing.assert_allclose(got[1][0], expected[1][0], rtol=1e-6, atol=1e-6)
 
 
-def test_out_of_memory_names_the_op_and_the_bytes(monkeypatch) -> None:
-    def refuse(*args, **kwargs):
-        raise cupy.cuda.memory.OutOfMemoryError(3 * 2**30, 0)
+def test_out_of_memory_names_the_op_and_the_bytes() -> None:
+    """An allocation CuPy's allocator refuses, an output's or a scratch buffer's, is the op's error."""
+
+    def serving(count):  # an allocator that serves `count` allocations, then refuses
+        served = []
+
+        def allocate(size):
+            if len(served) == count:
+                raise cupy.cuda.memory.OutOfMemoryError(size, 0)
+            served.append(cupy.get_default_memory_pool().malloc(size))
+            return served[-1]
+
+        return allocate
 
     tape, ids = _rejection_tape(convgen.cuda.Tape()), (0, 1, 2)
-    monkeypatch.setattr(cupy, "empty", refuse)
-    result = tape.conv(*ids, **CONV)
-    assert result.error == "autograd: cuda: conv: out of memory (needs 0.0 GiB)"
+    pool_tape, x = convgen.cuda.Tape().leaf(np.zeros((1, 4, 4), np.float32))
+    pool = dict(c=1, in_spatial=(4, 4), kernel=(2, 2), stride=(2, 2), padding=(0, 0))
+    results = []
+    for tape_call, count in ((lambda: tape.conv(*ids, **CONV), 0), (lambda: pool_tape.max_pool(x, **pool), 0),
+                             (lambda: pool_tape.max_pool(x, **pool), 1)):  # the output served, its argmax refused
+        cupy.cuda.set_allocator(serving(count))
+        try:
+            results.append(tape_call().error)
+        finally:
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    assert results == ["autograd: cuda: conv: out of memory (needs 0.0 GiB)",
+                       "autograd: cuda: max_pool: out of memory (needs 0.0 GiB)",
+                       "autograd: cuda: max_pool: out of memory (needs 0.0 GiB)"]
 
 
 def test_hardware_comes_from_the_device() -> None:

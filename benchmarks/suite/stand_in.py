@@ -37,6 +37,19 @@ class StandInArray:
         pass
 
 
+class StandInMemory:
+    """What the CUDA backend keeps of a bare allocation (`cupy.cuda.alloc`, a MemoryPointer): its size in
+    bytes, and a fill that does nothing."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def memset_async(self, value: int, size: int) -> None:
+        pass
+
+
 class _StandInModule:
     """A compiled module whose every function launches nothing."""
 
@@ -50,7 +63,7 @@ class _StandInModule:
 def stand_in_cupy() -> types.ModuleType:
     """A `cupy` module with what `convgen.cuda.CupyBackend` uses on its per-call path, all no-ops: one
     device (0) reporting no attributes (the plans assume an H200) and the H200's compute capability (which
-    the tensor-core precisions need), `empty`, `RawModule`."""
+    the tensor-core precisions need), `ndarray`, `cuda.alloc`, `RawModule`."""
     errors = {name: type(name, (RuntimeError,), {}) for name in
               ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
@@ -61,6 +74,7 @@ def stand_in_cupy() -> types.ModuleType:
     cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
     cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
+    cuda.alloc = StandInMemory
     cupy = types.ModuleType("cupy")
     cupy.cuda, cupy.ndarray, cupy.RawModule, cupy.float32 = cuda, StandInArray, _StandInModule, np.float32
     cupy.empty = StandInArray

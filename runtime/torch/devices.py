@@ -218,6 +218,10 @@ class _TorchCupyBackend(CupyBackend):
         except torch.OutOfMemoryError:
             raise OutOfMemory(math.prod(shape) * torch_dtype.itemsize) from None
 
+    def _scratch(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
+        # A tensor: autograd keeps the forward's state (argmax, smooth max's pivots and sums) between the passes.
+        return self._output(shape, dtype)
+
     def _like(self, tensor: torch.Tensor) -> torch.Tensor:
         # empty_like parses fewer arguments than torch.empty: 1.7 against 3.0 µs on the H200's host
         # (benchmarks/launch_parts.py); the tensors handed to the backend are contiguous, so is this.
