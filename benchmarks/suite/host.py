@@ -19,7 +19,10 @@ from typing import Any
 
 HOST_CALLS = 5000  # back-to-back calls per round
 HOST_ROUNDS = 3  # rounds per op; the median is reported
-WARMUP_CALLS = 50
+# Calls before the timed rounds. With 50, the first op timed (the N-D max pool) read 26.6 and 24.4 µs in its first two
+# rounds and 16.4 in its third on the H200's host, the ops after it steady from their first round
+# (benchmarks/measured/2026-12-01-h200-f531df5-host.txt): a start-up transient, not the op's cost.
+WARMUP_CALLS = 2000
 PROFILE_TOP = 15  # functions per cProfile summary, by own time
 POOL_INPUT = (1, 4, 4)  # [C, H, W]: one channel of 4×4, pooled k2 s2
 INPUT_SEED = 20260601
