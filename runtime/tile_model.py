@@ -3,7 +3,8 @@ each conv stage, the candidate tiles, a cost estimate in cycles and the default 
 
 The cost model steers which tile runs, never what is computed. Its fitted constants come from
 benchmarks/tile_sweep.py on an H200 (every candidate tile of a set of stages timed against this
-model's ranking); each is named below with what it stands for.
+model's ranking); each is named below with what it stands for. benchmarks/model_check.py compares the
+model's picks with a sweep's measured files without a GPU.
 """
 
 from __future__ import annotations
