@@ -34,6 +34,7 @@ TENSOR_CORE_CAPABILITY = 80
 # read and write the bits; convgen.torch hands them torch's bfloat16 tensors).
 STORAGE_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": np.uint16,
                   "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
+_ITEMSIZES = {name: np.dtype(storage).itemsize for name, storage in STORAGE_DTYPES.items()}  # bytes, looked up per call
 # Poison for outputs in the test mode: NaN (0xFFFF is a bfloat16 NaN), and for the argmax offsets a value
 # no window has.
 _POISON = {"float32": np.float32("nan"), "float64": np.float64("nan"), "float16": np.float16("nan"),
@@ -206,9 +207,9 @@ class CupyBackend:
         """Device memory for `shape` elements of `dtype` that no caller sees (max pool's window offsets, smooth
         max's state, a packed weight, a split stage's partial sums): a bare allocation from CuPy's pool, which
         a launch takes as the pointer it holds, 0.6 µs on the H200's host against 2.0 for an array
-        (benchmarks/launch_parts.py). The test mode poisons it as `_output` does: every _POISON value is all
-        one bits."""
-        size = math.prod(shape) * np.dtype(STORAGE_DTYPES[self.dtype if dtype is None else dtype]).itemsize
+        (benchmarks/launch_parts.py). The test mode poisons it with all-ones bytes: a NaN in every float type,
+        like `_output`'s NaNs, and for the window offsets the largest value, which no window has."""
+        size = math.prod(shape) * _ITEMSIZES[self.dtype if dtype is None else dtype]
         try:
             memory = self._xp.cuda.alloc(size)
         except self._xp.cuda.memory.OutOfMemoryError:
