@@ -7,12 +7,12 @@ checked against the planned one's (relative error). Feeds the cost model's calib
 
     python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--stages STAGE,...]
                                     [--tile BM,BN,TM,TN,SPLIT[,packed]]... [--precision P] [--dtype D]
-                                    [--json PATH]
-                                    [--rounds N] [--list]
+                                    [--json PATH] [--rounds N] [--depths] [--list]
 
 `--stages` sweeps only the named GEMM stages; each `--tile` adds a candidate to every swept stage whose
-candidate block tiles include it (packed: A read repacked, conv-shaped stages only). `--list` prints the
-candidates and the model's time of each, without a GPU.
+candidate block tiles include it (packed: A read repacked, conv-shaped stages only); `--depths` times every
+candidate at the stage's other slice depths too. `--list` prints the candidates and the model's time of
+each, without a GPU.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from convgen.cuda_launch import (
     gemm_cost,
     gemm_shapes,
     nvrtc_options,
+    opted_in_shared,
     plan,
     tile_candidates,
 )
@@ -72,11 +73,12 @@ def parse_tile(text: str) -> ForcedTile:
 
 
 def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
-               forced: tuple[ForcedTile, ...] = ()) -> list[GemmTile]:
+               forced: tuple[ForcedTile, ...] = (), depths: bool = False) -> list[GemmTile]:
     """The planned tile first, then the `top` cheapest others by the cost model (one per block
-    shape, each with its best split), the CLASSIC shapes, the planned block shape unsplit, for
-    conv-shaped stages the planned tile with A packed the other way, and the `forced` tiles that are
-    among the stage's candidate block tiles."""
+    shape, each with its best split and slice depth), the CLASSIC shapes, the planned block shape unsplit,
+    for conv-shaped stages the planned tile with A packed the other way, and the `forced` tiles that are
+    among the stage's candidate block tiles; with `depths`, each of those at every other slice depth of the
+    stage too (the same number of parts)."""
     planned = choose_tile(shape, hardware)
     best: dict[tuple[int, int, int, int], tuple[float, GemmTile]] = {}
     for tile in tile_candidates(shape, hardware):
@@ -106,7 +108,18 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
                                        min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
             if tile not in chosen:
                 chosen.append(tile)
+    if depths:
+        deeper = [dataclasses.replace(tile, bk=bk, split=whole_parts(shape.chunks_at(bk), tile.split))
+                  for tile in chosen for bk in shape.slice_depths if bk != tile.bk]
+        chosen += [tile for tile in dict.fromkeys(deeper) if tile not in chosen and tile_fits(tile, shape, hardware)]
     return chosen
+
+
+def tile_fits(tile: GemmTile, shape: GemmShape, hardware: Hardware) -> bool:
+    """Whether `tile` is one of the stage's candidates but for its split (another slice depth may not fit
+    its shared memory)."""
+    return any(dataclasses.replace(t, split=tile.split, packed=tile.packed) == tile
+               for t in tile_candidates(shape, hardware))
 
 
 def plan_with_tile(geom: Geometry, stage_shape: GemmShape, tile: GemmTile, precision: str,
@@ -131,11 +144,15 @@ def stage_launcher(module: Any, family: Family, symbols: dict[str, str], candida
     into its output, or, when the plan splits the reduction, into a partial buffer [split, *output.shape]
     that the reduce kernel adds up."""
     launches = []  # (function, launch, arguments), in order
+    opted_in = opted_in_shared(candidate_plan, H200)
 
     def add(stage_name: str, these: dict[str, Any]) -> None:
         launch = candidate_plan.launches[stage_name]
         arguments = tuple(these[p.role] for p in STAGES[family][stage_name])
-        launches.append((module.get_function(symbols[stage_name]), launch, arguments))
+        function = module.get_function(symbols[stage_name])
+        if stage_name in opted_in:
+            function.max_dynamic_shared_size_bytes = opted_in[stage_name]
+        launches.append((function, launch, arguments))
 
     pack = candidate_plan.launches.get(f"{stage}_pack")
     if pack is not None and pack.grid:
@@ -200,7 +217,7 @@ def swept_shapes(geom: Geometry, precision: str, stages: frozenset[str],
 
 
 def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, stages: frozenset[str] = frozenset(),
-               forced: tuple[ForcedTile, ...] = (), dtype: str = "float32") -> list[dict[str, Any]]:
+               forced: tuple[ForcedTile, ...] = (), dtype: str = "float32", depths: bool = False) -> list[dict[str, Any]]:
     """Every candidate tile of every GEMM stage of `case` (of `stages` when given), timed and checked against
     the planned one."""
     geom = case.geometry
@@ -212,7 +229,7 @@ def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, sta
         (output,) = (p.role for p in STAGES[geom.family][stage] if not p.const)
         out = values[output]
         reference = None
-        for index, tile in enumerate(candidates(shape, top, forced=forced)):
+        for index, tile in enumerate(candidates(shape, top, forced=forced, depths=depths)):
             candidate_plan = plan_with_tile(geom, shape, tile, precision, dtype)
             module = cupy.RawModule(code=source, options=nvrtc_options(candidate_plan))
             launch = stage_launcher(module, geom.family, entry.symbols, candidate_plan, stage, values, cupy)
@@ -248,11 +265,11 @@ def row_line(row: dict[str, Any]) -> str:
 
 
 def list_candidates(case: Case, top: int, precision: str, stages: frozenset[str] = frozenset(),
-                    forced: tuple[ForcedTile, ...] = (), dtype: str = "float32") -> None:
+                    forced: tuple[ForcedTile, ...] = (), dtype: str = "float32", depths: bool = False) -> None:
     """The candidates of every stage (of `stages` when given) with the model's time, as the sweep would time
     them (no GPU)."""
     for stage, shape in swept_shapes(case.geometry, precision, stages, dtype).items():
-        for index, tile in enumerate(candidates(shape, top, forced=forced)):
+        for index, tile in enumerate(candidates(shape, top, forced=forced, depths=depths)):
             row = tile_row(case, stage, tile, plan_with_tile(case.geometry, shape, tile, precision, dtype),
                            planned=index == 0)
             print(row_line(row) + f"  model {model_us(shape, tile):8.2f} us")
@@ -273,6 +290,8 @@ def main() -> None:
     parser.add_argument("--stages", default="", help="GEMM stages to sweep, comma-separated (default: all)")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="BM,BN,TM,TN,SPLIT[,packed]: one more candidate for every swept stage (repeatable)")
+    parser.add_argument("--depths", action="store_true",
+                        help="time each candidate at every slice depth of its stage too (GemmShape.slice_depths)")
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")
     args = parser.parse_args()
     stages = frozenset(filter(None, args.stages.split(",")))
@@ -286,13 +305,14 @@ def main() -> None:
              if case.is_conv and (case.name in wanted if wanted else case.name in default)]
     if args.list:
         for case in cases:
-            list_candidates(case, args.top, args.precision, stages, forced, args.dtype)
+            list_candidates(case, args.top, args.precision, stages, forced, args.dtype, args.depths)
         return
     import cupy
 
     start = time.perf_counter()
     rows = [row for case in cases
-            for row in sweep_case(case, args.top, args.rounds, args.precision, cupy, stages, forced, args.dtype)]
+            for row in sweep_case(case, args.top, args.rounds, args.precision, cupy, stages, forced, args.dtype,
+                                  args.depths)]
     print(f"sweep took {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

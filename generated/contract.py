@@ -86,11 +86,18 @@ SHARED_BUFFERS = 2  # As and Bs are double-buffered
 COLUMN_POINTER_ROW_STEP = 2
 
 
+def gemm_slice_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
+    """Dynamic shared memory of one GEMM block, the launch's shared-memory size: As[2][BK][BM + pad]
+    and, from the next 16-byte boundary, Bs[2][BK][BN + pad], elements of `element_bytes` (what the
+    kernel stages: the ELEMENT_BYTES define, 2 for the 16-bit mma); the kernel traps on less."""
+    a_bytes = SHARED_BUFFERS * bk * (bm + SHARED_ROW_PAD) * element_bytes
+    return -(-a_bytes // 16) * 16 + SHARED_BUFFERS * bk * (bn + SHARED_ROW_PAD) * element_bytes
+
+
 def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
-    """Static shared memory of one GEMM block: As[2][BK][BM + pad] and Bs[2][BK][BN + pad] elements
-    of `element_bytes` (the ELEMENT_BYTES define) and the row-validity words of the B columns,
-    valid_rows[BN] (unsigned)."""
-    return SHARED_BUFFERS * bk * (bm + bn + 2 * SHARED_ROW_PAD) * element_bytes + bn * 4
+    """All shared memory of one GEMM block: its slices (gemm_slice_bytes) and the static row-validity
+    words of the B columns, valid_rows[BN] (unsigned)."""
+    return gemm_slice_bytes(bm, bn, bk, element_bytes) + bn * 4
 
 
 # Family -> stage -> the kernel's parameters in signature order, stages in launch order.

@@ -173,6 +173,7 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
         defines=source_defines(family, rank),
         helpers=_helpers(env),
         shared_row_pad=SHARED_ROW_PAD,
+        shared_buffers=SHARED_BUFFERS,
         column_pointer_row_step=COLUMN_POINTER_ROW_STEP,
         kernels=kernels,
         stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},

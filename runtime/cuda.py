@@ -17,7 +17,18 @@ from typing import Any
 import numpy as np
 from convgen.backend import BackendError, OutOfMemory
 from convgen.circular import CircularPlan, circular_plan, fits_padded
-from convgen.cuda_launch import BLOCK, H200, Hardware, Plan, TileChooser, choose_tile, nvrtc_options, plan, scalar_dtype
+from convgen.cuda_launch import (
+    BLOCK,
+    H200,
+    Hardware,
+    Plan,
+    TileChooser,
+    choose_tile,
+    nvrtc_options,
+    opted_in_shared,
+    plan,
+    scalar_dtype,
+)
 from convgen.direct_model import DirectChooser, choose_direct
 from convgen.generated.contract import BIAS_STAGE, CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
@@ -48,6 +59,7 @@ def device_hardware(attributes: dict[str, int]) -> Hardware:
     return Hardware(
         sm_count=attributes.get("MultiProcessorCount", H200.sm_count),
         shared_per_block=attributes.get("MaxSharedMemoryPerBlock", H200.shared_per_block),
+        shared_optin_per_block=attributes.get("MaxSharedMemoryPerBlockOptin", H200.shared_optin_per_block),
         shared_per_sm=attributes.get("MaxSharedMemoryPerMultiprocessor", H200.shared_per_sm),
         shared_reserved_per_block=H200.shared_reserved_per_block,
         registers_per_sm=attributes.get("MaxRegistersPerMultiprocessor", H200.registers_per_sm),
@@ -255,6 +267,11 @@ class CupyBackend:
         geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision, self.direct_chooser)
         entry = KERNELS[(geom.family, geom.rank)]
         functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
+        try:
+            for kernel, shared_bytes in opted_in_shared(geometry_plan, hardware).items():
+                functions[kernel].max_dynamic_shared_size_bytes = shared_bytes
+        except self._errors as error:
+            raise BackendError(f"{entry.source}: {error}") from error
         return _Compiled(geom, geometry_plan, functions)
 
     def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],

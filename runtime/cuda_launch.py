@@ -37,6 +37,7 @@ from convgen.generated.contract import (
     PACKED_FIELD,
     PRECISION_MMA_MODES,
     TILE_FIELDS,
+    gemm_slice_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
@@ -58,8 +59,8 @@ from convgen.tile_model import (
 __all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
            "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
            "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
-           "nvrtc_options", "packs_weight", "plan", "pool_cells_per_thread", "representative_geometry",
-           "scalar_dtype", "tile_candidates"]
+           "nvrtc_options", "opted_in_shared", "packs_weight", "plan", "pool_cells_per_thread",
+           "representative_geometry", "scalar_dtype", "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 # The element type -> the defines that pick the kernels' `real` (the contract's ELEMENT_TYPES).
@@ -83,7 +84,7 @@ TileChooser = Callable[[GemmShape, Hardware], GemmTile]
 class Launch:
     grid: int  # blocks along x; 0 when the stage has nothing to write
     block: int = BLOCK
-    shared_bytes: int = 0  # dynamic shared memory; every kernel's is static
+    shared_bytes: int = 0  # dynamic shared memory: the GEMM kernels' staged slices (gemm_slice_bytes)
     kernel: str = ""  # the kernel that runs the stage, when not the stage's own (a GEMM stage's `_direct`)
 
 
@@ -178,7 +179,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
-        launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads)
+        launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads,
+                                 gemm_slice_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes))
         if shape.conv:  # the stages with a `_pack` kernel (contract: packed_define)
             values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)
@@ -204,6 +206,13 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
     return _checked(geom, Plan(values, launches, splits))
+
+
+def opted_in_shared(geometry_plan: Plan, hardware: Hardware) -> dict[str, int]:
+    """Kernel (a stage's own, or the one its launch names) -> the dynamic shared memory it must be allowed
+    before it launches: those past the `hardware.shared_per_block` that every kernel may take unasked."""
+    return {launch.kernel or stage: launch.shared_bytes for stage, launch in geometry_plan.launches.items()
+            if launch.grid and launch.shared_bytes > hardware.shared_per_block}
 
 
 def _reduce_launch(count: int, outputs: int, split: int) -> Launch:

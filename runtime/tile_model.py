@@ -29,6 +29,7 @@ class Hardware:
 
     sm_count: int
     shared_per_block: int  # bytes of static shared memory one block may declare
+    shared_optin_per_block: int  # bytes of shared memory one block may have when its kernel opts in (dynamic)
     shared_per_sm: int  # bytes of shared memory of one SM
     shared_reserved_per_block: int  # bytes the driver keeps per resident block
     registers_per_sm: int
@@ -42,13 +43,15 @@ class Hardware:
 # NVIDIA H200 SXM (sm_90). The clock is what it sustained under the sweep's load (the boost clock
 # is 1.98 GHz); the bandwidth is the measured stream rate (benchmarks/suite/cases.py), not the
 # 4.8 TB/s of the data sheet.
-H200 = Hardware(sm_count=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, shared_reserved_per_block=1024,
+H200 = Hardware(sm_count=132, shared_per_block=48 * 1024, shared_optin_per_block=227 * 1024, shared_per_sm=228 * 1024,
+                shared_reserved_per_block=1024,
                 registers_per_sm=65536, registers_per_thread=255, threads_per_sm=2048, blocks_per_sm=32,
                 clock_hz=1.7e9, memory_bandwidth=4.07e12)
 
 SPLIT_WORKSPACE_BYTES = 16 << 20  # at most this much scratch for a split reduction's partial sums
 WEIGHT_BK = 16  # reduction slice of the weight gradient (cells of D)
-MAX_BK = 16  # largest source-channel slice of the convolution-shaped stages
+MAX_BK = 16  # largest source-channel slice of the convolution-shaped stages ...
+WIDE_BK = 32  # ... and the wider one an FMA float32 stage may also take (dynamic shared memory past 48 KB)
 MAX_SPLIT = 64  # most blocks one reduction is cut into
 SPLIT_BELOW_WAVES = 2  # split only stages of fewer blocks than this many waves of the SMs
 BLOCK_THREADS = (64, 128, 256)  # the thread counts a GEMM block may have
@@ -199,9 +202,21 @@ class GemmShape:
 
     @property
     def bk(self) -> int:
+        """The usual slice depth: source channels in even slices of at most MAX_BK, or WEIGHT_BK cells."""
+        return self._slice_depth(MAX_BK)
+
+    @property
+    def slice_depths(self) -> tuple[int, ...]:
+        """The slice depths a tile may take: bk and, for float32 FMA conv stages, slices of at most WIDE_BK
+        channels (half the slices and barriers, twice the shared memory; the tensor-core and float64 tiles
+        are not measured with them)."""
+        wide = self.conv and not self.mma and self.element_bytes == 4
+        return tuple(sorted({self.bk, self._slice_depth(WIDE_BK) if wide else self.bk}))
+
+    def _slice_depth(self, most: int) -> int:
         if not self.conv:
             return WEIGHT_BK
-        bk = ceil_div(self.source_c, ceil_div(self.source_c, MAX_BK)) if self.source_c else 1
+        bk = ceil_div(self.source_c, ceil_div(self.source_c, most)) if self.source_c else 1
         # The tensor cores take whole k steps: channels past the source's are staged as zeros.
         return ceil_div(bk, mma_k(self.mma)) * mma_k(self.mma) if self.mma else bk
 
@@ -231,9 +246,14 @@ class GemmShape:
 
     @property
     def chunks(self) -> int:
+        """Slices of the reduction at the usual depth bk."""
+        return self.chunks_at(self.bk)
+
+    def chunks_at(self, bk: int) -> int:
+        """Slices of the reduction (of every image, for the weight stage) at depth `bk`."""
         if self.conv:
-            return ceil_div(self.source_c, self.bk) * self.k_size
-        return ceil_div(self.reduction, WEIGHT_BK) * self.images
+            return ceil_div(self.source_c, bk) * self.k_size
+        return ceil_div(self.reduction, bk) * self.images
 
 
 def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[str, GemmShape]:
@@ -314,7 +334,7 @@ def _block_tiles(bk: int, conv: bool, staged_bytes: int, mma: int,
                         continue
                     if mma and not mma_tile_fits(bm, bn, bk, tm, tn, mma_k(mma)):
                         continue
-                    if gemm_shared_bytes(bm, bn, bk, staged_bytes) > hardware.shared_per_block:
+                    if gemm_shared_bytes(bm, bn, bk, staged_bytes) > hardware.shared_optin_per_block:
                         continue
                     if not conv and threads % bk:  # the weight kernel's B rows per thread
                         continue
@@ -330,13 +350,13 @@ def whole_parts(chunks: int, split: int) -> int:
     return ceil_div(chunks, ceil_div(chunks, max(1, min(split, chunks))))
 
 
-def _splits(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> list[int]:
-    """The splits worth trying for a block tile: none unless the stage has few blocks; no split
-    with an empty part; partial sums within SPLIT_WORKSPACE_BYTES."""
-    splits = {1}
-    if shape.chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
-        for split in range(2, min(shape.chunks, MAX_SPLIT) + 1):
-            splits.add(whole_parts(shape.chunks, split))
+def _splits(shape: GemmShape, bm: int, bn: int, bk: int, hardware: Hardware) -> list[int]:
+    """The splits worth trying for a block tile of slices `bk` deep: none unless the stage has few blocks;
+    no split with an empty part; partial sums within SPLIT_WORKSPACE_BYTES."""
+    splits, chunks = {1}, shape.chunks_at(bk)
+    if chunks > 1 and shape.grid(bm, bn, 1) < SPLIT_BELOW_WAVES * hardware.sm_count:
+        for split in range(2, min(chunks, MAX_SPLIT) + 1):
+            splits.add(whole_parts(chunks, split))
     partial_bytes = shape.outputs * shape.count * shape.element_bytes
     return sorted(s for s in splits if s == 1 or s * partial_bytes <= SPLIT_WORKSPACE_BYTES)
 
@@ -351,17 +371,18 @@ def fitted_blocks(shape: GemmShape, bm: int, bn: int, tm: int, tn: int) -> int:
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
-    """Every candidate block tile of `shape` with every allowed split."""
-    return [GemmTile(bm, bn, shape.bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
-            for bm, bn, tm, tn in _block_tiles(shape.bk, shape.conv, shape.staged_bytes, shape.mma, hardware)
-            for split in _splits(shape, bm, bn, hardware)]
+    """Every candidate block tile of `shape`, at each of its slice depths, with every allowed split."""
+    return [GemmTile(bm, bn, bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
+            for bk in shape.slice_depths
+            for bm, bn, tm, tn in _block_tiles(bk, shape.conv, shape.staged_bytes, shape.mma, hardware)
+            for split in _splits(shape, bm, bn, bk, hardware)]
 
 
 def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     """Rough cycles of the busiest SM: issued warp instructions over the schedulers' rate, derated
     when few warps share an SM, plus the second pass of a split. Steers choices only."""
     bm, bn, tm, tn, split = tile.bm, tile.bn, tile.tm, tile.tn, tile.split
-    bk, chunks, rank = shape.bk, shape.chunks, shape.rank
+    bk, chunks, rank = tile.bk, shape.chunks_at(tile.bk), shape.rank
     threads = tile.threads
     per_split = ceil_div(chunks, split) if chunks else 0
     blocks = shape.grid(bm, bn, split) if shape.m and shape.n else 0
@@ -476,7 +497,7 @@ def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     # FMA ties go to the squarer thread tile, which reads fewer shared bytes per multiply-add (t2x4: 6
     # words for 8; t1x8: 9, and 30% slower on the 3-channel k7 backward_input).
     squareness = lambda t: 0 if shape.mma else t.tm + t.tn  # noqa: E731
-    rank = lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, squareness(t), t.tm, t.tn)  # noqa: E731
+    rank = lambda t: (gemm_cost(shape, t, hardware), t.split, -t.bm * t.bn, squareness(t), t.tm, t.tn, t.bk)  # noqa: E731
     best = min(candidates, key=rank)
     if best.split > 1:
         whole = min((t for t in candidates if t.split == 1), key=rank)

@@ -31,6 +31,8 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -82,8 +84,17 @@ struct emulated_block {
     std::unique_ptr<std::barrier<>> barrier;
     std::atomic<int> any{0};
     std::vector<emulated_warp> warps;
+    std::vector<float4> dynamic;  // the launch's dynamic shared memory, 16-byte aligned, all-ones bytes
+    unsigned dynamic_bytes = 0;
 };
 inline emulated_block* emulated_current;
+inline unsigned char* dynamic_shared() { return reinterpret_cast<unsigned char*>(emulated_current->dynamic.data()); }
+inline unsigned dynamic_shared_bytes() { return emulated_current->dynamic_bytes; }
+[[noreturn]] inline void __trap()
+{
+    std::fputs("emulated kernel: __trap()\n", stderr);
+    std::abort();
+}
 inline void __syncthreads() { emulated_current->barrier->arrive_and_wait(); }
 inline int __syncthreads_or(int predicate)
 {
@@ -202,7 +213,7 @@ inline void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned
     c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
 }
 
-template <class Body> void emulated_launch(unsigned grid, unsigned threads, Body body)
+template <class Body> void emulated_launch(unsigned grid, unsigned threads, unsigned shared_bytes, Body body)
 {
     std::barrier<> between(threads);
     emulated_block block;
@@ -219,6 +230,9 @@ template <class Body> void emulated_launch(unsigned grid, unsigned threads, Body
                         const unsigned lanes = threads - 32 * w < 32 ? threads - 32 * w : 32;
                         block.warps[w].barrier = std::make_unique<std::barrier<>>(lanes);
                     }
+                    block.dynamic.assign((shared_bytes + 15) / 16, float4{});
+                    std::memset(block.dynamic.data(), 0xff, block.dynamic.size() * sizeof(float4));
+                    block.dynamic_bytes = shared_bytes;
                     emulated_current = &block;
                 }
                 between.arrive_and_wait();
@@ -274,7 +288,8 @@ def _device(array: Any) -> EmulatedArray:
 
 
 def _trampolines(code: str) -> str:
-    """extern "C" emulated_<kernel>(grid, threads, args): the kernel's arguments read from `args` by type."""
+    """extern "C" emulated_<kernel>(grid, threads, shared bytes, args): the kernel's arguments read from `args`
+    by type."""
     out = []
     for name, params in _KERNEL.findall(code):
         args = []
@@ -282,8 +297,8 @@ def _trampolines(code: str) -> str:
             declared = param.replace("__restrict__", "").split()
             c_type = " ".join(declared[:-1])
             args.append(f"({c_type})args[{index}]" if "*" in c_type else f"*({c_type}*)args[{index}]")
-        out.append(f'extern "C" void emulated_{name}(unsigned grid, unsigned threads, void** args)\n'
-                   f"{{ emulated_launch(grid, threads, [&] {{ {name}({', '.join(args)}); }}); }}")
+        out.append(f'extern "C" void emulated_{name}(unsigned grid, unsigned threads, unsigned shared, void** args)\n'
+                   f"{{ emulated_launch(grid, threads, shared, [&] {{ {name}({', '.join(args)}); }}); }}")
     return "\n".join(out)
 
 
@@ -318,7 +333,7 @@ class EmulatedModule:
 
     def get_function(self, name: str) -> Any:
         entry = getattr(self._library, f"emulated_{name}")
-        entry.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
+        entry.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
         entry.restype = None
 
         def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
@@ -338,7 +353,7 @@ class EmulatedModule:
                         raise EmulatedError(f"{name}: cannot pass a {value.dtype} scalar")
                     held.append(scalar(value.item()))
                     pointers.append(ctypes.addressof(held[-1]))
-            entry(int(np.prod(grid)), int(np.prod(block)), (ctypes.c_void_p * len(pointers))(*pointers))
+            entry(int(np.prod(grid)), int(np.prod(block)), shared_mem, (ctypes.c_void_p * len(pointers))(*pointers))
 
         return launch
 

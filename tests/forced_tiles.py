@@ -34,12 +34,26 @@ FORCED_GEOMETRY = [
 ]
 
 
-def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False):
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False, wide: bool = False):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
-    (`packed` on every conv-shaped stage: the weight gradient has no pack kernel)."""
+    (`packed` on every conv-shaped stage: the weight gradient has no pack kernel), its slices the stage's
+    deepest (GemmShape.slice_depths) when `wide`, else the usual bk."""
     def choose(shape, hardware):
-        return GemmTile(bm, bn, shape.bk, tm, tn, whole_parts(shape.chunks, split), packed and shape.conv)
+        bk = shape.slice_depths[-1] if wide else shape.bk
+        return GemmTile(bm, bn, bk, tm, tn, whole_parts(shape.chunks_at(bk), split), packed and shape.conv)
     return choose
+
+
+# Slices of up to WIDE_BK channels (float32 FMA conv-shaped stages): 128 x 64 at 32 channels stages 51 KB, past
+# the 48 KB a kernel gets unasked (its launch opts in); 20 channels of 40, a split, A as given and repacked.
+WIDE_FORCED_TILES = [  # (bm, bn, tm, tn, split, packed, wide)
+    (128, 64, 8, 4, 1, True, True),
+    (32, 128, 4, 8, 2, False, True),
+]
+WIDE_FORCED_GEOMETRY = [
+    Geometry.build(Family.CONV, 64, 40, (7, 6), (3, 3), (2, 1), (1, 1), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 40, 64, (5, 4), (3, 2), (2, 1), (1, 0), batch=2),
+]
 
 
 # FORCED_TILES with the paths kept and the staged slices within 48 KB of double elements:

@@ -26,7 +26,7 @@ from cuda_support import (
     forced_tape,
     run,
 )
-from forced_tiles import FORCED_GEOMETRY, FORCED_TILES
+from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, WIDE_FORCED_GEOMETRY, WIDE_FORCED_TILES, forced_chooser
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
@@ -72,6 +72,17 @@ def test_batched_splits_and_forced_tiles() -> None:
         for geom in FORCED_GEOMETRY:
             check_against_cpu(G(geom.family, geom.in_c, geom.out_c, geom.in_spatial, geom.kernel, geom.stride,
                                 geom.padding, batch=3), rng, forced_tape(tile))
+
+
+@pytest.mark.parametrize("tile", WIDE_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}_wide{}".format(*t))
+def test_wide_slices_in_dynamic_shared_memory(tile) -> None:
+    """Slices of up to 32 channels, in shared memory past the 48 KB a kernel gets unasked for 128 x 64 (the
+    launch opts in), against the CPU tape."""
+    rng = reference.case_rng("wide slices", tile)
+    for geom in WIDE_FORCED_GEOMETRY:
+        shared = max(launch.shared_bytes for launch in plan(geom, choose_tile=forced_chooser(*tile)).launches.values())
+        assert (shared > 48 * 1024) is (tile[:2] == (128, 64)), (geom, shared)
+        check_against_cpu(geom, rng, forced_tape(tile))
 
 
 def test_batch_sizes_of_one_bucket_share_a_module() -> None:

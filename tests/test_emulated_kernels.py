@@ -2,10 +2,10 @@
 CuPy made of NumPy and g++ (tests/emulated_cupy.py), so that kernel changes are checked where no GPU is.
 Every GPU thread is an OS thread, so the cases are few and small: the forced tiles that read a repacked
 weight (A staged four rows at a time and one element at a time, tests/test_launch_plans.py says which)
-on the forced geometries and a grouped one, float32 and float64; the rare path of non-finite values; a
-circular convolution (its pad and fold kernels); the tensor-core precisions on forced mma tiles with issue
-11's bounds; float16 and bfloat16 elements through every family. `pytest -m cuda` runs the same kernels on a
-GPU."""
+on the forced geometries and a grouped one, float32 and float64; slices in dynamic shared memory past
+48 KB; the rare path of non-finite values; a circular convolution (its pad and fold kernels); the
+tensor-core precisions on forced mma tiles with issue 11's bounds; float16 and bfloat16 elements through
+every family. `pytest -m cuda` runs the same kernels on a GPU."""
 
 from __future__ import annotations
 
@@ -24,7 +24,15 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import DirectChooser, direct_tile, no_direct
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, MMA_FORCED_TILES, forced_chooser
+from forced_tiles import (
+    FORCED_GEOMETRY,
+    FORCED_TILES,
+    FORCED_TILES_FLOAT64,
+    MMA_FORCED_TILES,
+    WIDE_FORCED_GEOMETRY,
+    WIDE_FORCED_TILES,
+    forced_chooser,
+)
 from half_support import HALF_DTYPES, draw_half, run_backend, stored, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND, high_bound
@@ -70,6 +78,12 @@ PACKED_TILES = [(tile, "float32") for tile in FORCED_TILES if tile[5]] + \
 def test_forced_tiles_reading_a_repacked_weight(tile, dtype) -> None:
     for geom in (*FORCED_GEOMETRY, GROUPED):
         check(geom, dtype, tile)
+
+
+def test_wide_slices_in_dynamic_shared_memory() -> None:
+    """32-channel slices of a 128 x 64 tile, 51 KB of dynamic shared memory (each emulated block gets
+    what the launch asks for, and a kernel that needs more traps), and the input gradient's 20-channel ones."""
+    check(WIDE_FORCED_GEOMETRY[0], "float32", WIDE_FORCED_TILES[0])
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "gemm"])

@@ -138,6 +138,7 @@ __device__ __forceinline__ scalar positive_infinity()
 __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { return n ? (unsigned)n : 1u; }
 
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
+constexpr unsigned SHARED_BUFFERS = 2;  // staged slices of A and of B (contract)
 constexpr unsigned COLUMN_POINTER_ROW_STEP = 2;  // farthest B rows read from one pointer (contract)
 
 // The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
@@ -599,6 +600,40 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives each emulated block its launch's buffer
+// The launch's dynamic shared memory and its size in bytes.
+__device__ __forceinline__ unsigned char* dynamic_shared()
+{
+    extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
+    return dynamic_shared_memory;
+}
+__device__ __forceinline__ unsigned dynamic_shared_bytes()
+{
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+#endif
+
+// The SHARED_BUFFERS staged slices of A and of B in the launch's dynamic shared memory (static shared
+// memory stops at 48 KB a block; 128 x 64 tiles of BK = 32 need 51 KB), Bs from the next 16-byte
+// boundary: the contract's gemm_slice_bytes, from which the launcher sizes it. A launch given less traps
+// rather than run over its neighbour's memory.
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_slices {
+    typedef typename staged_rows<MODE, BK, BM>::type ASlice;
+    typedef typename staged_rows<MODE, BK, BN>::type BSlice;
+    static constexpr unsigned A_BYTES = (SHARED_BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
+    static constexpr unsigned BYTES = A_BYTES + SHARED_BUFFERS * sizeof(BSlice);
+    ASlice* As;
+    BSlice* Bs;
+    __device__ __forceinline__ staged_slices()
+    {
+        if (dynamic_shared_bytes() < BYTES) __trap();
+        As = reinterpret_cast<ASlice*>(dynamic_shared());
+        Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
+    }
+};
+
 // One loaded element into its place (k, w) of a staged slice, as the slice multiplies it: a scalar
 // (staged_value), or the 16-bit element itself.
 template <unsigned MODE, unsigned K, unsigned W>
@@ -873,8 +908,10 @@ extern "C" __global__ void FWD_BOUNDS conv_r5_forward(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
+    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
+    const staged_slices<MMA, BM, BN, BK> slices;
+    const auto As = slices.As;
+    const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -1409,8 +1446,10 @@ extern "C" __global__ void BWI_BOUNDS conv_r5_backward_input(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
+    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
+    const staged_slices<MMA, BM, BN, BK> slices;
+    const auto As = slices.As;
+    const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M dst and SRC_C src channels.
@@ -2279,8 +2318,10 @@ extern "C" __global__ void BWW_BOUNDS conv_r5_backward_weight(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BM>::type As[2];
-    __shared__ __align__(16) typename staged_rows<MMA, BK, BN>::type Bs[2];
+    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
+    const staged_slices<MMA, BM, BN, BK> slices;
+    const auto As = slices.As;
+    const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
     __shared__ unsigned valid_rows[BN];
     // Groups: one block-diagonal GEMM per group, over its M rows of D and U_C channels of U.

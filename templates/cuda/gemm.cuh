@@ -262,6 +262,40 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives each emulated block its launch's buffer
+// The launch's dynamic shared memory and its size in bytes.
+__device__ __forceinline__ unsigned char* dynamic_shared()
+{
+    extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
+    return dynamic_shared_memory;
+}
+__device__ __forceinline__ unsigned dynamic_shared_bytes()
+{
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+#endif
+
+// The SHARED_BUFFERS staged slices of A and of B in the launch's dynamic shared memory (static shared
+// memory stops at 48 KB a block; 128 x 64 tiles of BK = 32 need 51 KB), Bs from the next 16-byte
+// boundary: the contract's gemm_slice_bytes, from which the launcher sizes it. A launch given less traps
+// rather than run over its neighbour's memory.
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_slices {
+    typedef typename staged_rows<MODE, BK, BM>::type ASlice;
+    typedef typename staged_rows<MODE, BK, BN>::type BSlice;
+    static constexpr unsigned A_BYTES = (SHARED_BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
+    static constexpr unsigned BYTES = A_BYTES + SHARED_BUFFERS * sizeof(BSlice);
+    ASlice* As;
+    BSlice* Bs;
+    __device__ __forceinline__ staged_slices()
+    {
+        if (dynamic_shared_bytes() < BYTES) __trap();
+        As = reinterpret_cast<ASlice*>(dynamic_shared());
+        Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
+    }
+};
+
 // One loaded element into its place (k, w) of a staged slice, as the slice multiplies it: a scalar
 // (staged_value), or the 16-bit element itself.
 template <unsigned MODE, unsigned K, unsigned W>
