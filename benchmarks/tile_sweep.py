@@ -217,7 +217,8 @@ def swept_shapes(geom: Geometry, precision: str, stages: frozenset[str],
 
 
 def sweep_case(case: Case, top: int, rounds: int, precision: str, cupy: Any, stages: frozenset[str] = frozenset(),
-               forced: tuple[ForcedTile, ...] = (), dtype: str = "float32", depths: bool = False) -> list[dict[str, Any]]:
+               forced: tuple[ForcedTile, ...] = (), dtype: str = "float32",
+               depths: bool = False) -> list[dict[str, Any]]:
     """Every candidate tile of every GEMM stage of `case` (of `stages` when given), timed and checked against
     the planned one."""
     geom = case.geometry

@@ -91,6 +91,16 @@ FMA_REFERENCE_TILE = 32  # ... for FMA thread tiles of this many accumulators (t
 # On stages of a few waves larger tiles lost (one-image conv2d 256->256 14² forward, split 36: 19.5 -> 27
 # µs; conv3d 32³, split 3: 73 -> 87 µs), and in the weight gradient (128->128 N8: 1365 -> 1929 µs).
 ILP_CREDIT_WAVES = 4
+# Wide slices (WIDE_BK channels, twice the usual) in those many-wave FMA stages: twice the staged values in
+# flight per thread, so fewer warps hide the gather's latency, though the registers they take cost a third of
+# the resident blocks (128x64 t8x8: 150 -> 209 registers). On the H200 (tile_sweep.py --depths,
+# benchmarks/measured/2026-12-01-h200-fba8cae-depth-sweep.*) the same block tiles ran 2-7% faster in 2-D and
+# 3-D (conv2d N8 128->128 128² forward, 128x128 t8x8: 1111 -> 1034 µs; conv3d N8 32->32 32³ backward_input,
+# 32x256 t8x8: 438 -> 413) and 7-12% slower in 1-D (conv1d N32 64->64 4096, 64x128 t8x8: 145 -> 160). Their
+# half-issue warps scaled by this picks the fastest or within 2.4% of it on the eight swept stages (from
+# 6.8% worst); stages of fewer waves were not timed with them.
+WIDE_SLICE_HALF_WARPS = 0.6
+WIDE_SLICE_MIN_RANK = 2
 # Weight-gradient FMA stages, at every thread count: a warp hides latency with its thread tile's independent
 # multiply-adds as well, a t8x8 warp like two of t4x8 (the conv stages' credit), and a smaller tile's warp a
 # little worse than its accumulators alone say (half_warps times (32 / accumulators) ** this). Fitted on the
@@ -321,8 +331,8 @@ def mma_tile_fits(bm: int, bn: int, bk: int, tm: int, tn: int, k_step: int = MMA
 
 
 def _block_tiles(bk: int, conv: bool, staged_bytes: int, mma: int,
-                 hardware: Hardware) -> list[tuple[int, int, int, int]]:
-    """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit one block (and, for the
+                 shared_bytes: int) -> list[tuple[int, int, int, int]]:
+    """(bm, bn, tm, tn) of the allowed thread counts whose shared tiles fit in `shared_bytes` (and, for the
     tensor cores, that mma_tile_fits)."""
     out = []
     for tm in (1, 2, 4, 8):
@@ -334,7 +344,7 @@ def _block_tiles(bk: int, conv: bool, staged_bytes: int, mma: int,
                         continue
                     if mma and not mma_tile_fits(bm, bn, bk, tm, tn, mma_k(mma)):
                         continue
-                    if gemm_shared_bytes(bm, bn, bk, staged_bytes) > hardware.shared_optin_per_block:
+                    if gemm_shared_bytes(bm, bn, bk, staged_bytes) > shared_bytes:
                         continue
                     if not conv and threads % bk:  # the weight kernel's B rows per thread
                         continue
@@ -371,11 +381,22 @@ def fitted_blocks(shape: GemmShape, bm: int, bn: int, tm: int, tn: int) -> int:
 
 
 def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
-    """Every candidate block tile of `shape`, at each of its slice depths, with every allowed split."""
+    """Every candidate block tile of `shape`, at each of its slice depths where they pay, with every allowed
+    split."""
+    # Past the 48 KB of static shared memory, the wide slices alone were timed (128x128 at 32 channels: 69 KB).
+    shared = {bk: hardware.shared_per_block if bk == shape.bk else hardware.shared_optin_per_block
+              for bk in shape.slice_depths}
     return [GemmTile(bm, bn, bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
             for bk in shape.slice_depths
-            for bm, bn, tm, tn in _block_tiles(bk, shape.conv, shape.staged_bytes, shape.mma, hardware)
+            for bm, bn, tm, tn in _block_tiles(bk, shape.conv, shape.staged_bytes, shape.mma, shared[bk])
+            if bk == shape.bk or wide_slices_pay(shape, bm, bn, hardware)
             for split in _splits(shape, bm, bn, bk, hardware)]
+
+
+def wide_slices_pay(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> bool:
+    """Whether a block tile may take the stage's wide slices (GemmShape.slice_depths): where they were measured
+    to pay, conv-shaped stages of rank 2 and up with at least ILP_CREDIT_WAVES waves of blocks (WIDE_SLICE_*)."""
+    return shape.rank >= WIDE_SLICE_MIN_RANK and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
 
 
 def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
@@ -445,6 +466,8 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
         half_warps = HALF_ISSUE_WARPS * (ilp if ilp <= 1 else ilp**WEIGHT_DEBIT_EXPONENT)
     else:
         half_warps = HALF_ISSUE_WARPS
+    if bk > shape.bk:  # wide slices (wide_slices_pay)
+        half_warps *= WIDE_SLICE_HALF_WARPS
     # The busiest SM runs its blocks in rounds of `resident`. The weight gradient's last, partial round has fewer
     # warps to hide latency with (conv2d N32 64->64 56², 64x64 t4x4 at 2 blocks an SM: split 44, 396 blocks in two
     # rounds, 326 µs; split 29, 261 blocks in one, 304); the conv-shaped stages were calibrated on the first
