@@ -81,15 +81,17 @@ DIRECT_BOX_FIELD = 'DIRECT_BOX'
 DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES')
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs are double-buffered
+# A GEMM block of more shared memory than this has its slices in dynamic shared memory (gemm_dynamic_shared_bytes).
+STATIC_SHARED_BYTES = 49152
 # FMA conv-shaped stages whose threads stage B rows at most this far apart read them from one pointer per
 # column (a register for all of them); the tensor-core stages always do.
 COLUMN_POINTER_ROW_STEP = 2
 
 
 def gemm_slice_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
-    """Dynamic shared memory of one GEMM block, the launch's shared-memory size: As[2][BK][BM + pad]
-    and, from the next 16-byte boundary, Bs[2][BK][BN + pad], elements of `element_bytes` (what the
-    kernel stages: the ELEMENT_BYTES define, 2 for the 16-bit mma); the kernel traps on less."""
+    """The staged slices of one GEMM block: As[2][BK][BM + pad] and, from the next 16-byte boundary,
+    Bs[2][BK][BN + pad], elements of `element_bytes` (what the kernel stages: the ELEMENT_BYTES define, 2
+    for the 16-bit mma)."""
     a_bytes = SHARED_BUFFERS * bk * (bm + SHARED_ROW_PAD) * element_bytes
     return -(-a_bytes // 16) * 16 + SHARED_BUFFERS * bk * (bn + SHARED_ROW_PAD) * element_bytes
 
@@ -98,6 +100,14 @@ def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
     """All shared memory of one GEMM block: its slices (gemm_slice_bytes) and the static row-validity
     words of the B columns, valid_rows[BN] (unsigned)."""
     return gemm_slice_bytes(bm, bn, bk, element_bytes) + bn * 4
+
+
+def gemm_dynamic_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
+    """The dynamic shared memory a GEMM block's launch gives: its slices when the block takes more than
+    STATIC_SHARED_BYTES in all (the kernel traps on less), else none (its slices are static arrays)."""
+    if gemm_shared_bytes(bm, bn, bk, element_bytes) <= STATIC_SHARED_BYTES:
+        return 0
+    return gemm_slice_bytes(bm, bn, bk, element_bytes)
 
 
 # Family -> stage -> the kernel's parameters in signature order, stages in launch order.

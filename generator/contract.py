@@ -64,6 +64,11 @@ PACKED_FIELD = "PACKED"
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
 SHARED_ROW_PAD = 4
 SHARED_BUFFERS = 2
+# Past this many bytes of shared memory a block (its slices and valid_rows), the slices are laid out in the launch's
+# dynamic shared memory, which a kernel may take beyond 48 KB once it opts in; within it they are static
+# arrays, as the kernels were measured with (on the H200 the weight gradient ran 10-30% slower with every
+# tile's slices in dynamic shared memory: benchmarks/NOTES.md).
+STATIC_SHARED_BYTES = 48 * 1024
 # A conv-shaped stage's thread stages BK / ROW_STEP rows of a B column, ROW_STEP apart (ROW_STEP = threads /
 # BN). Up to this distance, and on the tensor cores, the rows are read from one pointer per column (the
 # kernel's COLUMN_POINTER; one register for all of them, which the tile model counts); farther apart, by

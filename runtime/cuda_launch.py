@@ -37,7 +37,7 @@ from convgen.generated.contract import (
     PACKED_FIELD,
     PRECISION_MMA_MODES,
     TILE_FIELDS,
-    gemm_slice_bytes,
+    gemm_dynamic_shared_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_model import (
@@ -84,7 +84,7 @@ TileChooser = Callable[[GemmShape, Hardware], GemmTile]
 class Launch:
     grid: int  # blocks along x; 0 when the stage has nothing to write
     block: int = BLOCK
-    shared_bytes: int = 0  # dynamic shared memory: the GEMM kernels' staged slices (gemm_slice_bytes)
+    shared_bytes: int = 0  # dynamic shared memory: GEMM slices past the static limit (gemm_dynamic_shared_bytes)
     kernel: str = ""  # the kernel that runs the stage, when not the stage's own (a GEMM stage's `_direct`)
 
 
@@ -180,7 +180,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads,
-                                 gemm_slice_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes))
+                                 gemm_dynamic_shared_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes))
         if shape.conv:  # the stages with a `_pack` kernel (contract: packed_define)
             values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)

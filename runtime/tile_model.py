@@ -101,6 +101,7 @@ ILP_CREDIT_WAVES = 4
 # 6.8% worst); stages of fewer waves were not timed with them.
 WIDE_SLICE_HALF_WARPS = 0.6
 WIDE_SLICE_MIN_RANK = 2
+WIDE_SLICE_MIN_ACCUMULATORS = 64
 # Weight-gradient FMA stages, at every thread count: a warp hides latency with its thread tile's independent
 # multiply-adds as well, a t8x8 warp like two of t4x8 (the conv stages' credit), and a smaller tile's warp a
 # little worse than its accumulators alone say (half_warps times (32 / accumulators) ** this). Fitted on the
@@ -217,11 +218,11 @@ class GemmShape:
 
     @property
     def slice_depths(self) -> tuple[int, ...]:
-        """The slice depths a tile may take: bk and, for float32 FMA conv stages, slices of at most WIDE_BK
-        channels (half the slices and barriers, twice the shared memory; the tensor-core and float64 tiles
-        are not measured with them)."""
-        wide = self.conv and not self.mma and self.element_bytes == 4
-        return tuple(sorted({self.bk, self._slice_depth(WIDE_BK) if wide else self.bk}))
+        """The slice depths a tile may take: bk and, for float32 FMA conv stages whose channels come in whole
+        slices of WIDE_BK, that depth (half the slices and barriers, twice the shared memory; the tensor-core and
+        float64 tiles are not measured with them, and 48 channels in slices of 24 ran 16% slower)."""
+        wide = self.conv and not self.mma and self.element_bytes == 4 and self._slice_depth(WIDE_BK) == WIDE_BK
+        return tuple(sorted({self.bk, WIDE_BK if wide else self.bk}))
 
     def _slice_depth(self, most: int) -> int:
         if not self.conv:
@@ -389,14 +390,16 @@ def tile_candidates(shape: GemmShape, hardware: Hardware) -> list[GemmTile]:
     return [GemmTile(bm, bn, bk, tm, tn, split, min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
             for bk in shape.slice_depths
             for bm, bn, tm, tn in _block_tiles(bk, shape.conv, shape.staged_bytes, shape.mma, shared[bk])
-            if bk == shape.bk or wide_slices_pay(shape, bm, bn, hardware)
+            if bk == shape.bk or wide_slices_pay(shape, bm, bn, tm, tn, hardware)
             for split in _splits(shape, bm, bn, bk, hardware)]
 
 
-def wide_slices_pay(shape: GemmShape, bm: int, bn: int, hardware: Hardware) -> bool:
+def wide_slices_pay(shape: GemmShape, bm: int, bn: int, tm: int, tn: int, hardware: Hardware) -> bool:
     """Whether a block tile may take the stage's wide slices (GemmShape.slice_depths): where they were measured
-    to pay, conv-shaped stages of rank 2 and up with at least ILP_CREDIT_WAVES waves of blocks (WIDE_SLICE_*)."""
-    return shape.rank >= WIDE_SLICE_MIN_RANK and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count
+    to pay, t8x8 thread tiles of conv-shaped stages of rank 2 and up with at least ILP_CREDIT_WAVES waves of
+    blocks (WIDE_SLICE_*)."""
+    return (shape.rank >= WIDE_SLICE_MIN_RANK and tm * tn >= WIDE_SLICE_MIN_ACCUMULATORS
+            and shape.grid(bm, bn, 1) >= ILP_CREDIT_WAVES * hardware.sm_count)
 
 
 def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:

@@ -44,8 +44,9 @@ def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool 
     return choose
 
 
-# Slices of up to WIDE_BK channels (float32 FMA conv-shaped stages): 128 x 64 at 32 channels stages 51 KB, past
-# the 48 KB a kernel gets unasked (its launch opts in); 20 channels of 40, a split, A as given and repacked.
+# Slices of WIDE_BK channels (float32 FMA conv-shaped stages of 64 source channels here; the 40-channel stages keep
+# slices of 14): 128 x 64 at 32 channels stages 51 KB in dynamic shared memory, past the 48 KB a block may have
+# statically (its launch opts in); 32 x 128 stays static; a split, A as given and repacked.
 WIDE_FORCED_TILES = [  # (bm, bn, tm, tn, split, packed, wide)
     (128, 64, 8, 4, 1, True, True),
     (32, 128, 4, 8, 2, False, True),

@@ -76,8 +76,8 @@ def test_batched_splits_and_forced_tiles() -> None:
 
 @pytest.mark.parametrize("tile", WIDE_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}_wide{}".format(*t))
 def test_wide_slices_in_dynamic_shared_memory(tile) -> None:
-    """Slices of up to 32 channels, in shared memory past the 48 KB a kernel gets unasked for 128 x 64 (the
-    launch opts in), against the CPU tape."""
+    """Slices of 32 channels, in dynamic shared memory past the 48 KB of a static block for 128 x 64 (the launch
+    opts in), static for 32 x 128, against the CPU tape."""
     rng = reference.case_rng("wide slices", tile)
     for geom in WIDE_FORCED_GEOMETRY:
         shared = max(launch.shared_bytes for launch in plan(geom, choose_tile=forced_chooser(*tile)).launches.values())

@@ -82,7 +82,7 @@ def test_forced_tiles_reading_a_repacked_weight(tile, dtype) -> None:
 
 def test_wide_slices_in_dynamic_shared_memory() -> None:
     """32-channel slices of a 128 x 64 tile, 51 KB of dynamic shared memory (each emulated block gets
-    what the launch asks for, and a kernel that needs more traps), and the input gradient's 20-channel ones."""
+    what the launch asks for, and a kernel that needs more traps)."""
     check(WIDE_FORCED_GEOMETRY[0], "float32", WIDE_FORCED_TILES[0])
 
 

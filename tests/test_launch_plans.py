@@ -22,11 +22,12 @@ from convgen.cuda_launch import (
     gemm_cost,
     gemm_shapes,
     nvrtc_options,
+    opted_in_shared,
     plan,
     representative_geometry,
     tile_candidates,
 )
-from convgen.generated.contract import KERNELS, gemm_shared_bytes
+from convgen.generated.contract import KERNELS, gemm_dynamic_shared_bytes, gemm_shared_bytes, gemm_slice_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import (
@@ -315,3 +316,58 @@ def test_weight_gradient_credits_thread_tiles_at_every_thread_count(conv, expect
     geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (k,) * rank, (1,) * rank, (k // 2,) * rank, batch=batch)
     chosen = choose_tile(gemm_shapes(geom)["backward_weight"], H200)
     assert (chosen.bm, chosen.bn, chosen.tm, chosen.tn, chosen.split) == expected
+
+
+# Batched conv-shaped stages, conv (batch, in_c, out_c, spatial, k) -> forward's (bm, bn, bk, tm, tn), the µs the
+# H200 measured for it and for the same block tile at 16 channels a slice
+# (benchmarks/measured/2026-12-01-h200-fba8cae-depth-sweep.txt, -6e76c3d-depth-pairs.txt).
+WIDE_PICKS = [
+    ((8, 128, 128, (128, 128), 3), (128, 128, 32, 8, 8)),  # 1034.9 µs; 1112.1 at bk16 (the last plan's 128x64: 1078)
+    ((8, 32, 32, (32, 32, 32), 3), (32, 256, 32, 8, 8)),  # 420.2; 436.4
+    ((32, 64, 64, (56, 56), 3), (64, 64, 32, 8, 8)),  # 221.9; 224.5
+    ((32, 64, 64, (4096,), 5), (64, 128, 16, 8, 8)),  # 1-D stays at 16: 145.4; 160.1 at 32
+]
+
+
+@pytest.mark.parametrize(("conv", "expected"), WIDE_PICKS)
+def test_wide_slices_where_they_were_measured_to_pay(conv, expected):
+    """Slices of 32 channels for FMA conv stages of rank 2 and up with many waves of blocks; the 1-D stage keeps 16."""
+    batch, in_c, out_c, spatial, k = conv
+    rank = len(spatial)
+    geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (k,) * rank, (1,) * rank, (k // 2,) * rank, batch=batch)
+    chosen = choose_tile(gemm_shapes(geom)["forward"], H200)
+    assert (chosen.bm, chosen.bn, chosen.bk, chosen.tm, chosen.tn) == expected
+
+
+def test_wide_slices_are_for_float32_fma_stages_of_many_waves():
+    """The wide depth is a candidate only in float32 FMA conv stages, and there only for tiles of at least four
+    waves at rank 2 and up: a stage of few blocks, float64 and the tensor cores keep slices of at most 16
+    channels, and so does the weight gradient (16 cells)."""
+    batched = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+    shapes = gemm_shapes(batched)
+    assert shapes["forward"].slice_depths == (16, 32) and shapes["backward_weight"].slice_depths == (16,)
+    assert gemm_shapes(batched, 8)["forward"].slice_depths == (16,)
+    assert gemm_shapes(batched, 4, 1)["forward"].slice_depths == (16,)
+    few_blocks = gemm_shapes(Geometry.build(*SIZES[2]))["forward"]  # one image of 256 -> 256 channels, 14²
+    assert few_blocks.slice_depths == (16, 32) and {t.bk for t in tile_candidates(few_blocks, H200)} == {16}
+    wide = [t for t in tile_candidates(shapes["forward"], H200) if t.bk == 32]
+    assert wide and all(shapes["forward"].grid(t.bm, t.bn, 1) >= 4 * H200.sm_count for t in wide)
+    # 40 channels: slices of 14 only (three a window offset; two of 20 would not be whole slices of 32); 96: 16 or 32.
+    assert gemm_shapes(Geometry.build(Family.CONV, 40, 8, (9, 9), (3, 3), (1, 1), (1, 1)))["forward"].slice_depths \
+        == (14,)
+    assert gemm_shapes(Geometry.build(Family.CONV, 96, 8, (9, 9), (3, 3), (1, 1), (1, 1)))["forward"].slice_depths \
+        == (16, 32)
+
+
+def test_slices_past_the_static_limit_take_dynamic_shared_memory():
+    """The launch gives a GEMM block its slices as dynamic shared memory exactly when its shared memory passes
+    the 48 KB a static block may have, and the kernels that need it are the ones the runtime opts in; Bs starts on
+    a 16-byte boundary whatever As's size."""
+    assert contract.STATIC_SHARED_BYTES == 48 * 1024
+    assert gemm_slice_bytes(128, 128, 32) == 2 * 32 * 132 * 4 + 2 * 32 * 132 * 4
+    assert gemm_slice_bytes(1, 64, 3) == 128 + 2 * 3 * 68 * 4  # As: 2 * 3 * 5 * 4 = 120 bytes, rounded up
+    assert gemm_dynamic_shared_bytes(128, 64, 16) == 0 and gemm_dynamic_shared_bytes(128, 64, 32) == 51200
+    geom = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+    geometry_plan = plan(geom)
+    assert opted_in_shared(geometry_plan, H200) == {"forward": 67584, "backward_input": 67584}
+    assert geometry_plan.launches["backward_weight"].shared_bytes == 0

@@ -129,6 +129,7 @@ __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { re
 
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
 constexpr unsigned SHARED_BUFFERS = 2;  // staged slices of A and of B (contract)
+constexpr unsigned STATIC_SHARED_BYTES = 49152;  // beyond it, slices in dynamic shared memory (contract)
 constexpr unsigned COLUMN_POINTER_ROW_STEP = 2;  // farthest B rows read from one pointer (contract)
 
 // The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
@@ -605,22 +606,31 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// The SHARED_BUFFERS staged slices of A and of B in the launch's dynamic shared memory (static shared
-// memory stops at 48 KB a block; 128 x 64 tiles of BK = 32 need 51 KB), Bs from the next 16-byte
-// boundary: the contract's gemm_slice_bytes, from which the launcher sizes it. A launch given less traps
-// rather than run over its neighbour's memory.
+// The SHARED_BUFFERS staged slices of A and of B: static arrays while the block's shared memory (they
+// and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else in the launch's dynamic shared memory (a
+// static block stops at 48 KB; 128 x 128 tiles of BK = 32 take 69 KB), Bs from the next 16-byte boundary:
+// the contract's gemm_slice_bytes and gemm_dynamic_shared_bytes, from which the launcher sizes it. A
+// launch given less traps rather than run over its neighbour's memory.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_slices {
     typedef typename staged_rows<MODE, BK, BM>::type ASlice;
     typedef typename staged_rows<MODE, BK, BN>::type BSlice;
     static constexpr unsigned A_BYTES = (SHARED_BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
     static constexpr unsigned BYTES = A_BYTES + SHARED_BUFFERS * sizeof(BSlice);
+    static constexpr bool DYNAMIC = BYTES + BN * sizeof(unsigned) > STATIC_SHARED_BYTES;
     ASlice* As;
     BSlice* Bs;
     __device__ __forceinline__ staged_slices()
     {
-        if (dynamic_shared_bytes() < BYTES) __trap();
-        As = reinterpret_cast<ASlice*>(dynamic_shared());
-        Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
+        if constexpr (DYNAMIC) {
+            if (dynamic_shared_bytes() < BYTES) __trap();
+            As = reinterpret_cast<ASlice*>(dynamic_shared());
+            Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
+        } else {
+            __shared__ __align__(16) ASlice a_slices[SHARED_BUFFERS];
+            __shared__ __align__(16) BSlice b_slices[SHARED_BUFFERS];
+            As = a_slices;
+            Bs = b_slices;
+        }
     }
 };
 
