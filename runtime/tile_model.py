@@ -102,6 +102,11 @@ ILP_CREDIT_WAVES = 4
 WIDE_SLICE_HALF_WARPS = 0.6
 WIDE_SLICE_MIN_RANK = 2
 WIDE_SLICE_MIN_ACCUMULATORS = 64
+# ... and whose estimated registers stay under this: at 219 (64x64 t8x8 at 64 threads) NVRTC used 233-243 and the
+# wide slices won; at 222 (32x128 t8x8 at 64 threads, two B columns of 32 rows a thread) it used 255, its cap,
+# and they lost 4-22% (conv2d N32 32->32 56² forward 70.9 -> 86.3 µs against the narrow pick, N64 96->96 28²
+# backward_input 292 -> 322; benchmarks/measured/2026-12-01-h200-42c62c5-depth-pairs.txt).
+WIDE_SLICE_MAX_REGISTERS = 220
 # Weight-gradient FMA stages, at every thread count: a warp hides latency with its thread tile's independent
 # multiply-adds as well, a t8x8 warp like two of t4x8 (the conv stages' credit), and a smaller tile's warp a
 # little worse than its accumulators alone say (half_warps times (32 / accumulators) ** this). Fitted on the
@@ -452,7 +457,7 @@ def gemm_cost(shape: GemmShape, tile: GemmTile, hardware: Hardware) -> float:
     # with the extra one).
     b_extra = 0 if shape.conv and not shape.mma and threads // bn <= COLUMN_POINTER_ROW_STEP else b_loads
     registers = tile_registers + (words + 1) * a_loads + words * b_loads + b_extra + hoisted + BASE_REGISTERS
-    if registers > hardware.registers_per_thread:
+    if registers > hardware.registers_per_thread or (bk > shape.bk and registers > WIDE_SLICE_MAX_REGISTERS):
         return math.inf
     shared = gemm_shared_bytes(bm, bn, bk, shape.staged_bytes) + hardware.shared_reserved_per_block
     resident = max(1, min(hardware.threads_per_sm // threads, hardware.registers_per_sm // (threads * registers),
