@@ -105,7 +105,7 @@ WIDE_SLICE_MIN_ACCUMULATORS = 64
 # ... and whose estimated registers stay under this: at 219 (64x64 t8x8 at 64 threads) NVRTC used 233-243 and the
 # wide slices won; at 222 (32x128 t8x8 at 64 threads, two B columns of 32 rows a thread) it used 255, its cap,
 # and they lost 4-22% (conv2d N32 32->32 56² forward 70.9 -> 86.3 µs against the narrow pick, N64 96->96 28²
-# backward_input 292 -> 322; benchmarks/measured/2026-12-01-h200-42c62c5-depth-pairs.txt).
+# backward_input 292 -> 322; benchmarks/measured/2026-12-02-h200-42c62c5-depth-pairs.txt).
 WIDE_SLICE_MAX_REGISTERS = 220
 # Weight-gradient FMA stages, at every thread count: a warp hides latency with its thread tile's independent
 # multiply-adds as well, a t8x8 warp like two of t4x8 (the conv stages' credit), and a smaller tile's warp a

@@ -38,7 +38,7 @@ def test_a_pick_that_was_not_timed_is_reported_as_such(tmp_path) -> None:
 
 
 DEPTH_SWEEP = [BENCHMARKS / "measured" / name for name in ("2026-12-01-h200-fba8cae-depth-sweep.json",
-                                                           "2026-12-01-h200-42c62c5-depth-pairs.json")]
+                                                           "2026-12-02-h200-42c62c5-depth-pairs.json")]
 
 
 def test_the_conv_stage_picks_at_both_slice_depths_were_timed():

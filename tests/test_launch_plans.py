@@ -320,12 +320,12 @@ def test_weight_gradient_credits_thread_tiles_at_every_thread_count(conv, expect
 
 # Batched conv-shaped stages, conv (batch, in_c, out_c, spatial, k) -> forward's (bm, bn, bk, tm, tn), the µs the
 # H200 measured for it and for the same block tile at 16 channels a slice
-# (benchmarks/measured/2026-12-01-h200-fba8cae-depth-sweep.txt, -6e76c3d-depth-pairs.txt).
+# (benchmarks/measured/2026-12-01-h200-fba8cae-depth-sweep.txt, 2026-12-02-h200-42c62c5-depth-pairs.txt).
 WIDE_PICKS = [
-    ((8, 128, 128, (128, 128), 3), (128, 128, 32, 8, 8)),  # 1034.9 µs; 1112.1 at bk16 (the last plan's 128x64: 1078)
-    ((8, 32, 32, (32, 32, 32), 3), (32, 256, 32, 8, 8)),  # 420.2; 436.4
-    ((32, 64, 64, (56, 56), 3), (64, 64, 32, 8, 8)),  # 221.9; 224.5
-    ((32, 64, 64, (4096,), 5), (64, 128, 16, 8, 8)),  # 1-D stays at 16: 145.4; 160.1 at 32
+    ((8, 128, 128, (128, 128), 3), (128, 128, 32, 8, 8)),  # 1035.1 µs; 1120.3 at bk16 (the last plan's 128x64: 1048.0)
+    ((8, 32, 32, (32, 32, 32), 3), (32, 256, 32, 8, 8)),  # 421.3; 436.3
+    ((32, 64, 64, (56, 56), 3), (64, 64, 32, 8, 8)),  # 222.9; 226.2
+    ((32, 64, 64, (4096,), 5), (64, 128, 16, 8, 8)),  # 1-D stays at 16: 145.4; 160.1 at 32 (fba8cae's sweep)
 ]
 
 
