@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,6 +86,34 @@ def test_wide_slices_in_dynamic_shared_memory() -> None:
     """32-channel slices of a 128 x 64 tile, 51 KB of dynamic shared memory (each emulated block gets
     what the launch asks for, and a kernel that needs more traps)."""
     check(WIDE_FORCED_GEOMETRY[0], "float32", WIDE_FORCED_TILES[0])
+
+
+# Run in a child process: a trapped kernel aborts the process it runs in.
+SHORT_LAUNCH = """
+import dataclasses
+import convgen.cuda
+import test_emulated_kernels as emulated
+from forced_tiles import WIDE_FORCED_GEOMETRY, WIDE_FORCED_TILES
+
+full_plan = convgen.cuda.plan
+
+def short_plan(*args, **kwargs):
+    made = full_plan(*args, **kwargs)
+    forward = dataclasses.replace(made.launches["forward"], shared_bytes=made.launches["forward"].shared_bytes - 16)
+    return dataclasses.replace(made, launches={**made.launches, "forward": forward})
+
+convgen.cuda.plan = short_plan
+emulated.check(WIDE_FORCED_GEOMETRY[0], "float32", WIDE_FORCED_TILES[0])
+"""
+
+
+def test_a_launch_short_of_its_dynamic_shared_memory_traps() -> None:
+    """The 128 x 64 wide-slice forward given 16 bytes less dynamic shared memory than its slices take stops
+    at its first instruction (__trap) rather than stage past the end of it."""
+    child = subprocess.run([sys.executable, "-c", SHORT_LAUNCH], capture_output=True, text=True, timeout=600,
+                           cwd=Path(__file__).resolve().parent)
+    assert child.returncode == -signal.SIGABRT, child.stderr[-2000:]
+    assert "emulated kernel: __trap()" in child.stderr
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "gemm"])
