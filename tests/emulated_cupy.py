@@ -319,8 +319,11 @@ class EmulatedModule:
             source = work / "kernels.cpp"
             source.write_text(PRELUDE + "\n" + code + "\n" + _trampolines(code) + "\n")
             # The alignment sanitizer stops at a vector access (float4, double2) off its alignment, which
-            # x86 would let through and a GPU would fault on.
+            # x86 would let through and a GPU would fault on. Without -fno-gnu-unique the static shared arrays
+            # of an inline function (gemm.cuh's staged_slices) would be one object across every module loaded,
+            # as a float32 and a float64 build name them alike: each GPU module has its own.
             built = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                                    "-fno-gnu-unique",
                                     "-fsanitize=alignment", "-fno-sanitize-recover=alignment", *defines,
                                     str(source), "-o", str(work / "kernels.so")], capture_output=True, text=True)
             try:
