@@ -40,10 +40,10 @@ from convgen.generated.contract import (
     gemm_dynamic_shared_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
+from convgen.tile_calibration import PACK_MIN_MACS
 from convgen.tile_model import (
     H200,
     HALF_MMA_K,
-    PACK_MIN_MACS,
     SPLIT_WORKSPACE_BYTES,
     GemmShape,
     GemmTile,

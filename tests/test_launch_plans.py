@@ -30,15 +30,8 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import KERNELS, gemm_dynamic_shared_bytes, gemm_shared_bytes, gemm_slice_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import (
-    HOST_LAUNCH_CYCLES,
-    KERNEL_CYCLES,
-    PACK_ANY_TILE_MACS,
-    PACK_MIN_MACS_DIRECT,
-    a_quads,
-    packs_weight,
-    phase_offsets,
-)
+from convgen.tile_calibration import HOST_LAUNCH_CYCLES, KERNEL_CYCLES, PACK_ANY_TILE_MACS, PACK_MIN_MACS_DIRECT
+from convgen.tile_model import a_quads, packs_weight, phase_offsets
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [
