@@ -41,12 +41,14 @@ ILP_CREDIT_WAVES = 4
 # benchmarks/measured/2026-12-01-h200-fba8cae-depth-sweep.*) the same block tiles ran 2-7% faster in 2-D and
 # 3-D (conv2d N8 128->128 128² forward, 128x128 t8x8: 1111 -> 1034 µs; conv3d N8 32->32 32³ backward_input,
 # 32x256 t8x8: 438 -> 413) and 7-12% slower in 1-D (conv1d N32 64->64 4096, 64x128 t8x8: 145 -> 160). Their
-# half-issue warps scaled by this picks the fastest or within 2.4% of it on the eight swept stages (from
-# 6.8% worst); stages of fewer waves were not timed with them.
+# half-issue warps scaled by this picks the fastest or within 2.8% of it on the 20 stages timed at both depths
+# (regret geomean 1.006; tests/test_bench_model_check.py); stages of fewer waves were not timed with them.
 WIDE_SLICE_HALF_WARPS = 0.6
+# They are offered to stages of this rank and up, thread tiles of this many accumulators (t8x8; t4x8 tiles lost
+# up to 32%) ...
 WIDE_SLICE_MIN_RANK = 2
 WIDE_SLICE_MIN_ACCUMULATORS = 64
-# ... and whose estimated registers stay under this: at 219 (64x64 t8x8 at 64 threads) NVRTC used 233-243 and the
+# ... whose estimated registers stay under this: at 219 (64x64 t8x8 at 64 threads) NVRTC used 233-243 and the
 # wide slices won; at 222 (32x128 t8x8 at 64 threads, two B columns of 32 rows a thread) it used 255, its cap,
 # and they lost 4-22% (conv2d N32 32->32 56² forward 70.9 -> 86.3 µs against the narrow pick, N64 96->96 28²
 # backward_input 292 -> 322; benchmarks/measured/2026-12-02-h200-42c62c5-depth-pairs.txt).
