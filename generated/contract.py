@@ -56,7 +56,7 @@ class KernelSource:
 
 # The implicit-GEMM stages of the conv families -> the prefix of their tile defines (FWD_BM, ...).
 GEMM_STAGES: dict[str, str] = {'forward': 'FWD', 'backward_input': 'BWI', 'backward_weight': 'BWW'}
-TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'MIN_BLOCKS')
+TILE_FIELDS: tuple[str, ...] = ('BM', 'BN', 'BK', 'TM', 'TN', 'SPLIT', 'MIN_BLOCKS', 'STAGES')
 # The bias gradient's stage, and the prefix of its BIAS_SPLIT define: its parts per channel, added up by
 # its `_reduce` kernel when more than one.
 BIAS_STAGE, BIAS_PREFIX = "backward_bias", "BIAS"
@@ -80,7 +80,7 @@ DIRECT_BOX_FIELD = 'DIRECT_BOX'
 # <PREFIX>_DIRECT_BOX<a>; its blocks per group (partial sums) are the stage's <PREFIX>_SPLIT.
 DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES')
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
-SHARED_BUFFERS = 2  # As and Bs are double-buffered
+SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered
 # A GEMM block of more shared memory than this has its slices in dynamic shared memory (gemm_dynamic_shared_bytes).
 STATIC_SHARED_BYTES = 49152
 # FMA conv-shaped stages whose threads stage B rows at most this far apart read them from one pointer per
@@ -88,26 +88,26 @@ STATIC_SHARED_BYTES = 49152
 COLUMN_POINTER_ROW_STEP = 2
 
 
-def gemm_slice_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
-    """The staged slices of one GEMM block: As[2][BK][BM + pad] and, from the next 16-byte boundary,
-    Bs[2][BK][BN + pad], elements of `element_bytes` (what the kernel stages: the ELEMENT_BYTES define, 2
-    for the 16-bit mma)."""
-    a_bytes = SHARED_BUFFERS * bk * (bm + SHARED_ROW_PAD) * element_bytes
-    return -(-a_bytes // 16) * 16 + SHARED_BUFFERS * bk * (bn + SHARED_ROW_PAD) * element_bytes
+def gemm_slice_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4, stages: int = SHARED_BUFFERS) -> int:
+    """The staged slices of one GEMM block: As[stages][BK][BM + pad] and, from the next 16-byte boundary,
+    Bs[stages][BK][BN + pad], elements of `element_bytes` (what the kernel stages: the ELEMENT_BYTES define, 2
+    for the 16-bit mma); `stages` is the tile's STAGES."""
+    a_bytes = stages * bk * (bm + SHARED_ROW_PAD) * element_bytes
+    return -(-a_bytes // 16) * 16 + stages * bk * (bn + SHARED_ROW_PAD) * element_bytes
 
 
-def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
+def gemm_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4, stages: int = SHARED_BUFFERS) -> int:
     """All shared memory of one GEMM block: its slices (gemm_slice_bytes) and the static row-validity
     words of the B columns, valid_rows[BN] (unsigned)."""
-    return gemm_slice_bytes(bm, bn, bk, element_bytes) + bn * 4
+    return gemm_slice_bytes(bm, bn, bk, element_bytes, stages) + bn * 4
 
 
-def gemm_dynamic_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4) -> int:
+def gemm_dynamic_shared_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4, stages: int = SHARED_BUFFERS) -> int:
     """The dynamic shared memory a GEMM block's launch gives: its slices when the block takes more than
     STATIC_SHARED_BYTES in all (the kernel traps on less), else none (its slices are static arrays)."""
-    if gemm_shared_bytes(bm, bn, bk, element_bytes) <= STATIC_SHARED_BYTES:
+    if gemm_shared_bytes(bm, bn, bk, element_bytes, stages) <= STATIC_SHARED_BYTES:
         return 0
-    return gemm_slice_bytes(bm, bn, bk, element_bytes)
+    return gemm_slice_bytes(bm, bn, bk, element_bytes, stages)
 
 
 # Family -> stage -> the kernel's parameters in signature order, stages in launch order.
@@ -416,11 +416,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
-            "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0",
+            "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
+            "FWD_DIRECT_BOX0", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
+            "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -443,11 +443,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
-            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
+            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -470,12 +471,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "BIAS_SPLIT",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT",
-            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT",
-            "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED",
+            "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
+            "FWD_DIRECT_BOX2", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
+            "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -499,13 +501,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3",
+            "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
+            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -529,14 +531,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
-            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT",
+            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4",
+            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
+            "BWI_DIRECT_BOX4", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -560,14 +562,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
-            "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
-            "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
+            "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES",
+            "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
+            "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -592,14 +595,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4",
-            "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4",
-            "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
-            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
+            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3",
+            "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
+            "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -624,15 +628,16 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
-            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT",
+            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "FWD_DIRECT_BOX7", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6",
+            "BWI_DIRECT_BOX7", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "BWW_DIRECT_BOX7",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -655,11 +660,11 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
-            "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0",
+            "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
+            "FWD_DIRECT_BOX0", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
+            "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -682,11 +687,12 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
-            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
-            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
+            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -709,12 +715,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "GROUPS", "MMA_MODE", "BIAS_SPLIT",
-            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT",
-            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
-            "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT",
-            "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED",
+            "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
+            "FWD_DIRECT_BOX2", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
+            "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
+            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -738,13 +745,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
-            "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3",
+            "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
+            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -768,14 +775,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
-            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT",
+            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4",
+            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
+            "BWI_DIRECT_BOX4", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -799,14 +806,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "GROUPS", "MMA_MODE",
-            "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED",
-            "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
-            "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "BWI_BM", "BWI_BN", "BWI_BK",
-            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
+            "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES",
+            "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
+            "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "BWI_BM",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -831,14 +839,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN",
-            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4",
-            "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4",
-            "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
-            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
+            "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3",
+            "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
+            "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -863,15 +872,16 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "IN2", "K2", "S2", "P2", "OUT2", "D2", "IN3", "K3", "S3", "P3", "OUT3",
             "D3", "IN4", "K4", "S4", "P4", "OUT4", "D4", "IN5", "K5", "S5", "P5", "OUT5", "D5", "IN6", "K6", "S6", "P6",
             "OUT6", "D6", "IN7", "K7", "S7", "P7", "OUT7", "D7", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN",
-            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
-            "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
+            "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_PACKED", "FWD_DIRECT",
+            "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "FWD_DIRECT_BOX7", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_PACKED", "BWI_DIRECT",
-            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
+            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED",
+            "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1",
+            "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6",
+            "BWI_DIRECT_BOX7", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "BWW_DIRECT_BOX7",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

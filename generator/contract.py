@@ -54,13 +54,15 @@ HALF_MMA_MODE = 2
 GEMM_STAGES: dict[str, str] = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
 WEIGHT_STAGE = "backward_weight"
 # MIN_BLOCKS: the blocks per SM the kernel's registers are fitted to (__launch_bounds__ where above 1).
-TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "MIN_BLOCKS")
+# STAGES: the staged slices a block keeps in shared memory; SHARED_BUFFERS staged through registers, more
+# a cp.async pipeline of that many (conv-shaped stages in the TF32 modes on float32 elements).
+TILE_FIELDS = ("BM", "BN", "BK", "TM", "TN", "SPLIT", "MIN_BLOCKS", "STAGES")
 # <PREFIX>_PACKED, a define of the stages that have a `_pack` kernel (every conv-shaped stage): A is read
 # from the weight repacked as P[group][k][src channel][dst channel], so a slice's loads are coalesced
 # and, with rows in quads, 16 bytes wide (1), or from W itself (0).
 PACKED_FIELD = "PACKED"
-# The staged GEMM slices in shared memory: two buffers of As[BK][BM + pad] and Bs[BK][BN + pad]
-# elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
+# The staged GEMM slices in shared memory: STAGES buffers (two, unless a cp.async pipeline) of As[BK][BM + pad]
+# and Bs[BK][BN + pad] elements; the pad keeps a warp's column reads off one bank. The formula is printed, with these
 # constants, into generated/contract.py (gemm_shared_bytes), which the launcher uses.
 SHARED_ROW_PAD = 4
 SHARED_BUFFERS = 2

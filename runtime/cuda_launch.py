@@ -173,6 +173,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
     # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
     tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
+    if mma == HALF_MMA_MODE:  # and its stages stage through registers (the cp.async pipeline takes float32)
+        tile_shapes = {stage: dataclasses.replace(shape, pipelined=False) for stage, shape in tile_shapes.items()}
     stencils = direct_shapes(geom, staged_bytes, mma)
     for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
@@ -180,7 +182,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads,
-                                 gemm_dynamic_shared_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes))
+                                 gemm_dynamic_shared_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes,
+                                                           tile.stages))
         if shape.conv:  # the stages with a `_pack` kernel (contract: packed_define)
             values[f"{prefix}_{PACKED_FIELD}"] = int(tile.packed)
             launches[f"{stage}_pack"] = Launch(_blocks(geom.parent_numels[0]) if count and tile.packed else 0)

@@ -12,8 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from convgen.generated.contract import COLUMN_POINTER_ROW_STEP, HALF_MMA_MODE, gemm_shared_bytes
+from convgen.generated.contract import COLUMN_POINTER_ROW_STEP, HALF_MMA_MODE, SHARED_BUFFERS, gemm_shared_bytes
 from convgen.geometry import Family, Geometry
+from convgen.pipeline_tiles import pipeline_block
 from convgen.tile_calibration import (
     BASE_REGISTERS,
     FMA_REFERENCE_TILE,
@@ -89,8 +90,8 @@ HALF_MMA_K = 16  # ... of one mma.sync.m16n8k16 (the 16-bit one, MMA_MODE 2)
 class GemmTile:
     """Tile of one implicit-GEMM stage: block tile bm x bn, slice depth bk, thread tile tm x tn,
     the number of blocks the reduction's slices are cut into, (conv-shaped stages) whether A is
-    read from the weight repacked by the stage's `_pack` kernel, and the blocks per SM that the
-    kernel's registers are fitted to."""
+    read from the weight repacked by the stage's `_pack` kernel, the blocks per SM that the
+    kernel's registers are fitted to, and the slices it keeps in shared memory (pipeline_tiles)."""
 
     bm: int
     bn: int
@@ -100,6 +101,7 @@ class GemmTile:
     split: int
     packed: bool = False
     min_blocks: int = 1  # blocks per SM the registers are fitted to (the MIN_BLOCKS define)
+    stages: int = SHARED_BUFFERS  # slices in shared memory; more than SHARED_BUFFERS: a cp.async pipeline
 
     @property
     def threads(self) -> int:
@@ -141,6 +143,9 @@ class GemmShape:
     # mma.sync, 2 16-bit mma.sync, whose tiles are made of whole mma tiles and k steps (mma_tile_fits,
     # mma_k).
     mma: int = 0
+    # Whether the cp.async pipeline may take the stage (pipeline_tiles): not where 16-bit elements are
+    # planned on their TF32 shapes.
+    pipelined: bool = True
 
     @property
     def words(self) -> int:
@@ -454,7 +459,15 @@ def a_quads(shape: GemmShape, tile: GemmTile) -> bool:
 def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     """The default chooser: the cheapest candidate by gemm_cost; ties go to fewer splits, then the
     larger block tile, then (FMA) the squarer thread tile, then the smaller one; no split for a stage
-    too short to hide a second launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so."""
+    too short to hide a second launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so. A stage
+    that the cp.async pipeline takes gets its tile (pipeline_block; A repacked, split only where its blocks
+    would not fill the SMs once)."""
+    pipelined = pipeline_block(shape)
+    if pipelined is not None:
+        bm, bn, bk, tm, tn, stages = pipelined
+        splits = _splits(shape, bm, bn, bk, hardware)
+        split = next((s for s in splits if shape.grid(bm, bn, s) >= hardware.sm_count), splits[-1])
+        return GemmTile(bm, bn, bk, tm, tn, split, packed=True, stages=stages)
     candidates = tile_candidates(shape, hardware)
     # FMA ties go to the squarer thread tile, which reads fewer shared bytes per multiply-add (t2x4: 6
     # words for 8; t1x8: 9, and 30% slower on the 3-channel k7 backward_input).

@@ -172,6 +172,28 @@ inline void mma_tf32(float& c0, float& c1, float& c2, float& c3, const unsigned 
     c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
 }
 
+// cvt.rn.tf32.f32: to 10 mantissa bits, ties to even; inf and NaN as they are, overflow to inf.
+inline unsigned emulated_rounded_tf32(float x)
+{
+    const unsigned bits = emulated_bits<unsigned>(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return bits;
+    return (bits + 0xfffu + (bits >> 13 & 1u)) & 0xffffe000u;
+}
+// cp.async copies at once (a copy lands before the thread goes on, which the real one may also do), so
+// committing and waiting have nothing left to do; an invalid copy writes zeros and reads nothing.
+inline void copy_async(void* destination, const void* source, bool valid)
+{
+    if (valid) std::memcpy(destination, source, 4);
+    else std::memset(destination, 0, 4);
+}
+inline void copy_async16(void* destination, const void* source, bool valid)
+{
+    if (valid) std::memcpy(destination, source, 16);
+    else std::memset(destination, 0, 16);
+}
+inline void commit_copies() {}
+template <unsigned N> inline void wait_copies() {}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} likewise: the 16-bit halves of each register decoded
 // here on their own (bfloat16: the top half of a float; float16: by its fields), products in double.
 inline double emulated_half(unsigned bits)

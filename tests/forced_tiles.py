@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from convgen.cuda_launch import GemmTile
 from convgen.geometry import Family, Geometry
+from convgen.pipeline_tiles import pipeline_block
 from convgen.tile_model import whole_parts
 
 # Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
@@ -34,13 +35,16 @@ FORCED_GEOMETRY = [
 ]
 
 
-def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False, wide: bool = False):
+def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False, wide: bool = False,
+                   stages: int = 2):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
     (`packed` on every conv-shaped stage: the weight gradient has no pack kernel), its slices the stage's
-    deepest (GemmShape.slice_depths) when `wide`, else the usual bk."""
+    deepest (GemmShape.slice_depths) when `wide`, else the usual bk; `stages` slices in shared memory on
+    the conv-shaped stages that the cp.async pipeline may take (pipeline_block), else two."""
     def choose(shape, hardware):
         bk = shape.slice_depths[-1] if wide else shape.bk
-        return GemmTile(bm, bn, bk, tm, tn, whole_parts(shape.chunks_at(bk), split), packed and shape.conv)
+        piped = stages if pipeline_block(shape) else 2
+        return GemmTile(bm, bn, bk, tm, tn, whole_parts(shape.chunks_at(bk), split), packed and shape.conv, stages=piped)
     return choose
 
 
@@ -79,4 +83,13 @@ MMA_FORCED_TILES = [  # (bm, bn, tm, tn, split, packed)
     (128, 64, 8, 4, 1, True),
     (16, 256, 2, 8, 5, False),
     (32, 128, 4, 4, 2, True),
+]
+
+
+# The cp.async pipeline on forced tiles (the conv-shaped stages it takes; the weight gradient keeps the register
+# loop): warp tiles of 16x32 (tm 2, tn 8) and 32x16 (4, 4), several B columns a thread (bn 256) and several rows
+# (bn 32), a split, A as given (one element a copy) and repacked, three and five stages.
+PIPELINE_FORCED_TILES = [  # (bm, bn, tm, tn, split, packed, wide, stages)
+    (32, 256, 2, 8, 1, False, False, 3),
+    (64, 32, 4, 4, 2, True, False, 5),
 ]

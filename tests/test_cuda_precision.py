@@ -1,17 +1,18 @@
 """The tensor-core precisions on the GPU (`pytest -m cuda`): "high" (3xTF32) and "medium" (TF32) on
 every conv family at ranks 1..8 (random §8 geometries: batch, groups, dilation, stride phases, circular
 and output padding) against the float64 CPU tape, with issue 11's bounds: 3xTF32 within 2x of the FMA
-path's error measured in the same test, TF32 within 1e-3 relative; forced tensor-core tiles;
-non-finite values; and bit-identical results run after run."""
+path's error measured in the same test, TF32 within 1e-3 relative; the cp.async pipeline at ranks 1..8
+and on forced tiles; forced tensor-core tiles; non-finite values; and bit-identical results run after run."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import reference
+from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, PoisonTape, _has_gpu, forced_tape, run
-from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES
+from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, PIPELINE_FORCED_TILES
 from precision_bounds import TF32_BOUND, high_bound
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
@@ -93,6 +94,34 @@ def test_tensor_core_precisions_on_deeper_reductions(geom: Geometry) -> None:
     check_precisions(geom, reference.case_rng("cuda precision larger", str(geom)))
 
 
+def pipeline_geometry(family: Family, rank: int) -> Geometry:
+    """Two groups of 32 channels each way (both conv-shaped stages fill 32-row blocks over 32 source
+    channels), a batch, dilation and padding on the first axis, stride 1 (no phases), about 150 cells."""
+    spatial = {1: (150,), 2: (13, 11), 3: (6, 5, 5)}.get(rank, (4, 3, 3) + (2,) * (rank - 3))
+    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
+    return Geometry.build(family, 64, 64, spatial, kernel, (1,) * rank, padding, dilation=dilation, groups=2, batch=2)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
+def test_cp_async_pipeline_at_every_rank(family: Family, rank: int) -> None:
+    geom = pipeline_geometry(family, rank)
+    for precision in TENSOR_CORE_PRECISIONS:
+        defines = plan(geom, precision=precision).defines
+        assert defines["FWD_STAGES"] > 2 and defines["BWI_STAGES"] > 2, (geom, precision)
+    check_precisions(geom, reference.case_rng("cuda pipeline", family.value, rank))
+
+
+@pytest.mark.parametrize("tile", PIPELINE_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
+def test_cp_async_pipeline_on_forced_tiles(tile) -> None:
+    rng = reference.case_rng("cuda pipeline tiles", tile)
+    tapes = {p: forced_tape(tile, p) for p in TENSOR_CORE_PRECISIONS}
+    tapes["highest"] = precision_tape("highest")
+    for geom in (pipeline_geometry(Family.CONV, 2), pipeline_geometry(Family.CONV_TRANSPOSE, 3),
+                 Geometry.build(Family.CONV, 40, 36, (9, 10), (3, 3), (2, 1), (1, 1), batch=3)):
+        check_precisions(geom, rng, tapes)
+
+
 @pytest.mark.parametrize("tile", MMA_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_every_tensor_core_tile_shape(tile) -> None:
     """Each forced tensor-core tile on all three stages of the forced geometries (and a batch)."""
@@ -103,14 +132,18 @@ def test_every_tensor_core_tile_shape(tile) -> None:
         check_precisions(geom, rng, tapes)
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["registers", "pipeline"])
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
 @pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
-def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str) -> None:
+def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str, pipelined: bool) -> None:
     """An inf or NaN in A (weights, upstream gradient) or in B (the input) takes the masked FMA path:
     padding skipped, inf · finite = inf (not the NaN of a split's inf − inf). Exactly the cells the CPU
-    tape makes nonfinite are, with the same signs."""
-    rng = reference.case_rng("nonfinite precision", family.value, precision)
-    geom = Geometry.build(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    tape makes nonfinite are, with the same signs. The cp.async pipeline's blocks find it afterwards, by
+    their non-finite accumulators."""
+    rng = reference.case_rng("nonfinite precision", family.value, precision, pipelined)
+    geom = Geometry.build(family, 32, 32, (9, 8), (3, 3), (1, 1), (1, 1), batch=2) if pipelined else \
+        Geometry.build(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    assert (plan(geom, precision=precision).defines["FWD_STAGES"] > 2) is pipelined
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
     weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan

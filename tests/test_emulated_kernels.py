@@ -116,6 +116,14 @@ def test_a_launch_short_of_its_dynamic_shared_memory_traps() -> None:
     assert "emulated kernel: __trap()" in child.stderr
 
 
+def assert_same_non_finite(got: np.ndarray, ref: np.ndarray, tolerance: float) -> None:
+    """The same cells NaN, the same infinite with the same signs, the rest within `tolerance`."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(ref) * np.sign(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "gemm"])
 def test_non_finite_values_take_the_rare_path(direct) -> None:
     """An inf or NaN in A (the weight; the upstream gradient for the weight gradient) sends its slice down
@@ -135,11 +143,7 @@ def test_non_finite_values_take_the_rare_path(direct) -> None:
     got_output, got_grads = reference.run_on_tape(tape, geom, [weight, bias, x], grad)
     ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
     for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
-        got = np.asarray(got)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
-        np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(ref) * np.sign(ref))
-        finite = np.isfinite(ref)
-        np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+        assert_same_non_finite(np.asarray(got), ref, 1e-4)
 
 
 @pytest.mark.parametrize("cells", [2052, 2051], ids=["quads", "cells"])
@@ -225,6 +229,51 @@ def test_tensor_core_precisions_on_forced_mma_tiles(tile) -> None:
                 assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"
 
 
+# The cp.async pipeline (the plans' own tiles): a dilated conv whose forward's 40 rows fill part of a 64-row
+# block and whose input gradient's 40 source channels end in a part slice, and a grouped stride-1 transpose
+# (its forward the plain gather).
+PIPELINE_GEOMETRIES = [
+    Geometry.build(Family.CONV, 32, 40, (7, 6), (3, 3), (1, 1), (2, 1), dilation=(2, 1), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 64, 64, (5, 4), (3, 2), (1, 1), (1, 0), groups=2, batch=2),
+]
+
+
+def test_cp_async_pipeline_keeps_the_tensor_core_bounds() -> None:
+    """Both conv-shaped stages of each geometry through the cp.async pipeline, "high" and "medium", against the
+    float64 reference with issue 11's bounds."""
+    rng = reference.case_rng("emulated pipeline")
+    for geom in PIPELINE_GEOMETRIES:
+        for precision in ("high", "medium"):
+            stages = plan(geom, precision=precision).defines
+            assert stages["FWD_STAGES"] > 2 and stages["BWI_STAGES"] > 2 and stages["BWW_STAGES"] == 2, geom
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        fma = relative_errors(geom, emulated_tape("float32"), inputs, grad)
+        high = relative_errors(geom, emulated_tape("float32", precision="high"), inputs, grad)
+        medium = relative_errors(geom, emulated_tape("float32", precision="medium"), inputs, grad)
+        for name, f, h, m in zip(("output", "dkernel", "dbias", "dinput"), fma, high, medium, strict=True):
+            assert m <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {m:.3g}"
+            assert h <= high_bound(f), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_cp_async_pipeline_sends_non_finite_blocks_down_the_rare_path(precision) -> None:
+    """An inf and a NaN in the weight next to padding, a -inf in the upstream gradient, an inf in the input:
+    the pipeline's blocks whose accumulators end non-finite run their slices again on the masked FMA path,
+    and exactly the cells the CPU tape makes non-finite are, with the same signs."""
+    geom = Geometry.build(Family.CONV, 32, 32, (9, 8), (3, 3), (1, 1), (1, 1), batch=2)
+    assert plan(geom, precision=precision).defines["FWD_STAGES"] > 2
+    rng = reference.case_rng("emulated pipeline non-finite", precision)
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    grad = reference.draw_grad(rng, geom)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
+    grad[1, 2, 0, 0], x[0, 1, 4, 4] = -np.inf, np.inf
+    got_output, got_grads = reference.run_on_tape(emulated_tape("float32", precision=precision), geom,
+                                                  [weight, bias, x], grad)
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
+    for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
+        assert_same_non_finite(np.asarray(got), ref, 1e-2)
+
+
 # 16-bit cases: a grouped, dilated conv whose weight is repacked and a strided transpose with output
 # padding, each with channels for whole k steps of 16 (the 16-bit mma, MMA_MODE 2) and with too few (the
 # TF32 mma on widened values); a circular conv, and each pool (smooth max's pivots and sums are float32
@@ -279,8 +328,4 @@ def test_16_bit_non_finite_values_take_the_rare_path(dtype) -> None:
     wide = [widened(a, dtype) for a in (weight, bias, x)]
     ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide, widened(grad, dtype))
     for got_array, ref in zip(got, [ref_output, *ref_grads], strict=True):
-        got_array, ref = widened(got_array, dtype).reshape(np.shape(ref)), np.asarray(ref)
-        np.testing.assert_array_equal(np.isnan(got_array), np.isnan(ref))
-        np.testing.assert_array_equal(np.isinf(got_array) * np.sign(got_array), np.isinf(ref) * np.sign(ref))
-        finite = np.isfinite(ref)
-        np.testing.assert_allclose(got_array[finite], ref[finite], rtol=1e-2, atol=1e-2)
+        assert_same_non_finite(widened(got_array, dtype).reshape(np.shape(ref)), np.asarray(ref), 1e-2)

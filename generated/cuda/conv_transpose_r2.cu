@@ -11,14 +11,15 @@
     !defined(IN1) || !defined(K1) || !defined(S1) || !defined(P1) || !defined(OUT1) || !defined(D1) || \
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
-    !defined(FWD_PACKED) || !defined(FWD_DIRECT) || !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || \
-    !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || !defined(BWI_BM) || \
-    !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || \
-    !defined(BWI_MIN_BLOCKS) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
-    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
-    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
-    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
-    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1)
+    !defined(FWD_STAGES) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || !defined(FWD_DIRECT_V) || \
+    !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || \
+    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
+    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_PACKED) || \
+    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
+    !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
+    !defined(BWW_STAGES) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -157,6 +158,29 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
+// The slices of the cp.async pipeline (STAGES > 2) hold values as loaded, which may be inf, NaN or past
+// TF32's range: they are rounded at each fragment read by cvt.rn, one F2FP on sm_90 (cvt.rna takes a
+// compare and a predicated add). Round to nearest even; inf and NaN stay what they are and values past
+// the largest TF32 become inf, so whatever the integer rounding above would get wrong shows as a
+// non-finite accumulator, which sends the block down the rare path (gemm_async_loop).
+__device__ __forceinline__ unsigned rounded_tf32(float x)
+{
+#ifdef CONVGEN_EMULATED
+    return emulated_rounded_tf32(x);
+#else
+    unsigned r;
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+// 3xTF32's split of such a value: big + small, each rounded by cvt.rn. x = inf or NaN gives a NaN small
+// part, x past TF32's range an inf big one: either way the products are not finite.
+__device__ __forceinline__ void split_rounded_tf32(float x, unsigned& big, unsigned& small)
+{
+    big = rounded_tf32(x);
+    small = rounded_tf32(x - __uint_as_float(big));
+}
+
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
@@ -211,12 +235,13 @@ __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsi
 // where rows t and t + 4 would pair them up. MODE 1: one mma of values rounded to TF32 when staged
 // (staged_value), into acc. MODE 3: each value split into big + small here, and the three products
 // big*big, big*small and small*big summed from zero over the slice's k steps, then added to acc with
-// a rounding add. acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
+// a rounding add. RAW: the slices hold values as loaded (the cp.async pipeline), rounded or split here
+// with cvt.rn (rounded_tf32). acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
 // 3xTF32 3-6x the FMA path's error when acc took every product, grad_weight worst. In the slice's short
 // sum the small products (~2^-11 of the big ones) stay 12 bits above its last place, so they need no
 // accumulators of their own across the reduction: that register tile would cost a block per SM
 // (docs/DESIGN.md, the tensor-core slice).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+template <unsigned MODE, bool RAW, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
                                           const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
                                           float (&acc)[TM][TN])
@@ -248,10 +273,12 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                                 a_hi[row + 16 * mi + 8]};
 #pragma unroll
             for (unsigned r = 0; r < 4; ++r) {
-                if constexpr (MODE == 3) {
+                if constexpr (MODE == 3 && RAW) {
+                    split_rounded_tf32(a[r], a_big[mi][r], a_small[mi][r]);
+                } else if constexpr (MODE == 3) {
                     split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
                 } else {
-                    a_big[mi][r] = __float_as_uint(a[r]);
+                    a_big[mi][r] = RAW ? rounded_tf32(a[r]) : __float_as_uint(a[r]);
                 }
             }
         }
@@ -260,10 +287,12 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
             const float b[2] = {b_lo[col + 8 * ni], b_hi[col + 8 * ni]};
 #pragma unroll
             for (unsigned r = 0; r < 2; ++r) {
-                if constexpr (MODE == 3) {
+                if constexpr (MODE == 3 && RAW) {
+                    split_rounded_tf32(b[r], b_big[ni][r], b_small[ni][r]);
+                } else if constexpr (MODE == 3) {
                     split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
                 } else {
-                    b_big[ni][r] = __float_as_uint(b[r]);
+                    b_big[ni][r] = RAW ? rounded_tf32(b[r]) : __float_as_uint(b[r]);
                 }
             }
         }
@@ -552,18 +581,19 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
 }
 
 // One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
-// 16-bit ones (2).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
-          typename BTile>
+// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline; TF32 modes only).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, bool RAW = false,
+          typename ATile, typename BTile>
 __device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
+    static_assert(!RAW || MODE == 1 || MODE == 3, "only the TF32 slices round what they read");
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else if constexpr (MODE == 2) {
         slice_mma16<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
-        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
+        slice_mma<MODE, RAW, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
 }
 
@@ -593,7 +623,27 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
-#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives each emulated block its launch's buffer
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py copies at once, in program order
+// cp.async (sm_80 on): global memory straight into shared memory, no register in between, 4 or 16 bytes
+// (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0;
+// `source` must still be an address of the tensor). Copies become visible after commit_copies and
+// wait_copies<N>, which waits until at most N of this thread's committed groups are still in flight.
+__device__ __forceinline__ void copy_async(void* destination, const void* source, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 ::"r"((unsigned)__cvta_generic_to_shared(destination)), "l"(source), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void copy_async16(void* destination, const void* source, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 ::"r"((unsigned)__cvta_generic_to_shared(destination)), "l"(source), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;"); }
+template <unsigned N> __device__ __forceinline__ void wait_copies()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 // The launch's dynamic shared memory and its size in bytes.
 __device__ __forceinline__ unsigned char* dynamic_shared()
 {
@@ -608,16 +658,16 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// The SHARED_BUFFERS staged slices of A and of B: static arrays while the block's shared memory (they
-// and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else in the launch's dynamic shared memory (a
-// static block stops at 48 KB; 128 x 128 tiles of BK = 32 take 69 KB), Bs from the next 16-byte boundary:
-// the contract's gemm_slice_bytes and gemm_dynamic_shared_bytes, from which the launcher sizes it. A
-// launch given less traps rather than run over its neighbour's memory.
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_slices {
+// The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
+// arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
+// in the launch's dynamic shared memory (a static block stops at 48 KB; 128 x 128 tiles of BK = 32 take
+// 69 KB), Bs from the next 16-byte boundary: the contract's gemm_slice_bytes and gemm_dynamic_shared_bytes,
+// from which the launcher sizes it. A launch given less traps rather than run over its neighbour's memory.
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned BUFFERS> struct staged_slices {
     typedef typename staged_rows<MODE, BK, BM>::type ASlice;
     typedef typename staged_rows<MODE, BK, BN>::type BSlice;
-    static constexpr unsigned A_BYTES = (SHARED_BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
-    static constexpr unsigned BYTES = A_BYTES + SHARED_BUFFERS * sizeof(BSlice);
+    static constexpr unsigned A_BYTES = (BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
+    static constexpr unsigned BYTES = A_BYTES + BUFFERS * sizeof(BSlice);
     static constexpr bool DYNAMIC = BYTES + BN * sizeof(unsigned) > STATIC_SHARED_BYTES;
     ASlice* As;
     BSlice* Bs;
@@ -628,8 +678,8 @@ template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_sl
             As = reinterpret_cast<ASlice*>(dynamic_shared());
             Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
         } else {
-            __shared__ __align__(16) ASlice a_slices[SHARED_BUFFERS];
-            __shared__ __align__(16) BSlice b_slices[SHARED_BUFFERS];
+            __shared__ __align__(16) ASlice a_slices[BUFFERS];
+            __shared__ __align__(16) BSlice b_slices[BUFFERS];
             As = a_slices;
             Bs = b_slices;
         }
@@ -752,6 +802,21 @@ __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStag
     } else {
         return any_rare<MODE>(a) || any_rare<MODE>(b);
     }
+}
+
+// Whether every accumulator of the thread is finite (the cp.async pipeline's test for the rare path).
+template <unsigned TM, unsigned TN>
+__device__ __forceinline__ bool all_finite(const scalar (&acc)[TM][TN])
+{
+    bool finite = true;
+#pragma unroll
+    for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+        for (unsigned j = 0; j < TN; ++j) {
+            finite = finite && isfinite(acc[i][j]);
+        }
+    }
+    return finite;
 }
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only; dest is the stage's
@@ -911,8 +976,13 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r2_forward(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
-    const staged_slices<MMA, BM, BN, BK> slices;
+    static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
+    // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
+    // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
+    constexpr unsigned STAGES = FWD_STAGES;
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
@@ -1094,6 +1164,7 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r2_forward(
             const pos_t j1 = base1[col] - r1 * DG1;
             ok = ok && j1 >= 0 && j1 < IN1;
             offset = offset * IN1 + (unsigned)j1;
+
             // One pointer per column, the rows at constant distances from it, and no channel test for
             // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
             // most COLUMN_POINTER_ROW_STEP apart. On the H200: the TF32 forward of N8 128->128 went from
@@ -1152,6 +1223,84 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r2_forward(
         }
     };
 
+    [[maybe_unused]] auto load_async = [&](unsigned chunk, unsigned buffer) {
+        static_assert(STAGES == SHARED_BUFFERS || PHASES == 1, "stride phases stage through registers");
+        unsigned c0;
+        pos_t r0;
+        pos_t r1;
+        if constexpr (PHASES == 1) {
+            c0 = chunk / K_SIZE * BK;
+            const unsigned kappa_r = chunk % K_SIZE;
+            unsigned rest = kappa_r;
+            const pos_t rr1 = (pos_t)(rest % nonzero(K1));
+            rest /= nonzero(K1);
+            const pos_t rr0 = (pos_t)rest;
+            r0 = rr0;
+            r1 = rr1;
+        } else {
+            c0 = next_c0;
+            r0 = next_r0;
+            r1 = next_r1;
+            bool carry = true;
+            if (carry) {
+                carry = ++next_r1 == R1;
+                if (carry) next_r1 = 0;
+            }
+            if (carry) {
+                carry = ++next_r0 == R0;
+                if (carry) next_r0 = 0;
+            }
+            if (carry) next_c0 += BK;
+        }
+        unsigned kappa = 0;
+        kappa = kappa * K0 + (unsigned)(phi0 + SG0 * r0);
+        kappa = kappa * K1 + (unsigned)(phi1 + SG1 * r1);
+        if constexpr (PACKED && A_VECTOR) {
+#pragma unroll
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const bool valid = m < M && c < SRC_C;
+                copy_async16(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))],
+                             weight + (valid ? ((size_t)kappa * SRC_C + c) * M + m : 0), valid);
+            }
+        } else {
+    #pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const bool valid = m < M && c < SRC_C;
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                              : ((size_t)c * M + m) * K_SIZE + kappa;
+                if (e < BM * BK) {
+                    copy_async(&As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK],
+                               weight + (valid ? w : 0), valid);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned col = 0; col < COLS; ++col) {
+            bool ok = column_ok[col];
+            unsigned offset = 0;
+            const pos_t j0 = base0[col] - r0 * DG0;
+            ok = ok && j0 >= 0 && j0 < IN0;
+            offset = offset * IN0 + (unsigned)j0;
+            const pos_t j1 = base1[col] - r1 * DG1;
+            ok = ok && j1 >= 0 && j1 < IN1;
+            offset = offset * IN1 + (unsigned)j1;
+
+            const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
+#pragma unroll
+            for (unsigned i = 0; i < B_ROWS; ++i) {
+                const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
+                if (BK % ROW_STEP == 0 || row < BK) {
+                    copy_async(&Bs[buffer][row][tid % BN + col * THREADS], column + (size_t)i * ROW_STEP * IN_SIZE,
+                               ok && (SRC_C % BK == 0 || c < SRC_C));
+                }
+            }
+        }
+    };
+
     scalar acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
@@ -1162,32 +1311,73 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r2_forward(
             acc[i][j] = start;
         }
     }
-    if (chunk_begin < chunk_end) {
-        load(chunk_begin);
-        store(0, true);
-        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
-        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
-        unsigned chunk = chunk_begin;
-        for (; chunk < chunk_end && !nonfinite; ++chunk) {
-            const unsigned buffer = (chunk - chunk_begin) & 1;
-            const bool more = chunk + 1 < chunk_end;
-            if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
-            if (more) store(buffer ^ 1, true);
-            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
+    if constexpr (STAGES > SHARED_BUFFERS) {
+        if (chunk_begin < chunk_end) {
+#pragma unroll
+            for (unsigned s = 0; s + 1 < STAGES; ++s) {
+                if (chunk_begin + s < chunk_end) load_async(chunk_begin + s, s);
+                commit_copies();
+            }
+            unsigned read = 0, write = STAGES - 1;
+            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+                wait_copies<STAGES - 2>();  // this thread's copies of the slice have landed ...
+                __syncthreads();  // ... and everyone's; the buffer written next is read by no one
+                if (chunk + STAGES - 1 < chunk_end) load_async(chunk + STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == STAGES ? 0 : write + 1;
+                slice_product<MMA, BM, BN, BK, TM, TN, true>(As[read], Bs[read], tm, tn, acc);
+                read = read + 1 == STAGES ? 0 : read + 1;
+            }
+            wait_copies<0>();
         }
-        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
-        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
-        for (; chunk < chunk_end; ++chunk) {
-            const unsigned buffer = (chunk - chunk_begin) & 1;
-            store(buffer, false);
-            store_valid();
-            __syncthreads();
-            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-            if (chunk + 1 < chunk_end) load(chunk + 1);
-            __syncthreads();
+        if (__syncthreads_or(!all_finite(acc))) {
+            #pragma unroll
+                for (unsigned i = 0; i < TM; ++i) {
+                    const unsigned m = m0 + tile_row<MMA, BM, TM>(tm, i);
+                    const scalar start = split == 0 && m < M ? load_element(bias + m) : scalar(0);
+            #pragma unroll
+                    for (unsigned j = 0; j < TN; ++j) {
+                        acc[i][j] = start;
+                    }
+                }
+
+            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+                load(chunk);
+                store(0, false);
+                store_valid();
+                __syncthreads();
+                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[0], Bs[0], valid_rows, tm, tn, acc);
+                __syncthreads();
+            }
+        }
+    } else {
+        if (chunk_begin < chunk_end) {
+            load(chunk_begin);
+            store(0, true);
+            // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+            bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
+            unsigned chunk = chunk_begin;
+            for (; chunk < chunk_end && !nonfinite; ++chunk) {
+                const unsigned buffer = (chunk - chunk_begin) & 1;
+                const bool more = chunk + 1 < chunk_end;
+                if (more) load(chunk + 1);  // global loads in flight during the FMAs below
+                slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+                if (more) store(buffer ^ 1, true);
+                nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
+            }
+            // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+            // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+            // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+            // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
+            for (; chunk < chunk_end; ++chunk) {
+                const unsigned buffer = (chunk - chunk_begin) & 1;
+                store(buffer, false);
+                store_valid();
+                __syncthreads();
+                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+                if (chunk + 1 < chunk_end) load(chunk + 1);
+                __syncthreads();
+            }
         }
     }
     if constexpr (PHASES == 1) {
@@ -1497,8 +1687,13 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r2_backward_input(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
-    const staged_slices<MMA, BM, BN, BK> slices;
+    static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
+    // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
+    // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
+    constexpr unsigned STAGES = BWI_STAGES;
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
@@ -1596,6 +1791,7 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r2_backward_input(
             const pos_t j1 = base1[col] + k1 * D1;
             ok = ok && j1 >= 0 && j1 < OUT1;
             offset = offset * OUT1 + (unsigned)j1;
+
             // One pointer per column, the rows at constant distances from it, and no channel test for
             // whole channel blocks (c0 is a multiple of BK below SRC_C), where a thread stages rows at
             // most COLUMN_POINTER_ROW_STEP apart. On the H200: the TF32 forward of N8 128->128 went from
@@ -1654,6 +1850,59 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r2_backward_input(
         }
     };
 
+    [[maybe_unused]] auto load_async = [&](unsigned chunk, unsigned buffer) {
+        const unsigned c0 = chunk / K_SIZE * BK;
+        const unsigned kappa = chunk % K_SIZE;
+        unsigned rest = kappa;
+        const pos_t k1 = (pos_t)(rest % nonzero(K1));
+        rest /= nonzero(K1);
+        const pos_t k0 = (pos_t)rest;
+        if constexpr (PACKED && A_VECTOR) {
+#pragma unroll
+            for (unsigned i = 0; 4 * i < A_LOADS; ++i) {
+                const unsigned q = tid + i * THREADS;
+                const unsigned m = m0 + 4 * (q % (BM / 4)), c = c0 + q / (BM / 4);
+                const bool valid = m < M && c < SRC_C;
+                copy_async16(&As[buffer][q / (BM / 4)][4 * (q % (BM / 4))],
+                             weight + (valid ? ((size_t)kappa * SRC_C + c) * M + m : 0), valid);
+            }
+        } else {
+    #pragma unroll
+            for (unsigned i = 0; i < A_LOADS; ++i) {
+                const unsigned e = tid + i * THREADS;
+                const unsigned m = m0 + (PACKED ? e % BM : e / BK), c = c0 + (PACKED ? e / BM : e % BK);
+                const bool valid = m < M && c < SRC_C;
+                const size_t w = PACKED ? ((size_t)kappa * SRC_C + c) * M + m
+                                              : ((size_t)m * SRC_C + c) * K_SIZE + kappa;
+                if (e < BM * BK) {
+                    copy_async(&As[buffer][PACKED ? e / BM : e % BK][PACKED ? e % BM : e / BK],
+                               weight + (valid ? w : 0), valid);
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned col = 0; col < COLS; ++col) {
+            bool ok = column_ok[col];
+            unsigned offset = 0;
+            const pos_t j0 = base0[col] + k0 * D0;
+            ok = ok && j0 >= 0 && j0 < OUT0;
+            offset = offset * OUT0 + (unsigned)j0;
+            const pos_t j1 = base1[col] + k1 * D1;
+            ok = ok && j1 >= 0 && j1 < OUT1;
+            offset = offset * OUT1 + (unsigned)j1;
+
+            const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
+#pragma unroll
+            for (unsigned i = 0; i < B_ROWS; ++i) {
+                const unsigned row = b_row + i * ROW_STEP, c = c0 + row;
+                if (BK % ROW_STEP == 0 || row < BK) {
+                    copy_async(&Bs[buffer][row][tid % BN + col * THREADS], column + (size_t)i * ROW_STEP * OUT_SIZE,
+                               ok && (SRC_C % BK == 0 || c < SRC_C));
+                }
+            }
+        }
+    };
+
     scalar acc[TM][TN];
 #pragma unroll
     for (unsigned i = 0; i < TM; ++i) {
@@ -1663,32 +1912,72 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r2_backward_input(
             acc[i][j] = start;
         }
     }
-    if (chunk_begin < chunk_end) {
-        load(chunk_begin);
-        store(0, true);
-        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
-        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
-        unsigned chunk = chunk_begin;
-        for (; chunk < chunk_end && !nonfinite; ++chunk) {
-            const unsigned buffer = (chunk - chunk_begin) & 1;
-            const bool more = chunk + 1 < chunk_end;
-            if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
-            if (more) store(buffer ^ 1, true);
-            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
+    if constexpr (STAGES > SHARED_BUFFERS) {
+        if (chunk_begin < chunk_end) {
+#pragma unroll
+            for (unsigned s = 0; s + 1 < STAGES; ++s) {
+                if (chunk_begin + s < chunk_end) load_async(chunk_begin + s, s);
+                commit_copies();
+            }
+            unsigned read = 0, write = STAGES - 1;
+            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+                wait_copies<STAGES - 2>();  // this thread's copies of the slice have landed ...
+                __syncthreads();  // ... and everyone's; the buffer written next is read by no one
+                if (chunk + STAGES - 1 < chunk_end) load_async(chunk + STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == STAGES ? 0 : write + 1;
+                slice_product<MMA, BM, BN, BK, TM, TN, true>(As[read], Bs[read], tm, tn, acc);
+                read = read + 1 == STAGES ? 0 : read + 1;
+            }
+            wait_copies<0>();
         }
-        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
-        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
-        for (; chunk < chunk_end; ++chunk) {
-            const unsigned buffer = (chunk - chunk_begin) & 1;
-            store(buffer, false);
-            store_valid();
-            __syncthreads();
-            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-            if (chunk + 1 < chunk_end) load(chunk + 1);
-            __syncthreads();
+        if (__syncthreads_or(!all_finite(acc))) {
+            #pragma unroll
+                for (unsigned i = 0; i < TM; ++i) {
+                    const scalar start = 0;
+            #pragma unroll
+                    for (unsigned j = 0; j < TN; ++j) {
+                        acc[i][j] = start;
+                    }
+                }
+
+            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+                load(chunk);
+                store(0, false);
+                store_valid();
+                __syncthreads();
+                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[0], Bs[0], valid_rows, tm, tn, acc);
+                __syncthreads();
+            }
+        }
+    } else {
+        if (chunk_begin < chunk_end) {
+            load(chunk_begin);
+            store(0, true);
+            // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+            bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
+            unsigned chunk = chunk_begin;
+            for (; chunk < chunk_end && !nonfinite; ++chunk) {
+                const unsigned buffer = (chunk - chunk_begin) & 1;
+                const bool more = chunk + 1 < chunk_end;
+                if (more) load(chunk + 1);  // global loads in flight during the FMAs below
+                slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+                if (more) store(buffer ^ 1, true);
+                nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
+            }
+            // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+            // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+            // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+            // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
+            for (; chunk < chunk_end; ++chunk) {
+                const unsigned buffer = (chunk - chunk_begin) & 1;
+                store(buffer, false);
+                store_valid();
+                __syncthreads();
+                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+                if (chunk + 1 < chunk_end) load(chunk + 1);
+                __syncthreads();
+            }
         }
     }
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
@@ -1893,8 +2182,13 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r2_backward_weight(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    static_assert(SHARED_BUFFERS == 2, "the main loop alternates two staged slices");
-    const staged_slices<MMA, BM, BN, BK> slices;
+    static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
+    // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
+    // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
+    constexpr unsigned STAGES = BWW_STAGES;
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;
     // Per B column of a slice whose A holds an inf or NaN: bit kk set when row kk's term exists.
@@ -1904,6 +2198,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r2_backward_weight(
     constexpr unsigned N = U_C * K_SIZE, REDUCTION = IN_SIZE;
     constexpr unsigned CHUNKS = (REDUCTION + BK - 1) / BK;  // per image
     static_assert(THREADS % BK == 0, "B rows per thread");
+    static_assert(STAGES == SHARED_BUFFERS, "the weight gradient stages through registers");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;

@@ -221,18 +221,19 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
 }
 
 // One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
-// 16-bit ones (2).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, typename ATile,
-          typename BTile>
+// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline; TF32 modes only).
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, bool RAW = false,
+          typename ATile, typename BTile>
 __device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
+    static_assert(!RAW || MODE == 1 || MODE == 3, "only the TF32 slices round what they read");
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else if constexpr (MODE == 2) {
         slice_mma16<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else {
-        slice_mma<MODE, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
+        slice_mma<MODE, RAW, BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     }
 }
 
@@ -262,7 +263,27 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
-#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives each emulated block its launch's buffer
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py copies at once, in program order
+// cp.async (sm_80 on): global memory straight into shared memory, no register in between, 4 or 16 bytes
+// (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0;
+// `source` must still be an address of the tensor). Copies become visible after commit_copies and
+// wait_copies<N>, which waits until at most N of this thread's committed groups are still in flight.
+__device__ __forceinline__ void copy_async(void* destination, const void* source, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 ::"r"((unsigned)__cvta_generic_to_shared(destination)), "l"(source), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void copy_async16(void* destination, const void* source, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 ::"r"((unsigned)__cvta_generic_to_shared(destination)), "l"(source), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;"); }
+template <unsigned N> __device__ __forceinline__ void wait_copies()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 // The launch's dynamic shared memory and its size in bytes.
 __device__ __forceinline__ unsigned char* dynamic_shared()
 {
@@ -277,16 +298,16 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// The SHARED_BUFFERS staged slices of A and of B: static arrays while the block's shared memory (they
-// and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else in the launch's dynamic shared memory (a
-// static block stops at 48 KB; 128 x 128 tiles of BK = 32 take 69 KB), Bs from the next 16-byte boundary:
-// the contract's gemm_slice_bytes and gemm_dynamic_shared_bytes, from which the launcher sizes it. A
-// launch given less traps rather than run over its neighbour's memory.
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_slices {
+// The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
+// arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
+// in the launch's dynamic shared memory (a static block stops at 48 KB; 128 x 128 tiles of BK = 32 take
+// 69 KB), Bs from the next 16-byte boundary: the contract's gemm_slice_bytes and gemm_dynamic_shared_bytes,
+// from which the launcher sizes it. A launch given less traps rather than run over its neighbour's memory.
+template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned BUFFERS> struct staged_slices {
     typedef typename staged_rows<MODE, BK, BM>::type ASlice;
     typedef typename staged_rows<MODE, BK, BN>::type BSlice;
-    static constexpr unsigned A_BYTES = (SHARED_BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
-    static constexpr unsigned BYTES = A_BYTES + SHARED_BUFFERS * sizeof(BSlice);
+    static constexpr unsigned A_BYTES = (BUFFERS * sizeof(ASlice) + 15) / 16 * 16;
+    static constexpr unsigned BYTES = A_BYTES + BUFFERS * sizeof(BSlice);
     static constexpr bool DYNAMIC = BYTES + BN * sizeof(unsigned) > STATIC_SHARED_BYTES;
     ASlice* As;
     BSlice* Bs;
@@ -297,8 +318,8 @@ template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK> struct staged_sl
             As = reinterpret_cast<ASlice*>(dynamic_shared());
             Bs = reinterpret_cast<BSlice*>(dynamic_shared() + A_BYTES);
         } else {
-            __shared__ __align__(16) ASlice a_slices[SHARED_BUFFERS];
-            __shared__ __align__(16) BSlice b_slices[SHARED_BUFFERS];
+            __shared__ __align__(16) ASlice a_slices[BUFFERS];
+            __shared__ __align__(16) BSlice b_slices[BUFFERS];
             As = a_slices;
             Bs = b_slices;
         }
@@ -421,6 +442,21 @@ __device__ __forceinline__ bool any_rare_staged(const real (&a)[NA], const BStag
     } else {
         return any_rare<MODE>(a) || any_rare<MODE>(b);
     }
+}
+
+// Whether every accumulator of the thread is finite (the cp.async pipeline's test for the rare path).
+template <unsigned TM, unsigned TN>
+__device__ __forceinline__ bool all_finite(const scalar (&acc)[TM][TN])
+{
+    bool finite = true;
+#pragma unroll
+    for (unsigned i = 0; i < TM; ++i) {
+#pragma unroll
+        for (unsigned j = 0; j < TN; ++j) {
+            finite = finite && isfinite(acc[i][j]);
+        }
+    }
+    return finite;
 }
 
 // The register tile to dest[m * N + n], rows m < M and columns n < N only; dest is the stage's

@@ -21,6 +21,29 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
+// The slices of the cp.async pipeline (STAGES > 2) hold values as loaded, which may be inf, NaN or past
+// TF32's range: they are rounded at each fragment read by cvt.rn, one F2FP on sm_90 (cvt.rna takes a
+// compare and a predicated add). Round to nearest even; inf and NaN stay what they are and values past
+// the largest TF32 become inf, so whatever the integer rounding above would get wrong shows as a
+// non-finite accumulator, which sends the block down the rare path (gemm_async_loop).
+__device__ __forceinline__ unsigned rounded_tf32(float x)
+{
+#ifdef CONVGEN_EMULATED
+    return emulated_rounded_tf32(x);
+#else
+    unsigned r;
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+// 3xTF32's split of such a value: big + small, each rounded by cvt.rn. x = inf or NaN gives a NaN small
+// part, x past TF32's range an inf big one: either way the products are not finite.
+__device__ __forceinline__ void split_rounded_tf32(float x, unsigned& big, unsigned& small)
+{
+    big = rounded_tf32(x);
+    small = rounded_tf32(x - __uint_as_float(big));
+}
+
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
@@ -75,12 +98,13 @@ __device__ __forceinline__ void mma_tile(float (&acc)[TM][TN], unsigned mi, unsi
 // where rows t and t + 4 would pair them up. MODE 1: one mma of values rounded to TF32 when staged
 // (staged_value), into acc. MODE 3: each value split into big + small here, and the three products
 // big*big, big*small and small*big summed from zero over the slice's k steps, then added to acc with
-// a rounding add. acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
+// a rounding add. RAW: the slices hold values as loaded (the cp.async pipeline), rounded or split here
+// with cvt.rn (rounded_tf32). acc never meets the tensor cores, whose float accumulation truncates: the H200 gave
 // 3xTF32 3-6x the FMA path's error when acc took every product, grad_weight worst. In the slice's short
 // sum the small products (~2^-11 of the big ones) stay 12 bits above its last place, so they need no
 // accumulators of their own across the reduction: that register tile would cost a block per SM
 // (docs/DESIGN.md, the tensor-core slice).
-template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+template <unsigned MODE, bool RAW, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
 __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_PAD],
                                           const float (&Bs)[BK][BN + SHARED_ROW_PAD], unsigned tm, unsigned tn,
                                           float (&acc)[TM][TN])
@@ -112,10 +136,12 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
                                 a_hi[row + 16 * mi + 8]};
 #pragma unroll
             for (unsigned r = 0; r < 4; ++r) {
-                if constexpr (MODE == 3) {
+                if constexpr (MODE == 3 && RAW) {
+                    split_rounded_tf32(a[r], a_big[mi][r], a_small[mi][r]);
+                } else if constexpr (MODE == 3) {
                     split_tf32(a[r], a_big[mi][r], a_small[mi][r]);
                 } else {
-                    a_big[mi][r] = __float_as_uint(a[r]);
+                    a_big[mi][r] = RAW ? rounded_tf32(a[r]) : __float_as_uint(a[r]);
                 }
             }
         }
@@ -124,10 +150,12 @@ __device__ __forceinline__ void slice_mma(const float (&As)[BK][BM + SHARED_ROW_
             const float b[2] = {b_lo[col + 8 * ni], b_hi[col + 8 * ni]};
 #pragma unroll
             for (unsigned r = 0; r < 2; ++r) {
-                if constexpr (MODE == 3) {
+                if constexpr (MODE == 3 && RAW) {
+                    split_rounded_tf32(b[r], b_big[ni][r], b_small[ni][r]);
+                } else if constexpr (MODE == 3) {
                     split_tf32(b[r], b_big[ni][r], b_small[ni][r]);
                 } else {
-                    b_big[ni][r] = __float_as_uint(b[r]);
+                    b_big[ni][r] = RAW ? rounded_tf32(b[r]) : __float_as_uint(b[r]);
                 }
             }
         }
