@@ -173,7 +173,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
     # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
     tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
-    if mma == HALF_MMA_MODE:  # and its stages stage through registers (the cp.async pipeline takes float32)
+    if dtype in HALF_DTYPES:  # 16-bit elements stage through registers (the cp.async pipeline takes float32)
         tile_shapes = {stage: dataclasses.replace(shape, pipelined=False) for stage, shape in tile_shapes.items()}
     stencils = direct_shapes(geom, staged_bytes, mma)
     for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():

@@ -21,12 +21,23 @@ PIPELINE_TILES: dict[int, dict[int, tuple[int, int, int, int, int]]] = {
 }
 
 
+# The weight gradient keeps the tile model's pick (slices of 16 cells; its threads keep the window of each B
+# column they stage in registers, which rules out the conv stages' tiles) in a pipeline of this many slices.
+WEIGHT_PIPELINE_STAGES = 4
+
+
+def pipelines(shape) -> bool:
+    """Whether the cp.async pipeline may take the stage: the TF32 modes on float32 elements (not float64, not
+    the FMAs, not 16-bit elements planned on TF32 shapes: GemmShape.pipelined), and no stride phases (their
+    slices come from a cursor that the pipeline's rare path could not rewind)."""
+    return shape.pipelined and shape.mma in PIPELINE_TILES and shape.element_bytes == 4 and shape.phases == 1
+
+
 def pipeline_block(shape) -> tuple[int, int, int, int, int, int] | None:
-    """(bm, bn, bk, tm, tn, stages) of the cp.async pipeline for `shape`, or None where the stage keeps the
-    register loop: FMA and 16-bit modes (GemmShape.pipelined), float64, the weight gradient, stride phases
-    (their slices come from a cursor that the pipeline's rare path could not rewind), few rows or channels."""
-    if not (shape.pipelined and shape.conv and shape.mma in PIPELINE_TILES and shape.element_bytes == 4
-            and shape.phases == 1 and shape.m >= PIPELINE_MIN_ROWS and shape.source_c >= PIPELINE_MIN_SOURCE_C):
+    """(bm, bn, bk, tm, tn, stages) of the cp.async pipeline for a conv-shaped `shape`, or None where the stage
+    keeps the register loop (pipelines) or has few rows or source channels."""
+    if not (pipelines(shape) and shape.conv and shape.m >= PIPELINE_MIN_ROWS
+            and shape.source_c >= PIPELINE_MIN_SOURCE_C):
         return None
     rows = 128 if shape.m > 64 else 64 if shape.m > 32 else 32
     bm, bn, tm, tn, stages = PIPELINE_TILES[shape.mma][rows]

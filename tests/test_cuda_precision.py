@@ -155,7 +155,9 @@ def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str, pi
         np.testing.assert_array_equal(np.isnan(g), np.isnan(r))
         np.testing.assert_array_equal(np.isinf(g) * np.sign(g), np.isinf(r) * np.sign(r))
         finite = np.isfinite(r)
-        np.testing.assert_allclose(g[finite], r[finite], rtol=1e-2, atol=1e-2)
+        # TF32's products are good to ~1e-3 of the terms: an absolute bound on the scale of the largest result.
+        scale = max(1.0, float(np.max(np.abs(r[finite]), initial=0.0)))
+        np.testing.assert_allclose(g[finite], r[finite], rtol=1e-2, atol=2e-3 * scale)
 
 
 def test_pools_ignore_the_precision() -> None:
