@@ -21,11 +21,6 @@ PIPELINE_TILES: dict[int, dict[int, tuple[int, int, int, int, int]]] = {
 }
 
 
-# The weight gradient keeps the tile model's pick (slices of 16 cells; its threads keep the window of each B
-# column they stage in registers, which rules out the conv stages' tiles) in a pipeline of this many slices.
-WEIGHT_PIPELINE_STAGES = 4
-
-
 def pipelines(shape) -> bool:
     """Whether the cp.async pipeline may take the stage: the TF32 modes on float32 elements (not float64, not
     the FMAs, not 16-bit elements planned on TF32 shapes: GemmShape.pipelined), and no stride phases (their
@@ -35,7 +30,9 @@ def pipelines(shape) -> bool:
 
 def pipeline_block(shape) -> tuple[int, int, int, int, int, int] | None:
     """(bm, bn, bk, tm, tn, stages) of the cp.async pipeline for a conv-shaped `shape`, or None where the stage
-    keeps the register loop (pipelines) or has few rows or source channels."""
+    keeps the register loop (pipelines) or has few rows or source channels. The weight gradient keeps it too: in
+    the pipeline (the tile model's picks, four slices of 16 cells in flight) it ran 9-33% slower on four of the
+    six batched cases (benchmarks/NOTES.md, twelfth session)."""
     if not (pipelines(shape) and shape.conv and shape.m >= PIPELINE_MIN_ROWS
             and shape.source_c >= PIPELINE_MIN_SOURCE_C):
         return None

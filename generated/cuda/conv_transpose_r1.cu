@@ -2039,6 +2039,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
     constexpr unsigned N = U_C * K_SIZE, REDUCTION = IN_SIZE;
     constexpr unsigned CHUNKS = (REDUCTION + BK - 1) / BK;  // per image
     static_assert(THREADS % BK == 0, "B rows per thread");
+    static_assert(STAGES == SHARED_BUFFERS, "the weight gradient stages through registers");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
@@ -2087,16 +2088,16 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
         // offsets, where a 64-bit index for each element cost six instructions more per load.
         const unsigned a_p = p0 + tid % BK;
         const real* __restrict__ a_first = d_values + ((size_t)image * GROUPS * M + m0 + tid / BK) * REDUCTION + a_p;
-        const unsigned p = p0 + b_k;
-        const bool p_ok = p < REDUCTION;
-        unsigned rest = p;
-        const pos_t d0 = (pos_t)rest;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK;
             a_stage[i] = (e < BM * BK && m < M && a_p < REDUCTION)
                              ? load_stored(a_first + (size_t)(i * (THREADS / BK)) * REDUCTION) : real{};
         }
+        const unsigned p = p0 + b_k;
+        const bool p_ok = p < REDUCTION;
+        unsigned rest = p;
+        const pos_t d0 = (pos_t)rest;
 #pragma unroll
         for (unsigned i = 0; i < B_LOADS; ++i) {
             bool ok = p_ok && column_ok[i];
@@ -2135,40 +2136,6 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
             if (local < BN) stage_element<MMA>(Bs[buffer], b_k, local, b_stage[i], rounded);
         }
     };
-    // The cp.async pipeline's slice (gemm_async_loop): what `load` and `store` stage, copied without
-    // registers, zeros where `load` gives zeros (a zero copy reads nothing; its address stays in U or D).
-    [[maybe_unused]] auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
-        const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
-        // A: element e = tid + i * THREADS of the slice is row m0 + e / BK at cell p0 + e % BK, and THREADS % BK
-        // == 0, so a thread's rows are THREADS / BK rows apart at one cell: one pointer a slice and constant
-        // offsets, where a 64-bit index for each element cost six instructions more per load.
-        const unsigned a_p = p0 + tid % BK;
-        const real* __restrict__ a_first = d_values + ((size_t)image * GROUPS * M + m0 + tid / BK) * REDUCTION + a_p;
-        const unsigned p = p0 + b_k;
-        const bool p_ok = p < REDUCTION;
-        unsigned rest = p;
-        const pos_t d0 = (pos_t)rest;
-#pragma unroll
-        for (unsigned i = 0; i < A_LOADS; ++i) {
-            const unsigned e = tid + i * THREADS, m = m0 + e / BK;
-            const bool valid = m < M && a_p < REDUCTION;
-            if (e < BM * BK) {
-                copy_async(&As[buffer][e % BK][e / BK], valid ? a_first + (size_t)(i * (THREADS / BK)) * REDUCTION
-                                                              : d_values, valid);
-            }
-        }
-#pragma unroll
-        for (unsigned i = 0; i < B_LOADS; ++i) {
-            bool ok = p_ok && column_ok[i];
-            unsigned offset = 0;
-            const pos_t j0 = d0 * S0 + shift0[i];
-            ok = ok && j0 >= 0 && j0 < OUT0;
-            offset = offset * OUT0 + (unsigned)j0;
-            const unsigned local = b_n + i * N_STEP;
-            if (local < BN) copy_async(&Bs[buffer][b_k][local], u_image + (ok ? column_base[i] + offset : 0u), ok);
-        }
-    };
 
     scalar acc[TM][TN];
 #pragma unroll
@@ -2179,72 +2146,32 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
             acc[i][j] = start;
         }
     }
-    if constexpr (STAGES > SHARED_BUFFERS) {
-        if (chunk_begin < chunk_end) {
-#pragma unroll
-            for (unsigned s = 0; s + 1 < STAGES; ++s) {
-                if (chunk_begin + s < chunk_end) load_async(chunk_begin + s, s);
-                commit_copies();
-            }
-            unsigned read = 0, write = STAGES - 1;
-            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-                wait_copies<STAGES - 2>();  // this thread's copies of the slice have landed ...
-                __syncthreads();  // ... and everyone's; the buffer written next is read by no one
-                if (chunk + STAGES - 1 < chunk_end) load_async(chunk + STAGES - 1, write);
-                commit_copies();
-                write = write + 1 == STAGES ? 0 : write + 1;
-                slice_product<MMA, BM, BN, BK, TM, TN, true>(As[read], Bs[read], tm, tn, acc);
-                read = read + 1 == STAGES ? 0 : read + 1;
-            }
-            wait_copies<0>();
+    if (chunk_begin < chunk_end) {
+        load(chunk_begin);
+        store(0, true);
+        // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
+        bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
+        unsigned chunk = chunk_begin;
+        for (; chunk < chunk_end && !nonfinite; ++chunk) {
+            const unsigned buffer = (chunk - chunk_begin) & 1;
+            const bool more = chunk + 1 < chunk_end;
+            if (more) load(chunk + 1);  // global loads in flight during the FMAs below
+            slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
+            if (more) store(buffer ^ 1, true);
+            nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
         }
-        if (__syncthreads_or(!all_finite(acc))) {
-            #pragma unroll
-                for (unsigned i = 0; i < TM; ++i) {
-                    const scalar start = 0;
-            #pragma unroll
-                    for (unsigned j = 0; j < TN; ++j) {
-                        acc[i][j] = start;
-                    }
-                }
-
-            for (unsigned chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-                load(chunk);
-                store(0, false);
-                store_valid();
-                __syncthreads();
-                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[0], Bs[0], valid_rows, tm, tn, acc);
-                __syncthreads();
-            }
-        }
-    } else {
-        if (chunk_begin < chunk_end) {
-            load(chunk_begin);
-            store(0, true);
-            // Block-uniform: the staged slice holds a value for the rare path somewhere (rare_value).
-            bool nonfinite = __syncthreads_or(any_rare_staged<MMA>(a_stage, b_stage));
-            unsigned chunk = chunk_begin;
-            for (; chunk < chunk_end && !nonfinite; ++chunk) {
-                const unsigned buffer = (chunk - chunk_begin) & 1;
-                const bool more = chunk + 1 < chunk_end;
-                if (more) load(chunk + 1);  // global loads in flight during the FMAs below
-                slice_product<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], tm, tn, acc);
-                if (more) store(buffer ^ 1, true);
-                nonfinite = __syncthreads_or(more && any_rare_staged<MMA>(a_stage, b_stage));
-            }
-            // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
-            // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
-            // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
-            // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
-            for (; chunk < chunk_end; ++chunk) {
-                const unsigned buffer = (chunk - chunk_begin) & 1;
-                load(chunk);  // the slice is staged already; this recomputes its validity
-                store(buffer, false);
-                store_valid();
-                __syncthreads();
-                slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
-                __syncthreads();
-            }
+        // The rare path, from the first slice whose A holds an inf or NaN on: the B terms that do
+        // not exist (padding) are skipped, not multiplied as zeros (SEMANTICS §3: inf * 0 is NaN).
+        // Slice by slice without overlap, so the staged values are dead during the FMAs (FMAs in
+        // every MMA mode, on the values as they are: the first slice, staged rounded, is staged again).
+        for (; chunk < chunk_end; ++chunk) {
+            const unsigned buffer = (chunk - chunk_begin) & 1;
+            load(chunk);  // the slice is staged already; this recomputes its validity
+            store(buffer, false);
+            store_valid();
+            __syncthreads();
+            slice_fma_masked<MMA, BM, BN, BK, TM, TN>(As[buffer], Bs[buffer], valid_rows, tm, tn, acc);
+            __syncthreads();
         }
     }
     store_tile<MMA, M, N, BM, BN, TM, TN>(out, m0, n0, tm, tn, acc);
