@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from convgen.generated.contract import COLUMN_POINTER_ROW_STEP, HALF_MMA_MODE, SHARED_BUFFERS, gemm_shared_bytes
 from convgen.geometry import Family, Geometry
-from convgen.pipeline_tiles import pipeline_block
+from convgen.pipeline_tiles import fma_pipeline_stages, pipeline_block
 from convgen.tile_calibration import (
     BASE_REGISTERS,
     FMA_REFERENCE_TILE,
@@ -461,7 +461,8 @@ def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
     larger block tile, then (FMA) the squarer thread tile, then the smaller one; no split for a stage
     too short to hide a second launch (HOST_LAUNCH_CYCLES); A repacked where packs_weight says so. A stage
     that the cp.async pipeline takes gets its tile (pipeline_block; A repacked, split only where its blocks
-    would not fill the SMs once)."""
+    would not fill the SMs once); an fp32 FMA stage keeps its pick, in the pipeline where fma_pipeline_stages
+    says so."""
     pipelined = pipeline_block(shape)
     if pipelined is not None:
         bm, bn, bk, tm, tn, stages = pipelined
@@ -478,4 +479,5 @@ def choose_tile(shape: GemmShape, hardware: Hardware) -> GemmTile:
         whole = min((t for t in candidates if t.split == 1), key=rank)
         if gemm_cost(shape, whole, hardware) <= KERNEL_CYCLES + HOST_LAUNCH_CYCLES:
             best = whole
-    return dataclasses.replace(best, packed=packs_weight(shape, best))
+    stages = fma_pipeline_stages(shape, best, hardware) or best.stages
+    return dataclasses.replace(best, packed=packs_weight(shape, best), stages=stages)

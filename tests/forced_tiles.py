@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from convgen.cuda_launch import GemmTile
 from convgen.geometry import Family, Geometry
-from convgen.pipeline_tiles import pipeline_block
+from convgen.pipeline_tiles import pipelines
 from convgen.tile_model import whole_parts
 
 # Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
@@ -40,10 +40,10 @@ def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool 
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
     (`packed` on every conv-shaped stage: the weight gradient has no pack kernel), its slices the stage's
     deepest (GemmShape.slice_depths) when `wide`, else the usual bk; `stages` slices in shared memory on
-    the conv-shaped stages that the cp.async pipeline may take (pipeline_block), else two."""
+    the conv-shaped stages that the cp.async pipeline may take (pipelines), else two."""
     def choose(shape, hardware):
         bk = shape.slice_depths[-1] if wide else shape.bk
-        piped = stages if pipeline_block(shape) else 2
+        piped = stages if pipelines(shape) else 2
         return GemmTile(bm, bn, bk, tm, tn, whole_parts(shape.chunks_at(bk), split), packed and shape.conv, stages=piped)
     return choose
 

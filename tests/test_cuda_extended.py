@@ -85,6 +85,34 @@ def test_wide_slices_in_dynamic_shared_memory(tile) -> None:
         check_against_cpu(geom, rng, forced_tape(tile))
 
 
+# fp32 FMA conv stages in the cp.async pipeline (forced; the plans take it on stages of many waves): three and
+# four slices, 32-channel slices past 48 KB, a split, A as given and repacked, several B columns a thread.
+FMA_PIPELINE_TILES = [  # (bm, bn, tm, tn, split, packed, wide, stages)
+    (64, 64, 4, 4, 1, True, False, 3),
+    (128, 64, 8, 4, 2, False, True, 3),
+    (32, 256, 4, 8, 1, True, False, 4),
+]
+
+
+@pytest.mark.parametrize("tile", FMA_PIPELINE_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}_wide{}_stages{}"
+                         .format(*t))
+def test_fma_pipeline_gives_the_register_loop_results_bit_for_bit(tile) -> None:
+    """The same tile staged through registers and copied by cp.async: the same products in the same order, the
+    same bits, with an inf and a NaN in the weight next to padding (the pipeline's rare path)."""
+    rng = reference.case_rng("fma pipeline", tile)
+    registers = (*tile[:7], 2)
+    for geom in (*FORCED_GEOMETRY, *WIDE_FORCED_GEOMETRY):
+        defines = plan(geom, choose_tile=forced_chooser(*tile)).defines
+        assert defines["FWD_STAGES"] == tile[7] or defines["BWI_STAGES"] == tile[7], geom
+        weight, bias, x = reference.draw_inputs(rng, geom)
+        weight[0, 0, 0, 0], weight[-1, -1, -1, -1] = np.inf, np.nan
+        grad = reference.draw_grad(rng, geom)
+        expected = run(forced_tape(registers)(), geom, [weight, bias, x], grad)
+        got = run(forced_tape(tile)(), geom, [weight, bias, x], grad, repeat=2)
+        for a, b in zip([expected[0], *expected[1]], [got[0], *got[1]], strict=True):
+            assert np.array_equal(a, b, equal_nan=True), geom
+
+
 def test_batch_sizes_of_one_bucket_share_a_module() -> None:
     """A new batch size compiles nothing when its bucket's tiles are compiled already."""
     backend = PoisonTape()._backend

@@ -274,6 +274,23 @@ def test_cp_async_pipeline_sends_non_finite_blocks_down_the_rare_path(precision)
         assert_same_non_finite(np.asarray(got), ref, 1e-2)
 
 
+def test_fma_pipeline_gives_the_register_loop_results_bit_for_bit() -> None:
+    """fp32 FMA conv stages forced into the cp.async pipeline (three slices) against the same tile staged through
+    registers: the same products in the same order, so the same bits, an inf and a NaN in the weight next to
+    padding included (the pipeline's blocks take the rare path afterwards); a strided conv's input gradient in
+    phases stays in the register loop."""
+    rng = reference.case_rng("emulated fma pipeline")
+    for geom in (PIPELINE_GEOMETRIES[0], Geometry.build(Family.CONV, 16, 24, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)):
+        weight, bias, x = reference.draw_inputs(rng, geom)
+        weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
+        grad = reference.draw_grad(rng, geom)
+        tiles = [(64, 64, 4, 4, 1, True, False, stages) for stages in (2, 3)]
+        assert [plan(geom, choose_tile=forced_chooser(*tile)).defines["FWD_STAGES"] for tile in tiles] == [2, 3]
+        runs = [reference.run_on_tape(emulated_tape("float32", tile), geom, [weight, bias, x], grad) for tile in tiles]
+        for registers, pipelined in zip([runs[0][0], *runs[0][1]], [runs[1][0], *runs[1][1]], strict=True):
+            assert np.array_equal(np.asarray(registers), np.asarray(pipelined), equal_nan=True), geom
+
+
 # 16-bit cases: a grouped, dilated conv whose weight is repacked and a strided transpose with output
 # padding, each with channels for whole k steps of 16 (the 16-bit mma, MMA_MODE 2) and with too few (the
 # TF32 mma on widened values); a circular conv, and each pool (smooth max's pivots and sums are float32

@@ -31,13 +31,14 @@ def test_tf32_conv_stages_take_the_pipeline(precision, tile):
 
 
 def test_the_register_loop_keeps_the_stages_the_pipeline_does_not_take():
-    """FMAs, float64, 16-bit elements, stride phases, fewer than 32 rows or 16 source channels."""
+    """In the TF32 modes: 16-bit elements, stride phases, fewer than 32 rows or 16 source channels; float64 (FMAs
+    only). The FMAs: below."""
     def stages(geom, dtype="float32", precision="medium"):
         defines = plan(geom, dtype=dtype, precision=precision).defines
         return defines["FWD_STAGES"], defines["BWI_STAGES"]
 
-    assert stages(BATCHED_128, precision="highest") == (2, 2)
     assert stages(BATCHED_128, "bfloat16") == (2, 2)
+    assert stages(BATCHED_128, "bfloat16", "highest") == (2, 2)
     assert stages(BATCHED_128, "float64", "highest") == (2, 2)
     strided = Geometry.build(Family.CONV, 64, 64, (32, 32), (3, 3), (2, 2), (1, 1), batch=4)
     assert stages(strided) == (4, 2)  # the forward's direct form at any stride; the input gradient in phases
@@ -64,3 +65,17 @@ def test_pipeline_slices_are_counted_per_stage():
     assert gemm_dynamic_shared_bytes(32, 64, 16, 4, 3) == 0  # 3 * 16 * (36 + 68) * 4 + 256 bytes: static
     assert gemm_dynamic_shared_bytes(64, 64, 32, 4, 4) == 4 * 32 * 68 * 4 * 2
     assert replace(GemmTile(1, 1, 1, 1, 1, 1), stages=4).stages == 4 and GemmTile(1, 1, 1, 1, 1, 1).stages == 2
+
+
+def test_fma_stages_of_many_waves_take_the_pipeline_on_their_own_tiles():
+    """fp32 FMA: the tile model's pick, three slices in flight, where the stage has four waves of blocks and 16
+    source channels (the batched 128->128, 64->64, conv3d and conv1d); one image, 3 source channels (k7) and
+    float64 keep the register loop."""
+    batched = plan(BATCHED_128).defines
+    assert (batched["FWD_STAGES"], batched["BWI_STAGES"], batched["BWW_STAGES"]) == (3, 3, 2)
+    shape = gemm_shapes(BATCHED_128)["forward"]
+    assert choose_tile(shape, H200) == replace(choose_tile(replace(shape, pipelined=False), H200), stages=3)
+    one_image = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1))
+    k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
+    for geom, dtype in ((one_image, "float32"), (k7, "float32"), (BATCHED_128, "float64")):
+        assert plan(geom, dtype=dtype).defines["FWD_STAGES"] == 2, (geom, dtype)

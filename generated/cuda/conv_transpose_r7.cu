@@ -594,13 +594,14 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
 }
 
 // One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
-// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline; TF32 modes only).
+// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline), which the TF32 modes
+// round as they read them; the FMAs multiply staged values as they are either way.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, bool RAW = false,
           typename ATile, typename BTile>
 __device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
-    static_assert(!RAW || MODE == 1 || MODE == 3, "only the TF32 slices round what they read");
+    static_assert(!RAW || MODE != 2, "the 16-bit slices are staged as stored");
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else if constexpr (MODE == 2) {
@@ -993,8 +994,8 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r7_forward(
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
     constexpr unsigned STAGES = FWD_STAGES;
-    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
-                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && MMA != 2 && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes float32 elements");
     const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;
@@ -2277,8 +2278,8 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r7_backward_input(
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
     constexpr unsigned STAGES = BWI_STAGES;
-    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
-                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && MMA != 2 && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes float32 elements");
     const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;
@@ -3002,8 +3003,8 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r7_backward_weight(
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
     constexpr unsigned STAGES = BWW_STAGES;
-    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && (MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4),
-                  "a cp.async pipeline takes the TF32 modes on float32 elements");
+    static_assert(STAGES == SHARED_BUFFERS || (STAGES > SHARED_BUFFERS && MMA != 2 && ELEMENT_BYTES == 4),
+                  "a cp.async pipeline takes float32 elements");
     const staged_slices<MMA, BM, BN, BK, STAGES> slices;
     const auto As = slices.As;
     const auto Bs = slices.Bs;

@@ -221,13 +221,14 @@ __device__ __forceinline__ void slice_fma(const scalar (&As)[BK][BM + SHARED_ROW
 }
 
 // One staged slice (staged_rows) by MODE: FMAs in the compute type (0), TF32 tensor cores (1, 3), or
-// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline; TF32 modes only).
+// 16-bit ones (2). RAW: the slice holds values as loaded (the cp.async pipeline), which the TF32 modes
+// round as they read them; the FMAs multiply staged values as they are either way.
 template <unsigned MODE, unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, bool RAW = false,
           typename ATile, typename BTile>
 __device__ __forceinline__ void slice_product(const ATile& As, const BTile& Bs, unsigned tm, unsigned tn,
                                               scalar (&acc)[TM][TN])
 {
-    static_assert(!RAW || MODE == 1 || MODE == 3, "only the TF32 slices round what they read");
+    static_assert(!RAW || MODE != 2, "the 16-bit slices are staged as stored");
     if constexpr (MODE == 0) {
         slice_fma<BM, BN, BK, TM, TN>(As, Bs, tm, tn, acc);
     } else if constexpr (MODE == 2) {
