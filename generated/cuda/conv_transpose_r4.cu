@@ -631,8 +631,8 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
 
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py copies at once, in program order
 // cp.async (sm_80 on): global memory straight into shared memory, no register in between, 4 or 16 bytes
-// (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0;
-// `source` must still be an address of the tensor). Copies become visible after commit_copies and
+// (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0:
+// the PTX ISA copies no byte from `source`). Copies become visible after commit_copies and
 // wait_copies<N>, which waits until at most N of this thread's committed groups are still in flight.
 __device__ __forceinline__ void copy_async(void* destination, const void* source, bool valid)
 {
