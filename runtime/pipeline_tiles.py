@@ -25,7 +25,8 @@ PIPELINE_TILES: dict[int, dict[int, tuple[int, int, int, int, int]]] = {
 
 
 # The fp32 FMA stages: the tile model's pick with this many slices, where the stage has at least
-# FMA_PIPELINE_WAVES waves of blocks and PIPELINE_MIN_SOURCE_C source channels. Measured on the batched cases:
+# FMA_PIPELINE_WAVES waves of blocks before any split (a stage the tile model splits has few) and
+# PIPELINE_MIN_SOURCE_C source channels. Measured on the batched cases:
 # forward and input gradient 5-21% faster (128->128 forward 1028 -> 810 us) and bit for bit the register loop's
 # results, four stages slower than three, the 3-channel k7 forward 10% slower. One-image stages (a wave or two)
 # were not measured with it and keep the register loop.
@@ -45,7 +46,7 @@ def pipelines(shape) -> bool:
 def fma_pipeline_stages(shape, tile, hardware) -> int | None:
     """FMA_PIPELINE_STAGES for an fp32 FMA stage whose pick `tile` the pipeline takes (see above), else None."""
     takes = (pipelines(shape) and shape.mma == 0 and shape.source_c >= PIPELINE_MIN_SOURCE_C
-             and shape.grid(tile.bm, tile.bn, tile.split) >= FMA_PIPELINE_WAVES * hardware.sm_count
+             and shape.grid(tile.bm, tile.bn, 1) >= FMA_PIPELINE_WAVES * hardware.sm_count
              and gemm_shared_bytes(tile.bm, tile.bn, tile.bk, 4, FMA_PIPELINE_STAGES)
              <= hardware.shared_optin_per_block)
     return FMA_PIPELINE_STAGES if takes else None
