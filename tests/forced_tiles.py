@@ -6,6 +6,7 @@ that forces them. No CuPy."""
 from __future__ import annotations
 
 from convgen.cuda_launch import GemmTile
+from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
 from convgen.tile_model import whole_parts
@@ -36,14 +37,14 @@ FORCED_GEOMETRY = [
 
 
 def forced_chooser(bm: int, bn: int, tm: int, tn: int, split: int, packed: bool = False, wide: bool = False,
-                   stages: int = 2):
+                   stages: int = SHARED_BUFFERS):
     """A tile chooser that takes the given tile everywhere, its split cut down to the slices there are
     (`packed` on every conv-shaped stage: the weight gradient has no pack kernel), its slices the stage's
     deepest (GemmShape.slice_depths) when `wide`, else the usual bk; `stages` slices in shared memory on
-    the conv-shaped stages that the cp.async pipeline may take (pipelines), else two."""
+    the conv-shaped stages that the cp.async pipeline may take (pipelines), else the register loop's."""
     def choose(shape, hardware):
         bk = shape.slice_depths[-1] if wide else shape.bk
-        piped = stages if pipelines(shape) else 2
+        piped = stages if pipelines(shape) else SHARED_BUFFERS
         return GemmTile(bm, bn, bk, tm, tn, whole_parts(shape.chunks_at(bk), split), packed and shape.conv, stages=piped)
     return choose
 
