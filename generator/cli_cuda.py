@@ -35,12 +35,10 @@ def compile_sources(arch: str, dtype: str, precisions: tuple[str, ...] = ("highe
     except (nvrtc_check.NvrtcMissing, nvrtc_check.BadArchitecture) as error:
         _usage_error(str(error))
     dtypes = tuple(ELEMENT_DEFINES) if dtype == "all" else (dtype,)
-    failed = spilled = 0
-    conv_sources = sum(family.is_conv for family, _ in KERNELS)
-    compiles = sum(len(nvrtc_check.source_names()) + conv_sources * sum(
-        p != "highest" and precision_refusal(d, p) is None for p in precisions) for d in dtypes)
+    compiles = failed = spilled = 0
     start = time.perf_counter()
     for report in nvrtc_check.compile_every_source(arch, dtypes, precisions):
+        compiles += 1
         mode = report.dtype if report.precision == "highest" else f"{report.dtype}/{report.precision}"
         if report.error is not None:
             failed += 1
@@ -79,15 +77,18 @@ def source_text(geom: Geometry, dtype: str = "float32", precision: str = "highes
     """The generated source of `geom` with the plan's defines for `dtype` and `precision` prepended,
     and how to compile it."""
     entry = KERNELS[(geom.family, geom.rank)]
-    defines = plan(geom, dtype=dtype, precision=precision).defines
+    geometry_plan = plan(geom, dtype=dtype, precision=precision)
+    defines = geometry_plan.defines
     stem = entry.source.removesuffix(".cu")
+    # A plan with `_wgmma` kernels compiles for sm_90a (nvcc's -gencode form: its -arch=sm_90a also runs sm_90).
+    target = "-gencode=arch=compute_90a,code=sm_90a" if geometry_plan.arch else "-arch=sm_90"
     lines = [
         f"// {entry.source} specialised by `convgen source` for {geom.family.value} ({dtype}): in_c {geom.in_c}, "
         f"out_c {geom.out_c}, batch {geom.batch}, groups {geom.groups},",
         f"// input {geom.in_spatial}, kernel {geom.kernel}, stride {geom.stride}, padding {geom.padding}, "
         f"dilation {geom.dilation}.",
         f"// NVRTC options: {' '.join(NVRTC_OPTIONS)} plus the defines below; compile outside Python with",
-        f"// nvcc {' '.join(NVRTC_OPTIONS)} -arch=sm_90 -cubin -o {stem}.cubin {stem}_specialised.cu",
+        f"// nvcc {' '.join(NVRTC_OPTIONS)} {target} -cubin -o {stem}.cubin {stem}_specialised.cu",
         *(f"#define {name} {value}" for name, value in defines.items()),
         "",
     ]

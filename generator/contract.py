@@ -88,6 +88,14 @@ DIRECT_BOX_FIELD = "DIRECT_BOX"
 # along the last axis, LANES threads per (U channel, outer window offsets), and per axis the box of D's cells of
 # a work item; the stage's <PREFIX>_SPLIT is then its blocks per group (partial sums its reduce kernel adds up).
 DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
+# A conv-shaped stage's `_wgmma` kernel (templates/cuda/_wgmma_conv.cu.j2): the TF32 modes on Hopper's
+# warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
+# `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (32 source
+# channels at one window offset) WG_STAGES deep in shared memory. WG_NS: the N extents it is printed for.
+WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES")
+WG_NS = (32, 64, 128, 256)
+WG_BK = 32  # source channels a slice: one 128-byte swizzled row of TF32 values per dst channel
+WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 reads hit 32 banks
 
 
 def tile_defines(stage: str) -> tuple[str, ...]:
@@ -109,6 +117,13 @@ def direct_defines(family: Family, stage: str, rank: int) -> tuple[str, ...]:
     prefix = GEMM_STAGES[stage]
     fields = DIRECT_WEIGHT_FIELDS if stage == WEIGHT_STAGE else DIRECT_FIELDS
     return (*(f"{prefix}_{field}" for field in fields), *(f"{prefix}_{DIRECT_BOX_FIELD}{a}" for a in range(rank)))
+
+
+def wgmma_defines(family: Family, stage: str) -> tuple[str, ...]:
+    """`FWD_WGMMA`, ...: the defines of a GEMM stage of `family` that has a `_wgmma` kernel, else none."""
+    if not any(s.name == f"{stage}_wgmma" for s in FAMILY_STAGES[family]):
+        return ()
+    return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in WGMMA_FIELDS)
 
 
 def pool_defines(family: Family) -> tuple[str, ...]:
@@ -189,7 +204,9 @@ class Stage:
     @property
     def gemm(self) -> str | None:
         """The GEMM stage this kernel belongs to (itself, or the one it reduces), if any."""
-        base = self.name.removesuffix("_reduce").removesuffix("_pack").removesuffix("_direct")
+        base = self.name
+        for suffix in ("_reduce", "_pack", "_direct", "_wgmma", "_wgpack"):
+            base = base.removesuffix(suffix)
         return base if base in GEMM_STAGES else None
 
 
@@ -221,6 +238,24 @@ def _direct(stage: Stage) -> Stage:
     return Stage(f"{stage.name}_direct", stage.params, summary, stage.layout)
 
 
+def _wgpack(stage: str, layout: ConvRow) -> Stage:
+    """The weight of a conv-shaped stage packed for its `_wgmma` kernel (launched when its WGMMA is 1)."""
+    return Stage(f"{stage}_wgpack", (_in("weight", "weight"), _out("packed", "packed_weight", "float")),
+                 "P[plane, g, n block, slice, dst, src % 32] = the weight's element that A(dst, (src, k)) of the "
+                 "stage reads, rounded to TF32 (plane 0) and, in 3xTF32, the rest rounded (plane 1); zero past the "
+                 "channels: a slice of one n block is WG_N rows of 128 bytes.", layout)
+
+
+def _wgmma(stage: Stage) -> Stage:
+    """The Hopper tensor-core kernel of a conv-shaped stage: the stage's parameters and its packed weight."""
+    params = tuple(p for p in stage.params if p.role != "images")
+    images = next(p for p in stage.params if p.role == "images")
+    return Stage(f"{stage.name}_wgmma", (*params[:-1], _in("packed", "packed_weight", "float"), images, params[-1]),
+                 "The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are "
+                 "wgmma's M (fragments rounded in registers), the packed weight its N x K operand in shared memory; a "
+                 "block whose sums end non-finite computes them again with FMAs on the weight as given.", stage.layout)
+
+
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
                    "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel "
                    "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
@@ -243,10 +278,14 @@ _CONV_STAGES = (
     _pack("forward", _CONV_FORWARD),
     _CONV_FORWARD_STAGE,
     _direct(_CONV_FORWARD_STAGE),
+    _wgpack("forward", _CONV_FORWARD),
+    _wgmma(_CONV_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _CONV_BACKWARD_INPUT),
     _CONV_BACKWARD_INPUT_STAGE,
     _direct(_CONV_BACKWARD_INPUT_STAGE),
+    _wgpack("backward_input", _CONV_BACKWARD_INPUT),
+    _wgmma(_CONV_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _CONV_WEIGHT_STAGE,
     _direct(_CONV_WEIGHT_STAGE),
@@ -274,10 +313,14 @@ _CONV_TRANSPOSE_STAGES = (
     _pack("forward", _TRANSPOSE_FORWARD),
     _TRANSPOSE_FORWARD_STAGE,
     _direct(_TRANSPOSE_FORWARD_STAGE),
+    _wgpack("forward", _TRANSPOSE_FORWARD),
+    _wgmma(_TRANSPOSE_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
     _TRANSPOSE_BACKWARD_INPUT_STAGE,
     _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
+    _wgpack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
+    _wgmma(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _TRANSPOSE_WEIGHT_STAGE,
     _direct(_TRANSPOSE_WEIGHT_STAGE),

@@ -38,6 +38,10 @@ from convgen.generator.contract import (
     SHARED_ROW_PAD,
     STATIC_SHARED_BYTES,
     TILE_FIELDS,
+    WG_BK,
+    WG_CELL_PAD,
+    WG_NS,
+    WGMMA_FIELDS,
     ConvRow,
     Family,
     Stage,
@@ -46,6 +50,7 @@ from convgen.generator.contract import (
     packed_define,
     pool_defines,
     tile_defines,
+    wgmma_defines,
 )
 from convgen.generator.naming import (
     FAMILY_TEMPLATES,
@@ -102,7 +107,8 @@ def source_defines(family: Family, rank: int) -> tuple[str, ...]:
     if family.is_conv:
         extra = (*CONV_DEFINES, *(name for gemm in GEMM_STAGES
                                   for name in (*tile_defines(gemm), packed_define(family, gemm),
-                                               *direct_defines(family, gemm, rank)) if name))
+                                               *direct_defines(family, gemm, rank),
+                                               *wgmma_defines(family, gemm)) if name))
     else:
         extra = pool_defines(family)
     return (*COMMON_DEFINES, *axes, *extra)
@@ -116,6 +122,8 @@ def circular_defines(rank: int) -> tuple[str, ...]:
 def _kind(stage: Stage) -> str:
     if stage.name.endswith("_pack"):
         return "pack"
+    if stage.name.endswith(("_wgmma", "_wgpack")):
+        return stage.name.rsplit("_", 1)[1]
     if stage.name.endswith("_direct"):
         return "weight_direct" if isinstance(stage.layout, WeightRow) else "direct"
     if isinstance(stage.layout, ConvRow):
@@ -177,6 +185,9 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
         shared_buffers=SHARED_BUFFERS,
         static_shared_bytes=STATIC_SHARED_BYTES,
         column_pointer_row_step=COLUMN_POINTER_ROW_STEP,
+        wg_ns=WG_NS,
+        wg_bk=WG_BK,
+        wg_cell_pad=WG_CELL_PAD,
         kernels=kernels,
         stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},
     )
@@ -208,6 +219,10 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         tile_fields=TILE_FIELDS,
         direct_fields=DIRECT_FIELDS,
         direct_weight_fields=DIRECT_WEIGHT_FIELDS,
+        wgmma_fields=WGMMA_FIELDS,
+        wg_ns=WG_NS,
+        wg_bk=WG_BK,
+        wg_cell_pad=WG_CELL_PAD,
         direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,

@@ -23,6 +23,7 @@ from convgen.cuda_launch import (
     Hardware,
     Plan,
     TileChooser,
+    arch_option,
     choose_tile,
     nvrtc_options,
     opted_in_shared,
@@ -32,6 +33,7 @@ from convgen.cuda_launch import (
 from convgen.direct_model import DirectChooser, choose_direct
 from convgen.generated.contract import BIAS_STAGE, CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
 
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
 # The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
@@ -40,6 +42,7 @@ SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
 # mma.sync with TF32 operands (precision "high" and "medium") needs sm_80 or newer (CuPy gives a
 # device's capability as digits, "90").
 TENSOR_CORE_CAPABILITY = 80
+WGMMA_CAPABILITY = "90"  # the `_wgmma` kernels' sm_90a; later architectures lack its wgmma
 
 # How CuPy holds each element type: bfloat16, which NumPy and CuPy lack, as its bit patterns (the kernels
 # read and write the bits; convgen.torch hands them torch's bfloat16 tensors).
@@ -53,9 +56,9 @@ _POISON = {"float32": np.float32("nan"), "float64": np.float64("nan"), "float16"
            "uint32": np.uint32(0xFFFFFFFF)}
 
 
-def device_hardware(attributes: dict[str, int]) -> Hardware:
-    """The hardware record of a device from CuPy's `Device.attributes`; what a device does not
-    report (the register cap, the driver's per-block reserve, the bandwidth) is the H200's."""
+def device_hardware(attributes: dict[str, int], compute_capability: str = "") -> Hardware:
+    """The hardware record of a device from CuPy's `Device.attributes` and `compute_capability` ("90"); what a
+    device does not report (the register cap, the driver's per-block reserve, the bandwidth) is the H200's."""
     return Hardware(
         sm_count=attributes.get("MultiProcessorCount", H200.sm_count),
         shared_per_block=attributes.get("MaxSharedMemoryPerBlock", H200.shared_per_block),
@@ -68,6 +71,7 @@ def device_hardware(attributes: dict[str, int]) -> Hardware:
         blocks_per_sm=attributes.get("MaxBlocksPerMultiprocessor", H200.blocks_per_sm),
         clock_hz=attributes["ClockRate"] * 1e3 * SUSTAINED_CLOCK_SHARE if "ClockRate" in attributes else H200.clock_hz,
         memory_bandwidth=H200.memory_bandwidth,
+        wgmma=compute_capability == WGMMA_CAPABILITY,
     )
 
 
@@ -112,7 +116,7 @@ class _Compiled:
         self.plan = plan
         params = STAGES[geom.family]
         self.launches = {stage: (functions[launch.kernel or stage], (launch.grid,), (launch.block,),
-                                 launch.shared_bytes, _arguments_of(params[stage]))
+                                 launch.shared_bytes, _arguments_of(params[launch.kernel or stage]))
                          for stage, launch in plan.launches.items() if launch.grid}
 
 
@@ -139,6 +143,9 @@ class CupyBackend:
     tile_chooser: TileChooser = staticmethod(choose_tile)
     # Which direct-form stages run the small-channel direct kernel; the GEMM tests turn it off.
     direct_chooser: DirectChooser = staticmethod(choose_direct)
+    # Which conv-shaped stages in the TF32 modes run the `_wgmma` kernel (on a GPU with wgmma); the tests of the
+    # GEMMs' cp.async pipeline turn it off.
+    wgmma_chooser: WgmmaChooser = staticmethod(choose_wgmma)
 
     def __init__(self, dtype: str = "float32", precision: str = "highest") -> None:
         self.dtype = dtype
@@ -258,15 +265,18 @@ class CupyBackend:
             raise BackendError(refusal)
         hardware = self._hardware.get(device)
         if hardware is None:
-            hardware = self._hardware[device] = device_hardware(self._xp.cuda.Device(device).attributes)
+            cuda_device = self._xp.cuda.Device(device)
+            hardware = self._hardware[device] = device_hardware(cuda_device.attributes, cuda_device.compute_capability)
         if self.precision != "highest":
             capability = int(self._xp.cuda.Device(device).compute_capability)
             if capability < TENSOR_CORE_CAPABILITY:
                 raise BackendError(f"precision {self.precision!r} needs TF32 tensor cores (compute capability "
                                    f"{TENSOR_CORE_CAPABILITY} or newer); this device's is {capability}")
-        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision, self.direct_chooser)
+        geometry_plan = plan(geom, hardware, self.tile_chooser, self.dtype, self.precision, self.direct_chooser,
+                             self.wgmma_chooser)
         entry = KERNELS[(geom.family, geom.rank)]
-        functions = self._functions(entry.source, entry.symbols, nvrtc_options(geometry_plan), device)
+        options = nvrtc_options(geometry_plan) + arch_option(geometry_plan)
+        functions = self._functions(entry.source, entry.symbols, options, device)
         try:
             for kernel, shared_bytes in opted_in_shared(geometry_plan, hardware).items():
                 functions[kernel].max_dynamic_shared_size_bytes = shared_bytes
@@ -345,12 +355,14 @@ class CupyBackend:
 
     def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...]) -> Any:
         """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
-        reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size, launched
+        reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
+        of its plan's packed_elements, which it reads beside the weight), launched
         before the output is allocated, so that the GPU has work while the host allocates."""
         if f"{stage}_pack" in compiled.launches:
-            packed = self._like(values["weight"])
+            elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s: it reads the weight too
+            packed = self._like(values["weight"]) if elements is None else self._scratch((elements,), "float32")
             self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
-            values = {**values, "weight": packed}
+            values = {**values, "weight" if elements is None else "packed_weight": packed}
         return self._into_output(compiled, stage, values, output_shape)
 
     def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],

@@ -37,7 +37,9 @@ from convgen.generated.contract import (
     PACKED_FIELD,
     PRECISION_MMA_MODES,
     TILE_FIELDS,
+    WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
+    wgmma_shared_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_calibration import PACK_MIN_MACS
@@ -55,12 +57,13 @@ from convgen.tile_model import (
     packs_weight,
     tile_candidates,
 )
+from convgen.wgmma_tiles import WgmmaChooser, WgmmaTile, choose_wgmma, wgmma_grid, wgmma_packed_elements
 
 __all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
            "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
            "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
            "nvrtc_options", "opted_in_shared", "packs_weight", "plan", "pool_cells_per_thread",
-           "representative_geometry", "scalar_dtype", "tile_candidates"]
+           "representative_geometry", "representative_wgmma_geometry", "scalar_dtype", "tile_candidates"]
 
 BLOCK = 256  # threads per block of the pool, reduce and bias kernels (the sources get it as -DBLOCK)
 # The element type -> the defines that pick the kernels' `real` (the contract's ELEMENT_TYPES).
@@ -98,11 +101,22 @@ class Plan:
     # [split, *output] partial buffer and its `<stage>_reduce` kernel adds it up.
     splits: dict[str, int]
     argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
+    # Stage -> floats of its packed weight where not the weight's size (a `_wgpack` kernel's output).
+    packed_elements: dict[str, int] = dataclasses.field(default_factory=dict)
+    arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
+
+
+WGMMA_ARCH = "sm_90a"
 
 
 def nvrtc_options(geometry_plan: Plan) -> tuple[str, ...]:
-    """The fixed NVRTC options and the plan's -D defines."""
+    """The fixed NVRTC options and the plan's -D defines (its architecture: `arch_option`)."""
     return NVRTC_OPTIONS + tuple(f"-D{name}={value}" for name, value in geometry_plan.defines.items())
+
+
+def arch_option(geometry_plan: Plan) -> tuple[str, ...]:
+    """The -arch option a plan's source needs on its device, if any (CuPy otherwise picks the device's)."""
+    return (f"-arch={geometry_plan.arch}",) if geometry_plan.arch else ()
 
 
 def _blocks(threads: int) -> int:
@@ -161,13 +175,14 @@ def _direct_stage(stage: str, shape: DirectShape, tile: DirectTile, launches: di
 
 @functools.lru_cache(maxsize=1024)
 def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, mma: int,
-          direct_chooser: DirectChooser) -> Plan:
+          direct_chooser: DirectChooser, wgmma_chooser: WgmmaChooser) -> Plan:
     values = _geometry_defines(geom, dtype, mma, hardware)
     staged_bytes = 8 if scalar_dtype(dtype) == "float64" else 4  # what shared memory and split buffers hold
     if not geom.family.is_conv:
         return _pool_plan(geom, values)
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
+    packed_elements: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
     # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
@@ -193,8 +208,12 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             direct = direct_chooser(stencils[stage], hardware)
             values.update(_direct_defines(prefix, DIRECT_FIELDS, direct and (1, direct.v, direct.mb, direct.cb),
                                           direct and direct.box, geom.rank))
+            wgmma = None if direct else wgmma_chooser(tile_shapes[stage], hardware)
+            values.update(_wgmma_defines(prefix, wgmma))
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
+            elif wgmma and count:
+                _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
         else:  # the weight gradient: its `_direct` kernel likewise, its parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes, mma), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
@@ -208,7 +227,25 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
-    return _checked(geom, Plan(values, launches, splits))
+    arch = WGMMA_ARCH if any(launch.kernel.endswith("_wgmma") for launch in launches.values() if launch.grid) else ""
+    return _checked(geom, Plan(values, launches, splits, packed_elements=packed_elements, arch=arch))
+
+
+def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
+    """A conv-shaped stage's `_wgmma` defines: WGMMA 1 and the tile, or 0 (and placeholders) where the GEMM runs."""
+    values = (1, tile.n, tile.cells, tile.stages) if tile else (0, 1, 1, 1)
+    return {f"{prefix}_{field}": value for field, value in zip(WGMMA_FIELDS, values, strict=True)}
+
+
+def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
+                 packed_elements: dict[str, int]) -> None:
+    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: no split, no reduce."""
+    launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads,
+                             wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma), kernel=f"{stage}_wgmma")
+    packed_elements[stage] = wgmma_packed_elements(shape, tile)
+    launches[f"{stage}_pack"] = Launch(_blocks(packed_elements[stage]), kernel=f"{stage}_wgpack")
+    launches[f"{stage}_reduce"] = Launch(0)
+    splits[stage] = 1
 
 
 def opted_in_shared(geometry_plan: Plan, hardware: Hardware) -> dict[str, int]:
@@ -264,18 +301,21 @@ def _pool_plan(geom: Geometry, values: dict[str, int]) -> Plan:
 
 
 def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = choose_tile,
-         dtype: str = "float32", precision: str = "highest", direct_chooser: DirectChooser = choose_direct) -> Plan:
+         dtype: str = "float32", precision: str = "highest", direct_chooser: DirectChooser = choose_direct,
+         wgmma_chooser: WgmmaChooser = choose_wgmma) -> Plan:
     """The launch plan of `geom` on `hardware` for elements of `dtype` (the tape's) multiplied in
     `precision` (PRECISIONS), each GEMM stage's tile picked by `choose_tile` among the tiles of that
     precision, and a direct-form stage run by its small-channel direct kernel where `direct_chooser` gives
-    it a tile; cached per (geometry but β, hardware, choosers, dtype, precision). The defines depend
+    it a tile, else (a conv-shaped stage) by its `_wgmma` kernel where `wgmma_chooser` gives it a tile; cached per
+    (geometry but β, hardware, choosers, dtype, precision). The defines depend
     on the batch only through batch_bucket; the grids on the batch itself."""
     refusal = precision_refusal(dtype, precision)
     if refusal is not None:
         raise ValueError(f"plan: {refusal}")
     if geom.beta is not None:
         geom = dataclasses.replace(geom, beta=None)
-    return _plan(geom, hardware, choose_tile, dtype, _tensor_core_mode(geom, dtype, precision), direct_chooser)
+    return _plan(geom, hardware, choose_tile, dtype, _tensor_core_mode(geom, dtype, precision), direct_chooser,
+                 wgmma_chooser)
 
 
 TF32_MMA_MODE = PRECISION_MMA_MODES["medium"]
@@ -291,6 +331,13 @@ def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
         return mma
     whole = all(shape.bk % HALF_MMA_K == 0 for shape in gemm_shapes(geom, 4, TF32_MMA_MODE).values())
     return HALF_MMA_MODE if whole else mma
+
+
+def representative_wgmma_geometry(family: Family, rank: int) -> Geometry:
+    """representative_geometry with 32 channels each way and stride 1: both conv-shaped stages of a conv family
+    on their `_wgmma` kernels in the TF32 modes on the H200 (convgen compile's pass for sm_90)."""
+    geom = representative_geometry(family, rank)
+    return Geometry.build(family, 32, 32, geom.in_spatial, geom.kernel, (1,) * rank, geom.padding)
 
 
 def representative_geometry(family: Family, rank: int) -> Geometry:

@@ -7,6 +7,7 @@ ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterator
@@ -16,7 +17,15 @@ from typing import Any
 
 from convgen.backend import precision_refusal
 from convgen.circular import circular_plan, representative_circular_geometry
-from convgen.cuda_launch import ELEMENT_DEFINES, nvrtc_options, plan, representative_geometry
+from convgen.cuda_launch import (
+    ELEMENT_DEFINES,
+    H200,
+    WGMMA_ARCH,
+    nvrtc_options,
+    plan,
+    representative_geometry,
+    representative_wgmma_geometry,
+)
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
@@ -119,8 +128,13 @@ def compile_plan(geom: Geometry, arch: str, dtype: str = "float32", precision: s
     """Compile the source of `geom` with the defines of its plan for `dtype` and `precision` (tiles
     from `chooser`, by default the tile model's) to a cubin for `arch`."""
     chosen = {} if chooser is None else {"choose_tile": chooser}
-    options = nvrtc_options(plan(geom, dtype=dtype, precision=precision, **chosen))
-    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, arch, dtype, precision)
+    # The H200's plan on sm_90, whose `_wgmma` kernels compile for sm_90a; elsewhere the GEMMs'.
+    sm_90 = arch.removesuffix("a") == WGMMA_ARCH.removesuffix("a")
+    hardware = H200 if sm_90 else dataclasses.replace(H200, wgmma=False)
+    geometry_plan = plan(geom, hardware, dtype=dtype, precision=precision, **chosen)
+    options = nvrtc_options(geometry_plan)
+    return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, geometry_plan.arch or arch, dtype,
+                    precision)
 
 
 def compile_circular(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
@@ -161,7 +175,8 @@ def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
                          precisions: tuple[str, ...] = ("highest",)) -> Iterator[SourceReport]:
     """Per element type, each family source at its representative geometry, then each
     circular-padding source (the family of its report is conv, the op it serves); then, per other
-    precision the element type takes, each conv-family source again (the others do not multiply)."""
+    precision the element type takes, each conv-family source again (the others do not multiply), and on sm_90
+    once more at a geometry whose conv-shaped stages run their `_wgmma` kernels (compiled for sm_90a)."""
     for dtype in dtypes:
         for family, rank in sources():
             yield compile_source(family, rank, arch, dtype)
@@ -173,3 +188,5 @@ def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
             for family, rank in sources():
                 if family.is_conv:
                     yield compile_source(family, rank, arch, dtype, precision)
+                    if arch.removesuffix("a") == WGMMA_ARCH.removesuffix("a"):  # the `_wgmma` kernels too
+                        yield compile_plan(representative_wgmma_geometry(family, rank), arch, dtype, precision)

@@ -63,6 +63,7 @@ class Hardware:
     blocks_per_sm: int
     clock_hz: float  # SM clock under sustained load: cycles <-> seconds
     memory_bandwidth: float  # bytes/s a streaming kernel reaches
+    wgmma: bool = False  # warpgroup mma (sm_90a: compute capability 9.0), which the `_wgmma` kernels use
 
 
 # NVIDIA H200 SXM (sm_90). The clock is what it sustained under the sweep's load (the boost clock
@@ -71,7 +72,7 @@ class Hardware:
 H200 = Hardware(sm_count=132, shared_per_block=48 * 1024, shared_optin_per_block=227 * 1024, shared_per_sm=228 * 1024,
                 shared_reserved_per_block=1024,
                 registers_per_sm=65536, registers_per_thread=255, threads_per_sm=2048, blocks_per_sm=32,
-                clock_hz=1.7e9, memory_bandwidth=4.07e12)
+                clock_hz=1.7e9, memory_bandwidth=4.07e12, wgmma=True)
 
 SPLIT_WORKSPACE_BYTES = 16 << 20  # at most this much scratch for a split reduction's partial sums
 WEIGHT_BK = 16  # reduction slice of the weight gradient (cells of D)

@@ -10,6 +10,7 @@ import reference
 import torch_oracle
 from convgen.direct_model import no_direct
 from convgen.geometry import MAX_RANK, Family, Geometry
+from convgen.wgmma_tiles import no_wgmma
 from forced_tiles import forced_chooser
 
 cupy = pytest.importorskip("cupy")
@@ -109,11 +110,12 @@ def check_against_cpu(geom: Geometry, rng: np.random.Generator, tape_class=Poiso
 
 def forced_tape(tile, precision: str = "highest") -> type:
     """A poisoning tape whose plans take `tile` on every GEMM stage, the direct-form ones included (no
-    direct kernel; its own backend, so its own module cache), computing in `precision`."""
+    direct or `_wgmma` kernel; its own backend, so its own module cache), computing in `precision`."""
 
     class Backend(PoisonBackend):
         tile_chooser = staticmethod(forced_chooser(*tile))
         direct_chooser = staticmethod(no_direct)
+        wgmma_chooser = staticmethod(no_wgmma)
 
     class ForcedTape(PoisonTape):
         backend_class = Backend

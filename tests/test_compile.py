@@ -13,7 +13,16 @@ import pytest
 from click.testing import CliRunner
 from convgen import nvrtc_check
 from convgen.circular import circular_plan, representative_circular_geometry
-from convgen.cuda_launch import BLOCK, H200, choose_tile, gemm_shapes, plan, representative_geometry, tile_candidates
+from convgen.cuda_launch import (
+    BLOCK,
+    H200,
+    choose_tile,
+    gemm_shapes,
+    plan,
+    representative_geometry,
+    representative_wgmma_geometry,
+    tile_candidates,
+)
 from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, gemm_shared_bytes
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
@@ -180,6 +189,19 @@ def test_conv_source_compiles_on_tensor_cores_without_spills(family, rank, preci
     assert report.error is None, report.error
     assert sorted(k.symbol for k in report.kernels) == sorted(KERNELS[(family, rank)].symbols.values())
     assert not [k for k in report.kernels if k.spills]
+
+
+@pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
+@pytest.mark.parametrize(("family", "rank"), CONV_SOURCES, ids=_ids)
+def test_wgmma_kernels_compile_for_sm90a_without_spills(family, rank, precision):
+    """Both conv-shaped stages' `_wgmma` kernels (32 channels each way, stride 1), compiled for sm_90a as their plan
+    asks, each using registers (a body compiled in, not the empty kernel of the plans without them)."""
+    geom = representative_wgmma_geometry(family, rank)
+    assert plan(geom, precision=precision).arch == "sm_90a"
+    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision)
+    assert report.error is None, report.error
+    wgmma = {k.symbol: k for k in report.kernels if k.symbol.endswith(("_wgmma", "_wgpack"))}
+    assert len(wgmma) == 4 and all(k.registers > 8 and not k.spills for k in wgmma.values()), wgmma
 
 
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)

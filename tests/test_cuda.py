@@ -291,9 +291,11 @@ def test_out_of_memory_names_the_op_and_the_bytes() -> None:
 
 
 def test_hardware_comes_from_the_device() -> None:
-    hardware = convgen.cuda.device_hardware(cupy.cuda.Device().attributes)
-    assert hardware.sm_count == cupy.cuda.Device().attributes["MultiProcessorCount"]
+    device = cupy.cuda.Device()
+    hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
+    assert hardware.sm_count == device.attributes["MultiProcessorCount"]
     assert hardware.shared_per_block == 48 * 1024
+    assert hardware.wgmma is (device.compute_capability == "90")
 
 
 def test_device_float32_input_is_taken_without_a_copy() -> None:

@@ -1,8 +1,9 @@
 """The tensor-core precisions on the GPU (`pytest -m cuda`): "high" (3xTF32) and "medium" (TF32) on
 every conv family at ranks 1..8 (random §8 geometries: batch, groups, dilation, stride phases, circular
 and output padding) against the float64 CPU tape, with issue 11's bounds: 3xTF32 within 2x of the FMA
-path's error measured in the same test, TF32 within 1e-3 relative; the cp.async pipeline at ranks 1..8
-and on forced tiles; forced tensor-core tiles; non-finite values; and bit-identical results run after run."""
+path's error measured in the same test, TF32 within 1e-3 relative; the `_wgmma` kernels and the cp.async
+pipeline at ranks 1..8, the pipeline also on forced tiles; forced tensor-core tiles; non-finite values; and
+bit-identical results run after run."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import pytest
 import reference
 from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
-from cuda_support import RANKS, PoisonTape, _has_gpu, forced_tape, run
+from convgen.wgmma_tiles import no_wgmma
+from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run
 from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, PIPELINE_FORCED_TILES
 from precision_bounds import TF32_BOUND, high_bound
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
 import convgen.cpu  # noqa: E402  (after the skip)
+import convgen.cuda  # noqa: E402
+import cupy  # noqa: E402
 
 CONV_FAMILIES = (Family.CONV, Family.CONV_TRANSPOSE)
 TENSOR_CORE_PRECISIONS = ("high", "medium")
@@ -43,8 +47,16 @@ def deterministic_run(tape_class, geom: Geometry, inputs, grad):
     return first
 
 
-def precision_tape(precision: str) -> type:
+class GemmOnlyBackend(PoisonBackend):
+    """The conv-shaped stages on their GEMMs, not the `_wgmma` kernels (the cp.async pipeline's tests)."""
+
+    wgmma_chooser = staticmethod(no_wgmma)
+
+
+def precision_tape(precision: str, wgmma: bool = True) -> type:
     class Tape(PoisonTape):
+        backend_class = PoisonBackend if wgmma else GemmOnlyBackend
+
         def __init__(self) -> None:
             super().__init__(precision=precision)
 
@@ -107,16 +119,54 @@ def pipeline_geometry(family: Family, rank: int) -> Geometry:
 def test_cp_async_pipeline_at_every_rank(family: Family, rank: int) -> None:
     geom = pipeline_geometry(family, rank)
     for precision in TENSOR_CORE_PRECISIONS:
-        defines = plan(geom, precision=precision).defines
+        defines = plan(geom, precision=precision, wgmma_chooser=no_wgmma).defines
         assert defines["FWD_STAGES"] > 2 and defines["BWI_STAGES"] > 2, (geom, precision)
-    check_precisions(geom, reference.case_rng("cuda pipeline", family.value, rank))
+    tapes = {p: precision_tape(p, wgmma=False) for p in ("highest", *TENSOR_CORE_PRECISIONS)}
+    check_precisions(geom, reference.case_rng("cuda pipeline", family.value, rank), tapes)
+
+
+def assert_wgmma(geom: Geometry, stages: tuple[str, ...] = ("forward", "backward_input")) -> None:
+    """The plans of this device launch `stages` on their `_wgmma` kernels (skipped on a GPU without wgmma)."""
+    device = cupy.cuda.Device()
+    hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
+    if not hardware.wgmma:
+        pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
+    for precision in TENSOR_CORE_PRECISIONS:
+        launches = plan(geom, hardware, precision=precision).launches
+        for stage in stages:
+            assert launches[stage].kernel == f"{stage}_wgmma", (geom, precision, stage)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
+def test_wgmma_at_every_rank(family: Family, rank: int) -> None:
+    """Both conv-shaped stages on the `_wgmma` kernels (32 dst channels a group: wgmma's N 32), groups, a batch,
+    dilation and padding, against the float64 CPU tape with issue 11's bounds."""
+    geom = pipeline_geometry(family, rank)
+    assert_wgmma(geom)
+    check_precisions(geom, reference.case_rng("cuda wgmma", family.value, rank))
+
+
+WGMMA_GEOMETRIES = [  # N 128 and 256 (3xTF32: two blocks of 128), channels past a slice's 32 and past N, stride 2
+    Geometry.build(Family.CONV, 128, 128, (12, 13), (3, 3), (1, 1), (1, 1), batch=2),
+    Geometry.build(Family.CONV, 40, 200, (9, 11), (3, 2), (1, 1), (1, 0), batch=3),
+    Geometry.build(Family.CONV_TRANSPOSE, 72, 48, (7, 5, 6), (2, 3, 2), (1, 1, 1), (1, 1, 0), dilation=(2, 1, 1)),
+    Geometry.build(Family.CONV, 48, 64, (17, 15), (3, 3), (2, 2), (1, 1), batch=2),
+]
+
+
+@pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
+def test_wgmma_tiles(geom: Geometry) -> None:
+    stages = ("forward",) if max(geom.stride) > 1 and geom.family is Family.CONV else ("forward", "backward_input")
+    assert_wgmma(geom, stages)
+    check_precisions(geom, reference.case_rng("cuda wgmma tiles", str(geom)))
 
 
 @pytest.mark.parametrize("tile", PIPELINE_FORCED_TILES, ids=lambda t: "bm{}_bn{}_tm{}_tn{}_split{}_packed{}".format(*t))
 def test_cp_async_pipeline_on_forced_tiles(tile) -> None:
     rng = reference.case_rng("cuda pipeline tiles", tile)
     tapes = {p: forced_tape(tile, p) for p in TENSOR_CORE_PRECISIONS}
-    tapes["highest"] = precision_tape("highest")
+    tapes["highest"] = precision_tape("highest", wgmma=False)
     for geom in (pipeline_geometry(Family.CONV, 2), pipeline_geometry(Family.CONV_TRANSPOSE, 3),
                  Geometry.build(Family.CONV, 40, 36, (9, 10), (3, 3), (2, 1), (1, 1), batch=3)):
         check_precisions(geom, rng, tapes)
@@ -132,24 +182,28 @@ def test_every_tensor_core_tile_shape(tile) -> None:
         check_precisions(geom, rng, tapes)
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["registers", "pipeline"])
+@pytest.mark.parametrize("path", ["registers", "pipeline", "wgmma"])
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
 @pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
-def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str, pipelined: bool) -> None:
+def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str, path: str) -> None:
     """An inf or NaN in A (weights, upstream gradient) or in B (the input) takes the masked FMA path:
     padding skipped, inf · finite = inf (not the NaN of a split's inf − inf). Exactly the cells the CPU
-    tape makes nonfinite are, with the same signs. The cp.async pipeline's blocks find it afterwards, by
-    their non-finite accumulators."""
-    rng = reference.case_rng("nonfinite precision", family.value, precision, pipelined)
-    geom = Geometry.build(family, 32, 32, (9, 8), (3, 3), (1, 1), (1, 1), batch=2) if pipelined else \
-        Geometry.build(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
-    assert (plan(geom, precision=precision).defines["FWD_STAGES"] > 2) is pipelined
+    tape makes nonfinite are, with the same signs. The cp.async pipeline's blocks and the `_wgmma` kernels'
+    find it afterwards, by their non-finite accumulators."""
+    rng = reference.case_rng("nonfinite precision", family.value, precision, path)
+    geom = Geometry.build(family, 20, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2) if path == "registers" else \
+        Geometry.build(family, 32, 32, (9, 8), (3, 3), (1, 1), (1, 1), batch=2)
+    wgmma = path == "wgmma"
+    if wgmma:
+        assert_wgmma(geom)
+    else:
+        assert (plan(geom, precision=precision, wgmma_chooser=no_wgmma).defines["FWD_STAGES"] > 2) is (path == "pipeline")
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
     weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
     grad[1, 2, 0, 0] = -np.inf
     x[0, 1, 4, 4] = np.inf
-    got = run(precision_tape(precision)(), geom, [weight, bias, x], grad, repeat=2)
+    got = run(precision_tape(precision, wgmma)(), geom, [weight, bias, x], grad, repeat=2)
     ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], grad)
     for g, r in zip([got[0], *got[1]], [ref[0], *ref[1]], strict=True):
         np.testing.assert_array_equal(np.isnan(g), np.isnan(r))

@@ -1,5 +1,6 @@
 """The plans of the cp.async pipeline (convgen.pipeline_tiles): which conv-shaped stages it takes, their tiles, and
-the shared memory its stages take. No GPU."""
+the shared memory its stages take, on a GPU without wgmma (whose `_wgmma` kernels take the TF32 conv-shaped stages
+otherwise: test_wgmma_plans.py). No GPU."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from convgen.cuda_launch import H200, GemmTile, choose_tile, gemm_shapes, opted_in_shared, plan
 from convgen.generated.contract import gemm_dynamic_shared_bytes, gemm_slice_bytes
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import no_wgmma
 
 BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
 
@@ -18,7 +20,7 @@ BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), 
     ("high", GemmTile(128, 64, 32, 8, 8, 1, packed=True, stages=4)),  # 64x32: 3xTF32 has twice the fragments
 ])
 def test_tf32_conv_stages_take_the_pipeline(precision, tile):
-    made = plan(BATCHED_128, precision=precision)
+    made = plan(BATCHED_128, precision=precision, wgmma_chooser=no_wgmma)
     for prefix in ("FWD", "BWI"):
         defines = {field: made.defines[f"{prefix}_{field}"] for field in ("BM", "BN", "BK", "TM", "TN", "STAGES")}
         assert defines == {"BM": tile.bm, "BN": tile.bn, "BK": tile.bk, "TM": tile.tm, "TN": tile.tn,
@@ -34,7 +36,7 @@ def test_the_register_loop_keeps_the_stages_the_pipeline_does_not_take():
     """In the TF32 modes: 16-bit elements, stride phases, fewer than 32 rows or 16 source channels; float64 (FMAs
     only). The FMAs: below."""
     def stages(geom, dtype="float32", precision="medium"):
-        defines = plan(geom, dtype=dtype, precision=precision).defines
+        defines = plan(geom, dtype=dtype, precision=precision, wgmma_chooser=no_wgmma).defines
         return defines["FWD_STAGES"], defines["BWI_STAGES"]
 
     assert stages(BATCHED_128, "bfloat16") == (2, 2)
@@ -71,11 +73,11 @@ def test_fma_stages_of_many_waves_take_the_pipeline_on_their_own_tiles():
     """fp32 FMA: the tile model's pick, three slices in flight, where the stage has four waves of blocks and 16
     source channels (the batched 128->128, 64->64, conv3d and conv1d); one image, 3 source channels (k7) and
     float64 keep the register loop."""
-    batched = plan(BATCHED_128).defines
+    batched = plan(BATCHED_128, wgmma_chooser=no_wgmma).defines
     assert (batched["FWD_STAGES"], batched["BWI_STAGES"], batched["BWW_STAGES"]) == (3, 3, 2)
     shape = gemm_shapes(BATCHED_128)["forward"]
     assert choose_tile(shape, H200) == replace(choose_tile(replace(shape, pipelined=False), H200), stages=3)
     one_image = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1))
     k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
     for geom, dtype in ((one_image, "float32"), (k7, "float32"), (BATCHED_128, "float64")):
-        assert plan(geom, dtype=dtype).defines["FWD_STAGES"] == 2, (geom, dtype)
+        assert plan(geom, dtype=dtype, wgmma_chooser=no_wgmma).defines["FWD_STAGES"] == 2, (geom, dtype)

@@ -1,0 +1,88 @@
+"""The plans of the `_wgmma` kernels (convgen.wgmma_tiles): which conv-shaped stages take them, their tiles, the
+packed weight's size, the shared memory and the architecture their sources compile for. No GPU."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+import pytest
+from convgen.cuda_launch import H200, arch_option, nvrtc_options, opted_in_shared, plan
+from convgen.generated.contract import WG_BK, wgmma_shared_bytes
+from convgen.geometry import Family, Geometry
+
+BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+CONV_SHAPED = ("forward", "backward_input")
+
+
+def wgmma_fields(made, prefix):
+    return tuple(made.defines[f"{prefix}_{field}"] for field in ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES"))
+
+
+@pytest.mark.parametrize(("precision", "mma", "planes"), [("medium", 1, 1), ("high", 3, 2)])
+def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
+    made = plan(BATCHED_128, precision=precision)
+    shared = wgmma_shared_bytes(128, 128, 3, mma)
+    for stage, prefix in zip(CONV_SHAPED, ("FWD", "BWI"), strict=True):
+        assert wgmma_fields(made, prefix) == (1, 128, 128, 3)
+        launch = made.launches[stage]
+        # 8 images x 1 channel block x 128 cell tiles; 256 threads; every slice's 128 weight rows and 32 x 136 cells.
+        assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == (f"{stage}_wgmma", 1024, 256, shared)
+        assert made.launches[f"{stage}_pack"].kernel == f"{stage}_wgpack"
+        assert made.launches[f"{stage}_reduce"].grid == 0 and made.splits[stage] == 1
+        assert made.packed_elements[stage] == planes * 36 * 128 * WG_BK  # 4 channel blocks x 9 offsets: 36 slices
+        assert opted_in_shared(made, H200)[f"{stage}_wgmma"] == shared
+    assert shared == 3 * (planes * 128 * 128 + 17408) + 1024 <= H200.shared_optin_per_block
+    assert made.launches["backward_weight"].kernel == ""  # the weight gradient keeps its GEMM
+    assert made.arch == "sm_90a" and arch_option(made) == ("-arch=sm_90a",)
+    assert not any(option.startswith("-arch") for option in nvrtc_options(made))
+
+
+def test_wgmma_n_follows_the_dst_channels_of_a_group():
+    """The narrowest N of 32, 64, 128, 256 that holds a group's dst channels; 3xTF32 at most 128 (two sets of
+    accumulators), in blocks of N."""
+    def forward(out_c, precision="medium", groups=1):
+        geom = Geometry.build(Family.CONV, 64, out_c, (32, 32), (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
+        made = plan(geom, precision=precision)
+        return made.defines["FWD_WG_N"], made.launches["forward"].grid
+
+    assert forward(32) == (32, 4 * 8)
+    assert forward(40) == (64, 4 * 8)
+    assert forward(200) == (256, 4 * 8)
+    assert forward(200, "high") == (128, 4 * 2 * 8)
+    assert forward(64, groups=2) == (32, 4 * 2 * 8)
+
+
+def test_the_gemm_keeps_the_stages_wgmma_does_not_take():
+    """FMAs ("highest"), 16-bit and float64 elements, stride phases, fewer than 32 dst or 16 source channels a
+    group, a GPU without wgmma."""
+    def kernels(geom, dtype="float32", precision="medium", hardware=H200):
+        launches = plan(geom, hardware, dtype=dtype, precision=precision).launches
+        return launches["forward"].kernel, launches["backward_input"].kernel
+
+    gemm = ("", "")
+    assert kernels(BATCHED_128, precision="highest") == gemm
+    assert kernels(BATCHED_128, "bfloat16") == gemm
+    assert kernels(BATCHED_128, "float64", "highest") == gemm
+    assert kernels(BATCHED_128, hardware=replace(H200, wgmma=False)) == gemm
+    assert plan(BATCHED_128, replace(H200, wgmma=False), precision="high").arch == ""
+    strided = Geometry.build(Family.CONV, 64, 64, (32, 32), (3, 3), (2, 2), (1, 1), batch=4)
+    assert kernels(strided) == ("forward_wgmma", "")  # the forward's direct form at any stride; phases keep the GEMM
+    assert kernels(Geometry.build(Family.CONV, 64, 16, (32, 32), (3, 3), (1, 1), (1, 1))) == ("", "backward_input_wgmma")
+    assert kernels(Geometry.build(Family.CONV, 8, 64, (32, 32), (3, 3), (1, 1), (1, 1))) == gemm
+    conv4d = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
+    assert kernels(conv4d) == gemm
+
+
+def test_a_wgmma_launch_passes_its_kernels_arguments():
+    """The `_wgmma` kernel takes the packed weight beside the weight: its launch's arguments follow its own
+    parameters, not the stage's GEMM's."""
+    from convgen.cuda import _Compiled
+
+    made = plan(BATCHED_128, precision="medium")
+    compiled = _Compiled(BATCHED_128, made, defaultdict(object))
+    values = {"x": "x", "grad": "g", "weight": "w", "bias": "b", "packed_weight": "p", "images": 8, "y": "y",
+              "grad_x": "dx"}
+    assert compiled.launches["forward"][4](values) == ("x", "w", "b", "p", 8, "y")
+    assert compiled.launches["backward_input"][4](values) == ("g", "w", "p", 8, "dx")
+    assert compiled.launches["forward_pack"][4](values) == ("w", "p")
