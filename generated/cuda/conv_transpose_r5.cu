@@ -961,47 +961,95 @@ template <unsigned R> __device__ __forceinline__ void fence_accumulators(float (
 // further from the start, the swizzle being a function of the address bits.
 __device__ __forceinline__ unsigned long long swizzled_operand(unsigned shared_address)
 {
-    return (unsigned long long)((shared_address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
-           | (1ull << 62);
+    return (unsigned long long)((shared_address & 0x3FFFF) >> 4) | (1ull << 16)
+           | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 // d += a b, m64n32k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[16], const unsigned (&a)[4], unsigned long long b)
 {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
                  "{%16, %17, %18, %19}, %20, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 // d += a b, m64n64k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[32], const unsigned (&a)[4], unsigned long long b)
 {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
                  "{%32, %33, %34, %35}, %36, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 // d += a b, m64n128k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[64], const unsigned (&a)[4], unsigned long long b)
 {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
                  "{%64, %65, %66, %67}, %68, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 // d += a b, m64n256k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[128], const unsigned (&a)[4], unsigned long long b)
 {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
                  "{%128, %129, %130, %131}, %132, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+                   "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+                   "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+                   "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+                   "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+                   "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+                   "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                   "+f"(d[126]), "+f"(d[127])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #endif
-
 
 // P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
 // A (one k, a block of src channels) is contiguous rows.
@@ -2072,7 +2120,8 @@ extern "C" __global__ void conv_transpose_r5_forward_wgpack(
     const unsigned n_block = rest % N_BLOCKS, group = rest / N_BLOCKS % GROUPS, plane = rest / N_BLOCKS / GROUPS;
     const unsigned c = slice / K_SIZE * WG_BK + c_low, kappa = slice % K_SIZE, m = n_block * WG_N + n;
     float value = 0.f;
-    if (m < M && c < SRC_C) value = load_element(weight + (size_t)group * M * SRC_C * K_SIZE + ((size_t)c * M + m) * K_SIZE + kappa);
+    const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
+    if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
     unsigned big;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
     unsigned small = 0;
@@ -2107,7 +2156,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r5_forward_wgmma(
     constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, ROW = WG_CELLS + WG_CELL_PAD, REGS = WG_N / 2;
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (BK * ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
-    static_assert(1 * S0 * S1 * S2 * S3 * S4 == 1, "a gather-form stage runs wgmma without stride phases");
+    static_assert(1 * S0 * S1 * S2 * S3 * S4 == 1, "gather form: one stride phase");
     constexpr pos_t DG0 = D0;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG1 = D1;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG2 = D2;  // one phase: window offset k = r, source cell d + P - r*D
@@ -2122,7 +2171,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r5_forward_wgmma(
     packed += ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
     float* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
-    unsigned char* const slices = dynamic_shared() + ((0u - (unsigned)__cvta_generic_to_shared(dynamic_shared())) & 1023u);
+    unsigned char* const shared = dynamic_shared();
+    unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
     const unsigned slices_address = (unsigned)__cvta_generic_to_shared(slices);
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
@@ -2228,7 +2278,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r5_forward_wgmma(
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES) + warp_row + g;
+        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        cells += warp_row + g;  // the fragments' first row
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
@@ -2327,7 +2378,10 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r5_forward_wgmma(
                     ok = ok && j4 >= 0 && j4 < IN4;
                     offset = offset * IN4 + (unsigned)j4;
 
-                if (ok) sum = fmaf(load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa), load_element(source + (size_t)c * IN_SIZE + offset), sum);
+                if (ok) {
+                    const float w = load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa);
+                    sum = fmaf(w, load_element(source + (size_t)c * IN_SIZE + offset), sum);
+                }
             }
         }
         return sum;
@@ -3016,7 +3070,8 @@ extern "C" __global__ void conv_transpose_r5_backward_input_wgpack(
     const unsigned n_block = rest % N_BLOCKS, group = rest / N_BLOCKS % GROUPS, plane = rest / N_BLOCKS / GROUPS;
     const unsigned c = slice / K_SIZE * WG_BK + c_low, kappa = slice % K_SIZE, m = n_block * WG_N + n;
     float value = 0.f;
-    if (m < M && c < SRC_C) value = load_element(weight + (size_t)group * M * SRC_C * K_SIZE + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+    const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
+    if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
     unsigned big;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
     unsigned small = 0;
@@ -3059,7 +3114,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r5_backward_input_wgmma(
     packed += ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
     float* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
-    unsigned char* const slices = dynamic_shared() + ((0u - (unsigned)__cvta_generic_to_shared(dynamic_shared())) & 1023u);
+    unsigned char* const shared = dynamic_shared();
+    unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
     const unsigned slices_address = (unsigned)__cvta_generic_to_shared(slices);
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
@@ -3165,7 +3221,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r5_backward_input_wgmma(
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES) + warp_row + g;
+        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        cells += warp_row + g;  // the fragments' first row
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
@@ -3264,7 +3321,10 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r5_backward_input_wgmma(
                     ok = ok && j4 >= 0 && j4 < OUT4;
                     offset = offset * OUT4 + (unsigned)j4;
 
-                if (ok) sum = fmaf(load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa), load_element(source + (size_t)c * OUT_SIZE + offset), sum);
+                if (ok) {
+                    const float w = load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+                    sum = fmaf(w, load_element(source + (size_t)c * OUT_SIZE + offset), sum);
+                }
             }
         }
         return sum;
