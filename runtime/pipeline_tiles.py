@@ -3,7 +3,8 @@ stages copy their slices from global to shared memory without registers, STAGES 
 (templates/cuda/_gemm.cu.j2, gemm_async_loop); in the TF32 modes (precisions "high" and "medium") the fragments
 are rounded to TF32 as they are read. The TF32 tiles come by rule from a sweep of that loop on the H200; the fp32
 FMA stages keep the tile model's pick and take the pipeline where it was measured to pay (benchmarks/NOTES.md,
-twelfth session). Pure Python; the shape is a tile_model.GemmShape, the tile a GemmTile.
+twelfth session). On a GPU with wgmma the TF32 modes' conv-shaped stages that convgen.wgmma_tiles takes run their
+`_wgmma` kernels instead. Pure Python; the shape is a tile_model.GemmShape, the tile a GemmTile.
 """
 
 from __future__ import annotations
