@@ -14,7 +14,7 @@ from convgen.generated.contract import WG_BK, WG_NS, wgmma_planes, wgmma_shared_
 # Two warpgroups a block, 64 dst cells each: on N8 128->128 128² one warpgroup of 128 cells (two m64 tiles a
 # warp) ran 3% slower, two of 128 cells each 10% slower.
 WGMMA_CELLS = 128
-WGMMA_STAGES = 3  # slices in flight: four ran 32% slower in TF32 on N8 128->128 and no faster in 3xTF32
+WGMMA_STAGES = 3  # slices in shared memory, two in flight: four ran 32% slower in TF32 on N8 128->128, 3xTF32 the same
 # The widest N per mode: 3xTF32 keeps a slice's sums apart from the total, twice the accumulator registers.
 WGMMA_MAX_N = {1: 256, 3: 128}
 # Below these the GEMM's tiles stay: a block would mostly multiply zeros (wgmma's N and its 32-channel slices).
@@ -26,7 +26,7 @@ WGMMA_MIN_SOURCE_C = 16
 class WgmmaTile:
     n: int  # dst channels of a block: wgmma's N
     cells: int  # dst cells of a block, 64 a warpgroup
-    stages: int  # slices in flight
+    stages: int  # slices in shared memory, stages - 1 of them in flight
 
     @property
     def threads(self) -> int:
