@@ -25,6 +25,7 @@ from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
 from convgen.direct_model import DirectChooser, direct_tile, no_direct
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import no_wgmma
 from emulated_cupy import emulated_cupy
 from forced_tiles import (
     FORCED_GEOMETRY,
@@ -53,8 +54,10 @@ def emulated_tape(dtype: str, tile: tuple | None = None, precision: str = "highe
                   direct_chooser: DirectChooser | None = None) -> CudaTape:
     """A CUDA tape on the emulated CuPy whose outputs start as NaN (a value a kernel forgets shows), its
     plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules; no
-    direct kernel then) and `direct_chooser`'s direct tiles when given, its conv GEMMs in `precision`."""
+    direct kernel then) and `direct_chooser`'s direct tiles when given, its conv GEMMs in `precision`. No `_wgmma`
+    kernels: the emulator compiles for the host, without sm_90a's wgmma (the CUDA tests run them)."""
     chooser = {"tile_chooser": staticmethod(forced_chooser(*tile))} if tile else {}
+    chooser["wgmma_chooser"] = staticmethod(no_wgmma)
     if tile or direct_chooser:
         chooser["direct_chooser"] = staticmethod(direct_chooser or no_direct)
     backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True, **chooser})
@@ -346,3 +349,16 @@ def test_16_bit_non_finite_values_take_the_rare_path(dtype) -> None:
     ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide, widened(grad, dtype))
     for got_array, ref in zip(got, [ref_output, *ref_grads], strict=True):
         assert_same_non_finite(widened(got_array, dtype).reshape(np.shape(ref)), np.asarray(ref), 1e-2)
+
+
+def test_a_wgmma_plan_stops_at_the_sources_error_on_the_emulator():
+    """The emulator compiles for the host, without sm_90a's wgmma: a plan that launches `_wgmma` kernels (its emulated
+    device says compute capability 9.0) stops at the source's #error, never at a kernel compiled empty."""
+    geom = Geometry.build(Family.CONV, 32, 32, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)
+    assert plan(geom, precision="medium").launches["forward"].kernel == "forward_wgmma"
+    backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})
+    with imports_as(emulated_cupy()):
+        tape = type("WgmmaEmulatedTape", (CudaTape,), {"backend_class": backend})(precision="medium")
+    rng = reference.case_rng("emulated wgmma")
+    with pytest.raises(Exception, match="a plan that launches a _wgmma kernel compiles for sm_90a"):
+        reference.run_on_tape(tape, geom, reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom))

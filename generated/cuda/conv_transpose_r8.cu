@@ -2492,7 +2492,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r8_forward_wgmma(
     const unsigned images,
     real* __restrict__ dest)
 {
-#if FWD_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if FWD_WGMMA && (defined(__CUDA_ARCH__) || defined(CONVGEN_EMULATED)) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
 #endif
 #if FWD_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -3636,7 +3636,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r8_backward_input_wgmma(
     const unsigned images,
     real* __restrict__ dest)
 {
-#if BWI_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if BWI_WGMMA && (defined(__CUDA_ARCH__) || defined(CONVGEN_EMULATED)) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
 #endif
 #if BWI_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
