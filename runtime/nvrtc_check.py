@@ -129,12 +129,16 @@ def compile_plan(geom: Geometry, arch: str, dtype: str = "float32", precision: s
     from `chooser`, by default the tile model's) to a cubin for `arch`."""
     chosen = {} if chooser is None else {"choose_tile": chooser}
     # The H200's plan on sm_90, whose `_wgmma` kernels compile for sm_90a; elsewhere the GEMMs'.
-    sm_90 = arch.removesuffix("a") == WGMMA_ARCH.removesuffix("a")
-    hardware = H200 if sm_90 else dataclasses.replace(H200, wgmma=False)
+    hardware = H200 if _has_wgmma(arch) else dataclasses.replace(H200, wgmma=False)
     geometry_plan = plan(geom, hardware, dtype=dtype, precision=precision, **chosen)
     options = nvrtc_options(geometry_plan)
     return _compile(geom, KERNELS[(geom.family, geom.rank)].source, options, geometry_plan.arch or arch, dtype,
                     precision)
+
+
+def _has_wgmma(arch: str) -> bool:
+    """Whether `arch` (sm_90 or sm_90a) is the one whose plans run `_wgmma` kernels."""
+    return arch.removesuffix("a") == WGMMA_ARCH.removesuffix("a")
 
 
 def compile_circular(geom: Geometry, arch: str, dtype: str = "float32") -> SourceReport:
@@ -188,5 +192,5 @@ def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
             for family, rank in sources():
                 if family.is_conv:
                     yield compile_source(family, rank, arch, dtype, precision)
-                    if arch.removesuffix("a") == WGMMA_ARCH.removesuffix("a"):  # the `_wgmma` kernels too
+                    if _has_wgmma(arch):  # the `_wgmma` kernels too
                         yield compile_plan(representative_wgmma_geometry(family, rank), arch, dtype, precision)
