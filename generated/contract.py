@@ -86,6 +86,9 @@ WGMMA_FIELDS: tuple[str, ...] = ('WGMMA', 'WG_N', 'WG_CELLS', 'WG_STAGES')
 WG_NS: tuple[int, ...] = (32, 64, 128, 256)
 WG_BK = 32
 WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads miss each other's banks
+# The weight gradient's `_wgmma` takes the same fields: _WG_CELLS its rows (window offset, U channel), wgmma's M,
+# _WG_N D's channels, a slice WG_BK cells of D; its reduction is split <PREFIX>_SPLIT ways.
+WG_ROW_PAD = 4  # floats after each staged row of U's values there
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered
 # A GEMM block of more shared memory than this has its slices in dynamic shared memory (gemm_dynamic_shared_bytes).
@@ -211,6 +214,18 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_weight", "real", False, True),
         ),
+        "backward_weight_wgpack": (
+            Param("d_values", "grad", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("packed", "packed_d", "float", False, True),
+        ),
+        "backward_weight_wgmma": (
+            Param("d_values", "grad", "real", True, True),
+            Param("u_values", "x", "real", True, True),
+            Param("packed", "packed_d", "float", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "grad_weight", "real", False, True),
+        ),
         "backward_weight_reduce": (
             Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_weight", "real", False, True),
@@ -302,6 +317,18 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
         "backward_weight_direct": (
             Param("d_values", "x", "real", True, True),
             Param("u_values", "grad", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("dest", "grad_weight", "real", False, True),
+        ),
+        "backward_weight_wgpack": (
+            Param("d_values", "x", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("packed", "packed_d", "float", False, True),
+        ),
+        "backward_weight_wgmma": (
+            Param("d_values", "x", "real", True, True),
+            Param("u_values", "grad", "real", True, True),
+            Param("packed", "packed_d", "float", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("dest", "grad_weight", "real", False, True),
         ),
@@ -466,6 +493,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r1_backward_input_reduce",
             "backward_weight": "conv_r1_backward_weight",
             "backward_weight_direct": "conv_r1_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r1_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r1_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r1_backward_weight_reduce",
             "backward_bias": "conv_r1_backward_bias",
             "backward_bias_reduce": "conv_r1_backward_bias_reduce",
@@ -478,7 +507,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -498,6 +528,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r2_backward_input_reduce",
             "backward_weight": "conv_r2_backward_weight",
             "backward_weight_direct": "conv_r2_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r2_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r2_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r2_backward_weight_reduce",
             "backward_bias": "conv_r2_backward_bias",
             "backward_bias_reduce": "conv_r2_backward_bias_reduce",
@@ -512,6 +544,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -531,6 +564,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r3_backward_input_reduce",
             "backward_weight": "conv_r3_backward_weight",
             "backward_weight_direct": "conv_r3_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r3_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r3_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r3_backward_weight_reduce",
             "backward_bias": "conv_r3_backward_bias",
             "backward_bias_reduce": "conv_r3_backward_bias_reduce",
@@ -545,7 +580,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA",
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -565,6 +600,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r4_backward_input_reduce",
             "backward_weight": "conv_r4_backward_weight",
             "backward_weight_direct": "conv_r4_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r4_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r4_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r4_backward_weight_reduce",
             "backward_bias": "conv_r4_backward_bias",
             "backward_bias_reduce": "conv_r4_backward_bias_reduce",
@@ -580,7 +617,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_WGMMA",
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -600,6 +638,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r5_backward_input_reduce",
             "backward_weight": "conv_r5_backward_weight",
             "backward_weight_direct": "conv_r5_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r5_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r5_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r5_backward_weight_reduce",
             "backward_bias": "conv_r5_backward_bias",
             "backward_bias_reduce": "conv_r5_backward_bias_reduce",
@@ -616,7 +656,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
-            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -636,6 +677,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r6_backward_input_reduce",
             "backward_weight": "conv_r6_backward_weight",
             "backward_weight_direct": "conv_r6_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r6_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r6_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r6_backward_weight_reduce",
             "backward_bias": "conv_r6_backward_bias",
             "backward_bias_reduce": "conv_r6_backward_bias_reduce",
@@ -653,7 +696,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT",
             "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -673,6 +717,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r7_backward_input_reduce",
             "backward_weight": "conv_r7_backward_weight",
             "backward_weight_direct": "conv_r7_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r7_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r7_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r7_backward_weight_reduce",
             "backward_bias": "conv_r7_backward_bias",
             "backward_bias_reduce": "conv_r7_backward_bias_reduce",
@@ -691,7 +737,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT",
             "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -711,6 +758,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_r8_backward_input_reduce",
             "backward_weight": "conv_r8_backward_weight",
             "backward_weight_direct": "conv_r8_backward_weight_direct",
+            "backward_weight_wgpack": "conv_r8_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_r8_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r8_backward_weight_reduce",
             "backward_bias": "conv_r8_backward_bias",
             "backward_bias_reduce": "conv_r8_backward_bias_reduce",
@@ -730,7 +779,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
             "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
+            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -750,6 +799,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r1_backward_input_reduce",
             "backward_weight": "conv_transpose_r1_backward_weight",
             "backward_weight_direct": "conv_transpose_r1_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r1_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r1_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
             "backward_bias": "conv_transpose_r1_backward_bias",
             "backward_bias_reduce": "conv_transpose_r1_backward_bias_reduce",
@@ -762,7 +813,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
+            "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -782,6 +834,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r2_backward_input_reduce",
             "backward_weight": "conv_transpose_r2_backward_weight",
             "backward_weight_direct": "conv_transpose_r2_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r2_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r2_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
             "backward_bias": "conv_transpose_r2_backward_bias",
             "backward_bias_reduce": "conv_transpose_r2_backward_bias_reduce",
@@ -796,6 +850,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -815,6 +870,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r3_backward_input_reduce",
             "backward_weight": "conv_transpose_r3_backward_weight",
             "backward_weight_direct": "conv_transpose_r3_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r3_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r3_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
             "backward_bias": "conv_transpose_r3_backward_bias",
             "backward_bias_reduce": "conv_transpose_r3_backward_bias_reduce",
@@ -829,7 +886,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA",
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -849,6 +906,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r4_backward_input_reduce",
             "backward_weight": "conv_transpose_r4_backward_weight",
             "backward_weight_direct": "conv_transpose_r4_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r4_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r4_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
             "backward_bias": "conv_transpose_r4_backward_bias",
             "backward_bias_reduce": "conv_transpose_r4_backward_bias_reduce",
@@ -864,7 +923,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_WGMMA",
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -884,6 +944,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r5_backward_input_reduce",
             "backward_weight": "conv_transpose_r5_backward_weight",
             "backward_weight_direct": "conv_transpose_r5_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r5_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r5_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
             "backward_bias": "conv_transpose_r5_backward_bias",
             "backward_bias_reduce": "conv_transpose_r5_backward_bias_reduce",
@@ -900,7 +962,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
-            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -920,6 +983,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r6_backward_input_reduce",
             "backward_weight": "conv_transpose_r6_backward_weight",
             "backward_weight_direct": "conv_transpose_r6_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r6_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r6_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
             "backward_bias": "conv_transpose_r6_backward_bias",
             "backward_bias_reduce": "conv_transpose_r6_backward_bias_reduce",
@@ -937,7 +1002,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT",
             "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -957,6 +1023,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r7_backward_input_reduce",
             "backward_weight": "conv_transpose_r7_backward_weight",
             "backward_weight_direct": "conv_transpose_r7_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r7_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r7_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
             "backward_bias": "conv_transpose_r7_backward_bias",
             "backward_bias_reduce": "conv_transpose_r7_backward_bias_reduce",
@@ -975,7 +1043,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT",
             "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -995,6 +1064,8 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_input_reduce": "conv_transpose_r8_backward_input_reduce",
             "backward_weight": "conv_transpose_r8_backward_weight",
             "backward_weight_direct": "conv_transpose_r8_backward_weight_direct",
+            "backward_weight_wgpack": "conv_transpose_r8_backward_weight_wgpack",
+            "backward_weight_wgmma": "conv_transpose_r8_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
             "backward_bias": "conv_transpose_r8_backward_bias",
             "backward_bias_reduce": "conv_transpose_r8_backward_bias_reduce",
@@ -1014,7 +1085,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
             "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
             "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7",
+            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(
@@ -1327,4 +1398,11 @@ def wgmma_stage_bytes(wg_n: int, wg_cells: int, mma_mode: int) -> int:
 def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> int:
     """A `_wgmma` block's dynamic shared memory: its slices, and 1024 bytes to align them to a swizzle atom."""
     return stages * wgmma_stage_bytes(wg_n, wg_cells, mma_mode) + 1024
+
+
+def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int) -> int:
+    """The weight gradient's `_wgmma` block: per slice D's planes (WG_N rows of 128 bytes each) and U's `rows` rows
+    of WG_BK + WG_ROW_PAD floats, rounded up to 1024 bytes; and 1024 bytes to align the slices."""
+    values = rows * (WG_BK + WG_ROW_PAD) * 4
+    return stages * (wgmma_planes(mma_mode) * wg_n * 128 + -(-values // 1024) * 1024) + 1024
 

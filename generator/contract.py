@@ -96,6 +96,9 @@ WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES")
 WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one 128-byte swizzled row of TF32 values per dst channel
 WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 reads hit 32 banks
+# The weight gradient's `_wgmma` kernel (templates/cuda/_wgmma_weight.cu.j2) takes the same fields: WG_CELLS are
+# then its rows (window offset, U channel) of dW, wgmma's M, and WG_N D's channels; a slice is WG_BK cells of D.
+WG_ROW_PAD = 4  # floats after each staged row of U's values there: a fragment's 32 reads hit 32 banks
 
 
 def tile_defines(stage: str) -> tuple[str, ...]:
@@ -248,12 +251,39 @@ def _wgpack(stage: str, layout: ConvRow) -> Stage:
 
 def _wgmma(stage: Stage) -> Stage:
     """The Hopper tensor-core kernel of a conv-shaped stage: the stage's parameters and its packed weight."""
+    return _with_packed(stage, "packed_weight",
+                        "The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst "
+                        "cells are wgmma's M (fragments rounded in registers), the packed weight its N x K operand in "
+                        "shared memory; a block whose sums end non-finite computes them again with FMAs on the weight "
+                        "as given.")
+
+
+def _with_packed(stage: Stage, role: str, summary: str) -> Stage:
+    """A `_wgmma` kernel: the stage's parameters, then the packed operand (`role`) before the images and output."""
     params = tuple(p for p in stage.params if p.role != "images")
     images = next(p for p in stage.params if p.role == "images")
-    return Stage(f"{stage.name}_wgmma", (*params[:-1], _in("packed", "packed_weight", "float"), images, params[-1]),
-                 "The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are "
-                 "wgmma's M (fragments rounded in registers), the packed weight its N x K operand in shared memory; a "
-                 "block whose sums end non-finite computes them again with FMAs on the weight as given.", stage.layout)
+    return Stage(f"{stage.name}_wgmma", (*params[:-1], _in("packed", role, "float"), images, params[-1]), summary,
+                 stage.layout)
+
+
+def _weight_wgpack(stage: Stage) -> Stage:
+    """D of the weight gradient packed for its `_wgmma` kernel (launched when its WGMMA is 1)."""
+    d_values = stage.params[0]
+    return Stage(f"{stage.name}_wgpack", (d_values, IMAGES, _out("packed", "packed_d", "float")),
+                 "P[plane, n, g, d, cell] = D's element (image n, channel d of group g), rounded to TF32 (plane 0) "
+                 "and, in 3xTF32, the rest rounded (plane 1); zero past the channels (to whole blocks of WG_N) and "
+                 "past the cells (to whole slices of WG_BK): a slice of one block is WG_N rows of 128 bytes.",
+                 stage.layout)
+
+
+def _weight_wgmma(stage: Stage) -> Stage:
+    """The Hopper tensor-core kernel of the weight gradient: the stage's parameters and its packed D."""
+    return _with_packed(stage, "packed_d",
+                        "The same sums as the weight-gradient GEMM in the TF32 modes, with warpgroup mma (sm_90a): "
+                        "the rows (window offset, U channel) of dW are wgmma's M (U's values rounded in registers), "
+                        "the packed D its N x K operand in shared memory, the cells of every image split across "
+                        "blocks whose parts the reduce kernel adds; a block whose sums end non-finite computes them "
+                        "again with FMAs on D and U as given.")
 
 
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
@@ -289,6 +319,8 @@ _CONV_STAGES = (
     _reduce("backward_input", "grad_x", True),
     _CONV_WEIGHT_STAGE,
     _direct(_CONV_WEIGHT_STAGE),
+    _weight_wgpack(_CONV_WEIGHT_STAGE),
+    _weight_wgmma(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,
@@ -324,6 +356,8 @@ _CONV_TRANSPOSE_STAGES = (
     _reduce("backward_input", "grad_x", True),
     _TRANSPOSE_WEIGHT_STAGE,
     _direct(_TRANSPOSE_WEIGHT_STAGE),
+    _weight_wgpack(_TRANSPOSE_WEIGHT_STAGE),
+    _weight_wgmma(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
     _BIAS_REDUCE,

@@ -41,6 +41,7 @@ from convgen.generator.contract import (
     WG_BK,
     WG_CELL_PAD,
     WG_NS,
+    WG_ROW_PAD,
     WGMMA_FIELDS,
     ConvRow,
     Family,
@@ -123,7 +124,8 @@ def _kind(stage: Stage) -> str:
     if stage.name.endswith("_pack"):
         return "pack"
     if stage.name.endswith(("_wgmma", "_wgpack")):
-        return stage.name.rsplit("_", 1)[1]
+        kind = stage.name.rsplit("_", 1)[1]
+        return f"weight_{kind}" if isinstance(stage.layout, WeightRow) else kind
     if stage.name.endswith("_direct"):
         return "weight_direct" if isinstance(stage.layout, WeightRow) else "direct"
     if isinstance(stage.layout, ConvRow):
@@ -188,6 +190,7 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
         wg_ns=WG_NS,
         wg_bk=WG_BK,
         wg_cell_pad=WG_CELL_PAD,
+        wg_row_pad=WG_ROW_PAD,
         kernels=kernels,
         stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},
     )
@@ -223,6 +226,7 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         wg_ns=WG_NS,
         wg_bk=WG_BK,
         wg_cell_pad=WG_CELL_PAD,
+        wg_row_pad=WG_ROW_PAD,
         direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,

@@ -356,13 +356,18 @@ class CupyBackend:
     def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...]) -> Any:
         """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
-        of its plan's packed_elements, which it reads beside the weight), launched
+        its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
         before the output is allocated, so that the GPU has work while the host allocates."""
         if f"{stage}_pack" in compiled.launches:
-            elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s: it reads the weight too
-            packed = self._like(values["weight"]) if elements is None else self._scratch((elements,), "float32")
-            self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
-            values = {**values, "weight" if elements is None else "packed_weight": packed}
+            elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
+            if elements is None:
+                packed = self._like(values["weight"])
+                self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
+                values = {**values, "weight": packed}
+            else:
+                role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
+                values = {**values, role: self._scratch((elements,), "float32")}
+                self._launch(compiled, f"{stage}_pack", values)
         return self._into_output(compiled, stage, values, output_shape)
 
     def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],

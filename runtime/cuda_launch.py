@@ -40,6 +40,7 @@ from convgen.generated.contract import (
     WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
     wgmma_shared_bytes,
+    wgmma_weight_shared_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_calibration import PACK_MIN_MACS
@@ -214,16 +215,20 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
             elif wgmma and count:
                 _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
-        else:  # the weight gradient: its `_direct` kernel likewise, its parts summed by its reduce kernel
+        else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes, mma), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
                                           weight and weight.box, geom.rank))
-            if weight:  # its parts are the stage's split
-                values[f"{prefix}_SPLIT"] = weight.parts
+            wgmma = None if weight else wgmma_chooser(tile_shapes[stage], hardware)
+            values.update(_wgmma_defines(prefix, wgmma))
+            if weight or wgmma:  # their parts are the stage's split
+                values[f"{prefix}_SPLIT"] = weight.parts if weight else wgmma.split
             if weight and count:
                 launches[stage] = Launch(geom.groups * weight.parts, weight.threads, kernel=f"{stage}_direct")
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
                 splits[stage] = weight.parts
+            elif wgmma and count:
+                _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
@@ -239,13 +244,15 @@ def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
 
 def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
                  packed_elements: dict[str, int]) -> None:
-    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: no split, no reduce."""
-    launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads,
-                             wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma), kernel=f"{stage}_wgmma")
+    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: of `shape`, the real batch's (the
+    packed D of the weight gradient has every image); conv-shaped stages split nothing."""
+    shared = (wgmma_shared_bytes if shape.conv else wgmma_weight_shared_bytes)(tile.n, tile.cells, tile.stages,
+                                                                               shape.mma)
+    launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, shared, kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_elements(shape, tile)
     launches[f"{stage}_pack"] = Launch(_blocks(packed_elements[stage]), kernel=f"{stage}_wgpack")
-    launches[f"{stage}_reduce"] = Launch(0)
-    splits[stage] = 1
+    launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)
+    splits[stage] = tile.split
 
 
 def opted_in_shared(geometry_plan: Plan, hardware: Hardware) -> dict[str, int]:
@@ -334,8 +341,8 @@ def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
 
 
 def representative_wgmma_geometry(family: Family, rank: int) -> Geometry:
-    """representative_geometry with 32 channels each way and stride 1: both conv-shaped stages of a conv family
-    on their `_wgmma` kernels in the TF32 modes on the H200 (convgen compile's pass for sm_90)."""
+    """representative_geometry with 32 channels each way and stride 1: the three GEMM stages of a conv family on
+    their `_wgmma` kernels in the TF32 modes on the H200 (convgen compile's pass for sm_90)."""
     geom = representative_geometry(family, rank)
     return Geometry.build(family, 32, 32, geom.in_spatial, geom.kernel, (1,) * rank, geom.padding)
 

@@ -118,8 +118,8 @@ class GemmShape:
     n: int
     rank: int
     conv: bool
-    source_c: int = 0  # conv stages: source channels
-    k_size: int = 0  # conv stages: window cells
+    source_c: int = 0  # conv stages: source channels; the weight stage: U's channels (convgen.wgmma_tiles)
+    k_size: int = 0  # window cells
     reduction: int = 0  # weight stages: cells of D
     # Gather-form conv stages with a stride > 1 (conv backward_input, transpose forward) run one
     # GEMM per stride phase: `phases` of them, each over `phase_n` cells (the destination cells
@@ -227,7 +227,8 @@ def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[st
     return {
         "forward": forward,
         "backward_input": backward_input,
-        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, reduction=d_size, **common),
+        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, source_c=u_c, k_size=k_size, reduction=d_size,
+                                     **common),
     }
 
 

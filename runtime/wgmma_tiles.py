@@ -1,7 +1,8 @@
-"""Tiles of the `_wgmma` kernels: the conv-shaped stages in the TF32 modes on Hopper's warpgroup tensor cores
-(templates/cuda/_wgmma_conv.cu.j2), by rule from a prototype sweep on the H200 (benchmarks/NOTES.md, thirteenth
-session). Pure Python; the shape is a tile_model.GemmShape (m: dst channels of a group, n: dst cells, source_c:
-source channels of a group), the hardware a tile_model.Hardware.
+"""Tiles of the `_wgmma` kernels: the GEMM stages in the TF32 modes on Hopper's warpgroup tensor cores
+(templates/cuda/_wgmma_conv.cu.j2, _wgmma_weight.cu.j2), by rule from a prototype sweep on the H200
+(benchmarks/NOTES.md, thirteenth session). Pure Python; the shape is a tile_model.GemmShape (conv-shaped stages
+m: dst channels of a group, n: dst cells, source_c: source channels of a group; the weight gradient m: D's channels,
+source_c: U's, reduction: D's cells), the hardware a tile_model.Hardware.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from convgen.generated.contract import WG_BK, WG_NS, wgmma_planes, wgmma_shared_bytes
+from convgen.generated.contract import WG_BK, WG_NS, wgmma_planes, wgmma_shared_bytes, wgmma_weight_shared_bytes
 
 # Two warpgroups a block, 64 dst cells each: on N8 128->128 128² one warpgroup of 128 cells (two m64 tiles a
 # warp) ran 3% slower, two of 128 cells each 10% slower.
@@ -20,6 +21,9 @@ WGMMA_MAX_N = {1: 256, 3: 128}
 # Below these the GEMM's tiles stay: a block would mostly multiply zeros (wgmma's N and its 32-channel slices).
 WGMMA_MIN_DST_C = 32
 WGMMA_MIN_SOURCE_C = 16
+# The weight gradient's reduction (the cells of every image, in slices of WG_BK) is split across blocks until the
+# GPU's SMs each have one (a block takes the SM's shared memory), each part at least this many slices.
+WGMMA_WEIGHT_MIN_SLICES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,7 @@ class WgmmaTile:
     n: int  # dst channels of a block: wgmma's N
     cells: int  # dst cells of a block, 64 a warpgroup
     stages: int  # slices in shared memory, stages - 1 of them in flight
+    split: int = 1  # the weight gradient: parts of its reduction, one a block (the stage's SPLIT)
 
     @property
     def threads(self) -> int:
@@ -42,25 +47,43 @@ def no_wgmma(shape, hardware) -> None:
 
 
 def choose_wgmma(shape, hardware) -> WgmmaTile | None:
-    """The `_wgmma` tile of a conv-shaped stage, or None where the stage keeps its GEMM: not a TF32 mode on
-    float32 elements (16-bit ones are planned on float32 shapes that may not take copies: GemmShape.pipelined), a
-    GPU without wgmma, stride phases (the gather form's phases take the GEMM), or few channels."""
-    if not (hardware.wgmma and shape.conv and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.pipelined
+    """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32
+    elements (16-bit ones are planned on float32 shapes that may not take copies: GemmShape.pipelined), a GPU
+    without wgmma, stride phases (the gather form's phases take the GEMM), or few channels."""
+    if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.pipelined
             and shape.phases == 1 and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
-    n = next((n for n in WG_NS if n >= shape.m), WG_NS[-1])
-    tile = WgmmaTile(min(n, WGMMA_MAX_N[shape.mma]), WGMMA_CELLS, WGMMA_STAGES)
-    if wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma) > hardware.shared_optin_per_block:
-        return None
-    return tile
+    n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
+    if shape.conv:
+        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES)
+        shared = wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
+    else:
+        blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
+        slices = shape.images * -(-shape.reduction // WG_BK)
+        split = max(1, min(hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
+        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split)
+        shared = wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
+    return tile if shared <= hardware.shared_optin_per_block else None
+
+
+def _weight_row_blocks(shape, rows: int) -> int:
+    """Blocks of `rows` over the weight gradient's rows (window offset, U channel), U's channels rounded up to 32."""
+    return -(-shape.k_size * -(-shape.source_c // 32) * 32 // rows)
 
 
 def wgmma_grid(shape, tile: WgmmaTile) -> int:
-    """Blocks of a `_wgmma` launch: (image, group, n block, cell tile)."""
+    """Blocks of a `_wgmma` launch: (image, group, n block, cell tile); the weight gradient's (group, split, row
+    block, n block)."""
+    if not shape.conv:
+        return shape.groups * tile.split * _weight_row_blocks(shape, tile.cells) * -(-shape.m // tile.n)
     return shape.images * shape.groups * -(-shape.m // tile.n) * -(-shape.n // tile.cells)
 
 
 def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
-    """Floats of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK."""
+    """Floats of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK;
+    the weight gradient's packed D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""
+    if not shape.conv:
+        cells = -(-shape.reduction // WG_BK) * WG_BK
+        return wgmma_planes(shape.mma) * shape.images * shape.groups * -(-shape.m // tile.n) * tile.n * cells
     slices = -(-shape.source_c // WG_BK) * shape.k_size
     return wgmma_planes(shape.mma) * shape.groups * -(-shape.m // tile.n) * slices * tile.n * WG_BK

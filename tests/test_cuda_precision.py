@@ -125,7 +125,7 @@ def test_cp_async_pipeline_at_every_rank(family: Family, rank: int) -> None:
     check_precisions(geom, reference.case_rng("cuda pipeline", family.value, rank), tapes)
 
 
-def assert_wgmma(geom: Geometry, stages: tuple[str, ...] = ("forward", "backward_input")) -> None:
+def assert_wgmma(geom: Geometry, stages: tuple[str, ...] = ("forward", "backward_input", "backward_weight")) -> None:
     """The plans of this device launch `stages` on their `_wgmma` kernels (skipped on a GPU without wgmma)."""
     device = cupy.cuda.Device()
     hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
@@ -140,8 +140,9 @@ def assert_wgmma(geom: Geometry, stages: tuple[str, ...] = ("forward", "backward
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
 def test_wgmma_at_every_rank(family: Family, rank: int) -> None:
-    """Both conv-shaped stages on the `_wgmma` kernels (32 dst channels a group: wgmma's N 32), groups, a batch,
-    dilation and padding, against the float64 CPU tape with issue 11's bounds."""
+    """All three GEMM stages on the `_wgmma` kernels (32 channels a group: wgmma's N 32; the weight gradient's rows
+    32 U channels at each window offset), groups, a batch, dilation and padding, against the float64 CPU tape with
+    issue 11's bounds."""
     geom = pipeline_geometry(family, rank)
     assert_wgmma(geom)
     check_precisions(geom, reference.case_rng("cuda wgmma", family.value, rank))
@@ -157,7 +158,8 @@ WGMMA_GEOMETRIES = [  # N 128 and 256 (3xTF32: two blocks of 128), channels past
 
 @pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
 def test_wgmma_tiles(geom: Geometry) -> None:
-    stages = ("forward",) if max(geom.stride) > 1 and geom.family is Family.CONV else ("forward", "backward_input")
+    phased = max(geom.stride) > 1 and geom.family is Family.CONV  # the input gradient's stride phases keep the GEMM
+    stages = ("forward", "backward_weight") if phased else ("forward", "backward_input", "backward_weight")
     assert_wgmma(geom, stages)
     check_precisions(geom, reference.case_rng("cuda wgmma tiles", str(geom)))
 

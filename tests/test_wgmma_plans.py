@@ -1,5 +1,6 @@
-"""The plans of the `_wgmma` kernels (convgen.wgmma_tiles): which conv-shaped stages take them, their tiles, the
-packed weight's size, the shared memory and the architecture their sources compile for. No GPU."""
+"""The plans of the `_wgmma` kernels (convgen.wgmma_tiles): which GEMM stages take them, their tiles, the packed
+weight's (and D's) size, the weight gradient's split, the shared memory and the architecture their sources compile
+for. No GPU."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from convgen.cuda_launch import H200, arch_option, nvrtc_options, opted_in_shared, plan
-from convgen.generated.contract import WG_BK, wgmma_shared_bytes
+from convgen.generated.contract import WG_BK, wgmma_shared_bytes, wgmma_weight_shared_bytes
 from convgen.geometry import Family, Geometry
 
 BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
@@ -33,7 +34,17 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
         assert made.packed_elements[stage] == planes * 36 * 128 * WG_BK  # 4 channel blocks x 9 offsets: 36 slices
         assert opted_in_shared(made, H200)[f"{stage}_wgmma"] == shared
     assert shared == 3 * (planes * 128 * 128 + 17408) + 1024 <= H200.shared_optin_per_block
-    assert made.launches["backward_weight"].kernel == ""  # the weight gradient keeps its GEMM
+    # The weight gradient: 9 window offsets of 128 U channels, 14 parts of the 8 x 512 slices of 32 cells (126 of
+    # the H200's 132 SMs); D packed with its 128 channels and 16384 cells.
+    weight_shared = wgmma_weight_shared_bytes(128, 128, 3, mma)
+    launch = made.launches["backward_weight"]
+    assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * 14, 256,
+                                                                                weight_shared)
+    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3) and made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == 14
+    assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
+    assert made.launches["backward_weight_reduce"].grid > 0
+    assert made.packed_elements["backward_weight"] == planes * 8 * 128 * 128 * 128
+    assert weight_shared == 3 * (planes * 128 * 128 + 128 * 36 * 4) + 1024 <= H200.shared_optin_per_block
     assert made.arch == "sm_90a" and arch_option(made) == ("-arch=sm_90a",)
     assert not any(option.startswith("-arch") for option in nvrtc_options(made))
 
@@ -51,6 +62,30 @@ def test_wgmma_n_follows_the_dst_channels_of_a_group():
     assert forward(200) == (256, 4 * 8)
     assert forward(200, "high") == (128, 4 * 2 * 8)
     assert forward(64, groups=2) == (32, 4 * 2 * 8)
+
+
+def test_the_weight_gradient_splits_its_cells_across_the_sms():
+    """Rows of 32 U channels (rounded up) at each window offset, 128 a block; N over D's channels; parts enough for
+    one block an SM, each at least 8 slices of 32 cells; D's channels and cells rounded up in the packed D."""
+    def weight(in_c, out_c, spatial, batch, precision="medium", groups=1):
+        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), (1,) * len(spatial),
+                              (1,) * len(spatial), batch=batch, groups=groups)
+        made = plan(geom, precision=precision)
+        return (made.launches["backward_weight"].kernel, made.defines["BWW_WG_N"], made.splits["backward_weight"],
+                made.launches["backward_weight"].grid, made.packed_elements.get("backward_weight"))
+
+    # 64 U channels: 576 rows, 5 blocks of 128; 26 parts of the 32 x 98 slices.
+    assert weight(64, 64, (56, 56), 32) == ("backward_weight_wgmma", 64, 26, 5 * 26, 32 * 64 * 98 * 32)
+    # 16 U channels take 32 rows each (9 x 32: 3 blocks); 40 D channels an N of 64; parts from the batch's bucket
+    # (4 images of 10 x 10: 16 slices, 2 parts), the packed D from its 3 images.
+    assert weight(16, 40, (10, 10), 3) == ("backward_weight_wgmma", 64, 2, 3 * 2, 3 * 64 * 128)
+    # 3xTF32: N at most 128, two blocks of D's 200 channels, by 5 row blocks: 13 parts.
+    assert weight(64, 200, (32, 32), 8, "high") == ("backward_weight_wgmma", 128, 13, 5 * 2 * 13, 2 * 8 * 256 * 1024)
+    # Two groups of 32 U channels (three row blocks each) and 32 D channels: 22 parts.
+    assert weight(64, 64, (32, 32), 8, groups=2)[1:4] == (32, 22, 2 * 3 * 22)
+    # Fewer than 16 U or 32 D channels a group: the GEMM (or the direct kernel).
+    assert weight(8, 64, (32, 32), 8)[0] != "backward_weight_wgmma"
+    assert weight(64, 16, (32, 32), 8)[0] != "backward_weight_wgmma"
 
 
 def test_the_gemm_keeps_the_stages_wgmma_does_not_take():
@@ -86,3 +121,6 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
     assert compiled.launches["forward"][4](values) == ("x", "w", "b", "p", 8, "y")
     assert compiled.launches["backward_input"][4](values) == ("g", "w", "p", 8, "dx")
     assert compiled.launches["forward_pack"][4](values) == ("w", "p")
+    values["packed_d"], values["grad_weight"] = "pd", "dw"
+    assert compiled.launches["backward_weight"][4](values) == ("g", "x", "pd", 8, "dw")
+    assert compiled.launches["backward_weight_pack"][4](values) == ("g", 8, "pd")

@@ -2,7 +2,7 @@
 // Convolution of rank 1 and its gradients,
 // each an implicit GEMM (templates/cuda/_gemm.cu.j2), each also as a small-channel direct kernel
 // (templates/cuda/_direct_conv.cu.j2, _direct_weight.cu.j2), the conv-shaped ones also with Hopper's
-// warpgroup mma (_wgmma_conv.cu.j2). Geometry and tile sizes come as -D defines
+// warpgroup mma (_wgmma_conv.cu.j2, _wgmma_weight.cu.j2). Geometry and tile sizes come as -D defines
 // (convgen.cuda_launch); no atomics, so every gradient is bit-identical run after run.
 
 // Geometry and tile sizes arrive as -D defines (convgen.cuda_launch); `convgen source` prints a
@@ -20,7 +20,8 @@
     !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWW_BM) || !defined(BWW_BN) || \
     !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
     !defined(BWW_STAGES) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
-    !defined(BWW_DIRECT_BOX0)
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -934,6 +935,7 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
 
 constexpr unsigned WG_BK = 32;  // source channels of a _wgmma slice (contract)
 constexpr unsigned WG_CELL_PAD = 8;  // floats after each staged row of a _wgmma slice's cells (contract)
+constexpr unsigned WG_ROW_PAD = 4;  // floats after each staged row of U in the weight's _wgmma (contract)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared memory written by cp.async, read next by the tensor cores (the async proxy).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -1560,6 +1562,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
     constexpr unsigned WG_CELLS = FWD_WG_CELLS, WG_STAGES = FWD_WG_STAGES, N = OUT_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, ROW = WG_CELLS + WG_CELL_PAD, REGS = WG_N / 2;
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (BK * ROW * 4 + 1023) / 1024 * 1024;
+    constexpr unsigned A_ROW_STEP = 1, A_K_STEP = ROW;  // staged [channel][cell]: floats between fragment rows, k
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
     const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
@@ -1630,26 +1633,26 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
     }
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
-        if (s < SLICES) load_async(s, s);
+        if (0u + s < SLICES) load_async(0u + s, s);
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
-    for (unsigned chunk = 0; chunk < SLICES; ++chunk) {
+    for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<WG_STAGES - 2>();
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
-        if (chunk + WG_STAGES - 1 < SLICES) load_async(chunk + WG_STAGES - 1, write);
+        if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
-        cells += warp_row + g;  // the fragments' first row
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
         for (unsigned kk = 0; kk < BK / 8; ++kk) {
-            const float* at = cells + (8 * kk + t) * ROW;
-            const float v[4] = {at[0], at[8], at[4 * ROW], at[4 * ROW + 8]};
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
 #pragma unroll
             for (unsigned r = 0; r < 4; ++r) {
                 if constexpr (MMA == 3) {
@@ -2378,6 +2381,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
     constexpr unsigned WG_CELLS = BWI_WG_CELLS, WG_STAGES = BWI_WG_STAGES, N = IN_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, ROW = WG_CELLS + WG_CELL_PAD, REGS = WG_N / 2;
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (BK * ROW * 4 + 1023) / 1024 * 1024;
+    constexpr unsigned A_ROW_STEP = 1, A_K_STEP = ROW;  // staged [channel][cell]: floats between fragment rows, k
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     static_assert(1 * S0 == 1, "gather form: one stride phase");
     constexpr pos_t DG0 = D0;  // one phase: window offset k = r, source cell d + P - r*D
@@ -2448,26 +2452,26 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
     }
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
-        if (s < SLICES) load_async(s, s);
+        if (0u + s < SLICES) load_async(0u + s, s);
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
-    for (unsigned chunk = 0; chunk < SLICES; ++chunk) {
+    for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<WG_STAGES - 2>();
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
-        if (chunk + WG_STAGES - 1 < SLICES) load_async(chunk + WG_STAGES - 1, write);
+        if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const float* cells = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
-        cells += warp_row + g;  // the fragments' first row
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
         for (unsigned kk = 0; kk < BK / 8; ++kk) {
-            const float* at = cells + (8 * kk + t) * ROW;
-            const float v[4] = {at[0], at[8], at[4 * ROW], at[4 * ROW + 8]};
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
 #pragma unroll
             for (unsigned r = 0; r < 4; ++r) {
                 if constexpr (MMA == 3) {
@@ -2901,6 +2905,233 @@ extern "C" __global__ void conv_r1_backward_weight_direct(
             }
         }
     }
+}
+
+// P[plane, n, g, d, cell] = D's element (image n, channel d of group g), rounded to TF32 (plane 0) and, in 3xTF32, the
+// rest rounded (plane 1); zero past the channels (to whole blocks of WG_N) and past the cells (to whole slices of
+// WG_BK): a slice of one block is WG_N rows of 128 bytes.
+extern "C" __global__ void conv_r1_backward_weight_wgpack(
+    const real* __restrict__ d_values,
+    const unsigned images,
+    float* __restrict__ packed)
+{
+#if BWW_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr unsigned MMA = MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
+    constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
+    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + WG_BK - 1) / WG_BK * WG_BK;
+    const size_t plane_floats = (size_t)images * GROUPS * D_ROWS * D_COLUMNS;
+    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= PLANES * plane_floats) return;
+    const unsigned cell = i % D_COLUMNS, n = i / D_COLUMNS % D_ROWS;
+    const size_t image_group = i % plane_floats / ((size_t)D_ROWS * D_COLUMNS);  // image * GROUPS + group
+    float value = 0.f;
+    if (n < M && cell < OUT_SIZE) {
+        value = load_element(d_values + (image_group * M + n) * OUT_SIZE + cell);
+    }
+    unsigned big;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
+    unsigned small = 0;
+    if (i >= plane_floats) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(value - __uint_as_float(big)));
+    packed[i] = __uint_as_float(i < plane_floats ? big : small);
+#endif
+}
+
+// The same sums as the weight-gradient GEMM in the TF32 modes, with warpgroup mma (sm_90a): the rows (window offset, U
+// channel) of dW are wgmma's M (U's values rounded in registers), the packed D its N x K operand in shared memory, the
+// cells of every image split across blocks whose parts the reduce kernel adds; a block whose sums end non-finite
+// computes them again with FMAs on D and U as given.
+#define BWW_WG_BOUNDS __launch_bounds__(2 * BWW_WG_CELLS)  // two threads a row: 128 a warpgroup of 64
+extern "C" __global__ void BWW_WG_BOUNDS conv_r1_backward_weight_wgmma(
+    const real* __restrict__ d_values,
+    const real* __restrict__ u_values,
+    const float* __restrict__ packed,
+    const unsigned images,
+    real* __restrict__ dest)
+{
+#if BWW_WGMMA && (defined(__CUDA_ARCH__) || defined(CONVGEN_EMULATED)) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
+#endif
+#if BWW_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr unsigned MMA = MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
+    constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
+    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + WG_BK - 1) / WG_BK * WG_BK;
+    constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = WG_BK;
+    constexpr unsigned REGS = WG_N / 2, U_C = IN_C / GROUPS;  // U_C: U's channels of a group
+    static_assert(ROWS == 128 && BK == 32, "eight warps stage four 32-row groups, a lane a cell");
+    constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
+    constexpr unsigned A_ROW = BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N, COLUMNS = U_C * K_SIZE;
+    constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * 4 + 1023) / 1024 * 1024;
+    constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
+    constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT, BLOCKS_PER_GROUP = SPLIT * ROW_BLOCKS * N_BLOCKS;
+    const unsigned group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
+    const unsigned n_block = block_rest % N_BLOCKS, row0 = block_rest / N_BLOCKS % ROW_BLOCKS * ROWS;
+    const unsigned split = block_rest / N_BLOCKS / ROW_BLOCKS;
+    const unsigned slice_count = images * CELL_SLICES, per_split = (slice_count + SPLIT - 1) / SPLIT;
+    const unsigned slice_begin = min(split * per_split, slice_count);
+    const unsigned slice_end = min(slice_begin + per_split, slice_count);
+    const size_t plane_floats = (size_t)images * GROUPS * D_ROWS * D_COLUMNS;
+    packed += ((size_t)group * D_ROWS + n_block * WG_N) * D_COLUMNS;
+    d_values += (size_t)group * M * OUT_SIZE;
+    u_values += (size_t)group * U_C * IN_SIZE;
+    float* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * COLUMNS;
+    unsigned char* const shared = dynamic_shared();
+    unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
+    const unsigned slices_address = (unsigned)__cvta_generic_to_shared(slices);
+    const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    const unsigned warp_row = tid / 128 * 64 + warp % 4 * 16;  // the warp's first fragment row
+
+    // The window offset of each 32-row group this thread stages (rows 32 j + warp + 8 i), less the padding,
+    // and its U channel in the first of them.
+    bool group_ok[4];
+    unsigned group_channel[4];
+    pos_t shift0[4];
+#pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+        const unsigned first = row0 + 32 * j, kappa = first / UC_ROWS;
+        group_ok[j] = kappa < K_SIZE;
+        group_channel[j] = first % UC_ROWS + warp;
+        unsigned rest = (group_ok[j] ? kappa : 0u);
+        const pos_t k0 = (pos_t)rest;
+        shift0[j] = k0 * D0 - P0;
+    }
+    auto load_async = [&](unsigned slice, unsigned buffer) {
+        const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
+        unsigned char* const stage = slices + buffer * STAGE_BYTES;
+        const float* __restrict__ rows = packed + (size_t)image * GROUPS * D_ROWS * D_COLUMNS + cell0;
+#pragma unroll
+        for (unsigned plane = 0; plane < PLANES; ++plane) {
+#pragma unroll
+            for (unsigned i = 0; i < (WG_N * 8 + THREADS - 1) / THREADS; ++i) {
+                const unsigned q = tid + i * THREADS, n = q / 8;  // 16 bytes q % 8 of row n
+                if (q < WG_N * 8) {
+                    copy_async16(stage + plane * B_BYTES + n * 128 + ((q % 8 ^ n % 8) << 4),
+                                 rows + plane * plane_floats + (size_t)n * D_COLUMNS + 4 * (q % 8), true);
+                }
+            }
+        }
+        const unsigned cell = cell0 + lane;
+        const real* __restrict__ u_image = u_values + (size_t)image * IN_C * IN_SIZE;
+        float* const a_rows = reinterpret_cast<float*>(stage + PLANES * B_BYTES);
+        unsigned rest = cell;
+        const pos_t d0 = (pos_t)rest;
+#pragma unroll
+        for (unsigned j = 0; j < 4; ++j) {
+            bool ok = group_ok[j] && cell < OUT_SIZE;
+            unsigned offset = 0;
+            const pos_t j0 = d0 * S0 + shift0[j];
+            ok = ok && j0 >= 0 && j0 < IN0;
+            offset = offset * IN0 + (unsigned)j0;
+#pragma unroll
+            for (unsigned i = 0; i < 4; ++i) {
+                const unsigned channel = group_channel[j] + 8 * i;
+                const bool valid = ok && (U_C % 32 == 0 || channel < U_C);
+                copy_async(a_rows + (32 * j + warp + 8 * i) * A_ROW + lane,
+                           u_image + (valid ? (size_t)channel * IN_SIZE + offset : 0), valid);
+            }
+        }
+    };
+
+    float acc[REGS];
+#pragma unroll
+    for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
+#pragma unroll
+    for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
+        if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
+        commit_copies();
+    }
+    unsigned read = 0, write = WG_STAGES - 1;
+    for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
+        wait_copies<WG_STAGES - 2>();
+        fence_async_shared();
+        __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
+        if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
+        commit_copies();
+        write = write + 1 == WG_STAGES ? 0 : write + 1;
+        const unsigned stage_base = slices_address + read * STAGE_BYTES;
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
+        read = read + 1 == WG_STAGES ? 0 : read + 1;
+        unsigned big[BK / 8][4], small[BK / 8][4];
+#pragma unroll
+        for (unsigned kk = 0; kk < BK / 8; ++kk) {
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
+#pragma unroll
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MMA == 3) {
+                    split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
+                } else {
+                    big[kk][r] = rounded_tf32(v[r]);
+                }
+            }
+        }
+        if constexpr (MMA == 3) {
+            float part[REGS];
+#pragma unroll
+            for (unsigned r = 0; r < REGS; ++r) part[r] = 0.f;
+            wgmma_fence();
+#pragma unroll
+            for (unsigned kk = 0; kk < BK / 8; ++kk) {
+                wgmma_tf32(part, big[kk], swizzled_operand(stage_base + B_BYTES + 32 * kk));
+                wgmma_tf32(part, small[kk], swizzled_operand(stage_base + 32 * kk));
+                wgmma_tf32(part, big[kk], swizzled_operand(stage_base + 32 * kk));
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+            fence_accumulators(part);
+#pragma unroll
+            for (unsigned r = 0; r < REGS; ++r) acc[r] += part[r];
+        } else {
+            wgmma_fence();
+#pragma unroll
+            for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
+            wgmma_commit();
+            wgmma_wait_all();
+            fence_accumulators(acc);
+        }
+    }
+    wait_copies<0>();
+    // The rare path's sum of one output over this block's slices: FMAs on D and U as given, the terms whose
+    // window leaves U skipped.
+    auto fma_sum = [&](unsigned kappa, unsigned channel, unsigned m) {
+        unsigned rest = kappa;
+        const pos_t k0 = (pos_t)rest;
+        float sum = 0.f;
+        for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
+            const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
+            const real* __restrict__ d_row = d_values + ((size_t)image * GROUPS * M + m) * OUT_SIZE;
+            const real* __restrict__ u_row = u_values + ((size_t)image * IN_C + channel) * IN_SIZE;
+            for (unsigned cell = cell0; cell < cell0 + BK && cell < OUT_SIZE; ++cell) {
+                bool ok = true;
+                unsigned offset = 0;
+                unsigned cell_rest = cell;
+                const pos_t d0 = (pos_t)(cell_rest % nonzero(OUT0));
+                cell_rest /= nonzero(OUT0);
+                const pos_t j0 = d0 * S0 + k0 * D0 - P0;
+                ok = ok && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                if (ok) sum = fmaf(load_element(d_row + cell), load_element(u_row + offset), sum);
+            }
+        }
+        return sum;
+    };
+    bool finite = true;
+#pragma unroll
+    for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
+    const bool rare = __syncthreads_or(!finite);
+#pragma unroll
+    for (unsigned r = 0; r < REGS; ++r) {
+        const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2;
+        const unsigned kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
+        if (kappa >= K_SIZE || channel >= U_C || m >= M) continue;
+        if (rare) acc[r] = fma_sum(kappa, channel, m);
+        out[(size_t)m * COLUMNS + channel * K_SIZE + kappa] = acc[r];
+    }
+#endif
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
