@@ -3659,7 +3659,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
     constexpr unsigned A_ROW = BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N, COLUMNS = U_C * K_SIZE;
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
-    constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT, BLOCKS_PER_GROUP = SPLIT * ROW_BLOCKS * N_BLOCKS;
+    constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
+    constexpr unsigned BLOCKS_PER_GROUP = SPLIT * ROW_BLOCKS * N_BLOCKS;
     const unsigned group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
     const unsigned n_block = block_rest % N_BLOCKS, row0 = block_rest / N_BLOCKS % ROW_BLOCKS * ROWS;
     const unsigned split = block_rest / N_BLOCKS / ROW_BLOCKS;
@@ -3866,7 +3867,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
     const bool rare = __syncthreads_or(!finite);
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2;
+        const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
+        const unsigned m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2;
         const unsigned kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
         if (kappa >= K_SIZE || channel >= U_C || m >= M) continue;
         if (rare) acc[r] = fma_sum(kappa, channel, m);
