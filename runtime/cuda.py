@@ -143,7 +143,7 @@ class CupyBackend:
     tile_chooser: TileChooser = staticmethod(choose_tile)
     # Which direct-form stages run the small-channel direct kernel; the GEMM tests turn it off.
     direct_chooser: DirectChooser = staticmethod(choose_direct)
-    # Which conv-shaped stages in the TF32 modes run the `_wgmma` kernel (on a GPU with wgmma); the tests of the
+    # Which GEMM stages in the TF32 modes run their `_wgmma` kernel (on a GPU with wgmma); the tests of the
     # GEMMs' cp.async pipeline turn it off.
     wgmma_chooser: WgmmaChooser = staticmethod(choose_wgmma)
 

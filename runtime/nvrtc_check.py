@@ -180,7 +180,7 @@ def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
     """Per element type, each family source at its representative geometry, then each
     circular-padding source (the family of its report is conv, the op it serves); then, per other
     precision the element type takes, each conv-family source again (the others do not multiply), and on sm_90
-    once more at a geometry whose conv-shaped stages run their `_wgmma` kernels (compiled for sm_90a)."""
+    once more at a geometry whose GEMM stages run their `_wgmma` kernels (compiled for sm_90a)."""
     for dtype in dtypes:
         for family, rank in sources():
             yield compile_source(family, rank, arch, dtype)
