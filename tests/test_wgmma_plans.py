@@ -34,13 +34,16 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
         assert made.packed_elements[stage] == planes * 36 * 128 * WG_BK  # 4 channel blocks x 9 offsets: 36 slices
         assert opted_in_shared(made, H200)[f"{stage}_wgmma"] == shared
     assert shared == 3 * (planes * 128 * 128 + 17408) + 1024 <= H200.shared_optin_per_block
-    # The weight gradient: 9 window offsets of 128 U channels, 14 parts of the 8 x 512 slices of 32 cells (126 of
-    # the H200's 132 SMs); D packed with its 128 channels and 16384 cells.
+    # The weight gradient: 9 window offsets of 128 U channels, parts of the 8 x 512 slices of 32 cells for one
+    # block an SM in 3xTF32 (14: 126 of the H200's 132), two in TF32 (29); D packed with its 128 channels and 16384
+    # cells.
+    split = {1: 29, 3: 14}[mma]
     weight_shared = wgmma_weight_shared_bytes(128, 128, 3, mma)
     launch = made.launches["backward_weight"]
-    assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * 14, 256,
-                                                                                weight_shared)
-    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3) and made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == 14
+    assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * split,
+                                                                                256, weight_shared)
+    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3)
+    assert made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == split
     assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
     assert made.launches["backward_weight_reduce"].grid > 0
     assert made.packed_elements["backward_weight"] == planes * 8 * 128 * 128 * 128
@@ -66,7 +69,8 @@ def test_wgmma_n_follows_the_dst_channels_of_a_group():
 
 def test_the_weight_gradient_splits_its_cells_across_the_sms():
     """Rows of 32 U channels (rounded up) at each window offset, 128 a block; N over D's channels; parts enough for
-    one block an SM, each at least 8 slices of 32 cells; D's channels and cells rounded up in the packed D."""
+    two blocks an SM in TF32 and one in 3xTF32, each at least 8 slices of 32 cells; D's channels and cells rounded
+    up in the packed D."""
     def weight(in_c, out_c, spatial, batch, precision="medium", groups=1):
         geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), (1,) * len(spatial),
                               (1,) * len(spatial), batch=batch, groups=groups)
@@ -74,15 +78,17 @@ def test_the_weight_gradient_splits_its_cells_across_the_sms():
         return (made.launches["backward_weight"].kernel, made.defines["BWW_WG_N"], made.splits["backward_weight"],
                 made.launches["backward_weight"].grid, made.packed_elements.get("backward_weight"))
 
-    # 64 U channels: 576 rows, 5 blocks of 128; 26 parts of the 32 x 98 slices.
-    assert weight(64, 64, (56, 56), 32) == ("backward_weight_wgmma", 64, 26, 5 * 26, 32 * 64 * 98 * 32)
+    # 64 U channels: 576 rows, 5 blocks of 128; 52 parts of the 32 x 98 slices (26 in 3xTF32).
+    assert weight(64, 64, (56, 56), 32) == ("backward_weight_wgmma", 64, 52, 5 * 52, 32 * 64 * 98 * 32)
+    assert weight(64, 64, (56, 56), 32, "high")[2:4] == (26, 5 * 26)
     # 16 U channels take 32 rows each (9 x 32: 3 blocks); 40 D channels an N of 64; parts from the batch's bucket
     # (4 images of 10 x 10: 16 slices, 2 parts), the packed D from its 3 images.
     assert weight(16, 40, (10, 10), 3) == ("backward_weight_wgmma", 64, 2, 3 * 2, 3 * 64 * 128)
     # 3xTF32: N at most 128, two blocks of D's 200 channels, by 5 row blocks: 13 parts.
     assert weight(64, 200, (32, 32), 8, "high") == ("backward_weight_wgmma", 128, 13, 5 * 2 * 13, 2 * 8 * 256 * 1024)
-    # Two groups of 32 U channels (three row blocks each) and 32 D channels: 22 parts.
-    assert weight(64, 64, (32, 32), 8, groups=2)[1:4] == (32, 22, 2 * 3 * 22)
+    # Two groups of 32 U channels (three row blocks each) and 32 D channels: 44 parts would fill the SMs twice,
+    # but the 8 x 32 slices make 32 parts of 8.
+    assert weight(64, 64, (32, 32), 8, groups=2)[1:4] == (32, 32, 2 * 3 * 32)
     # Fewer than 16 U or 32 D channels a group: the GEMM (or the direct kernel).
     assert weight(8, 64, (32, 32), 8)[0] != "backward_weight_wgmma"
     assert weight(64, 16, (32, 32), 8)[0] != "backward_weight_wgmma"
