@@ -39,8 +39,6 @@ from convgen.generated.contract import (
     TILE_FIELDS,
     WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
-    wgmma_shared_bytes,
-    wgmma_weight_shared_bytes,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_calibration import PACK_MIN_MACS
@@ -58,7 +56,14 @@ from convgen.tile_model import (
     packs_weight,
     tile_candidates,
 )
-from convgen.wgmma_tiles import WgmmaChooser, WgmmaTile, choose_wgmma, wgmma_grid, wgmma_packed_elements
+from convgen.wgmma_tiles import (
+    WgmmaChooser,
+    WgmmaTile,
+    choose_wgmma,
+    wgmma_block_shared_bytes,
+    wgmma_grid,
+    wgmma_packed_elements,
+)
 
 __all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
            "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
@@ -246,9 +251,8 @@ def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[s
                  packed_elements: dict[str, int]) -> None:
     """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: of `shape`, the real batch's (the
     packed D of the weight gradient has every image); conv-shaped stages split nothing."""
-    shared = (wgmma_shared_bytes if shape.conv else wgmma_weight_shared_bytes)(tile.n, tile.cells, tile.stages,
-                                                                               shape.mma)
-    launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, shared, kernel=f"{stage}_wgmma")
+    launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
+                             kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_elements(shape, tile)
     launches[f"{stage}_pack"] = Launch(_blocks(packed_elements[stage]), kernel=f"{stage}_wgpack")
     launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)

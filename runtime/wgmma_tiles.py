@@ -58,15 +58,19 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     if shape.conv:
         tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES)
-        shared = wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // WG_BK)
         per_sm = WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma]
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
         tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split)
-        shared = wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
-    return tile if shared <= hardware.shared_optin_per_block else None
+    return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
+
+
+def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:
+    """Dynamic shared memory of a `_wgmma` block of the stage: the contract's formula for its kernel."""
+    shared_bytes = wgmma_shared_bytes if shape.conv else wgmma_weight_shared_bytes
+    return shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
 
 
 def _weight_row_blocks(shape, rows: int) -> int:

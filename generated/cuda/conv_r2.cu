@@ -3347,7 +3347,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
             for (unsigned cell = cell0; cell < cell0 + BK && cell < OUT_SIZE; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
-                unsigned cell_rest = cell;
+                unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
                 const pos_t d1 = (pos_t)(cell_rest % nonzero(OUT1));
                 cell_rest /= nonzero(OUT1);
                 const pos_t d0 = (pos_t)(cell_rest % nonzero(OUT0));

@@ -3110,7 +3110,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
             for (unsigned cell = cell0; cell < cell0 + BK && cell < IN_SIZE; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
-                unsigned cell_rest = cell;
+                unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
                 const pos_t d0 = (pos_t)(cell_rest % nonzero(IN0));
                 cell_rest /= nonzero(IN0);
                 const pos_t j0 = d0 * S0 + k0 * D0 - P0;

@@ -4080,7 +4080,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r5_backward_weight_wgmma
             for (unsigned cell = cell0; cell < cell0 + BK && cell < IN_SIZE; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
-                unsigned cell_rest = cell;
+                unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
                 const pos_t d4 = (pos_t)(cell_rest % nonzero(IN4));
                 cell_rest /= nonzero(IN4);
                 const pos_t d3 = (pos_t)(cell_rest % nonzero(IN3));

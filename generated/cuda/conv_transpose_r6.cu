@@ -4323,7 +4323,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r6_backward_weight_wgmma
             for (unsigned cell = cell0; cell < cell0 + BK && cell < IN_SIZE; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
-                unsigned cell_rest = cell;
+                unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
                 const pos_t d5 = (pos_t)(cell_rest % nonzero(IN5));
                 cell_rest /= nonzero(IN5);
                 const pos_t d4 = (pos_t)(cell_rest % nonzero(IN4));
