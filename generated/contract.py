@@ -1388,21 +1388,19 @@ def wgmma_planes(mma_mode: int) -> int:
     return 2 if mma_mode == 3 else 1
 
 
-def wgmma_stage_bytes(wg_n: int, wg_cells: int, mma_mode: int) -> int:
-    """One slice of a `_wgmma` block in shared memory: the weight's planes, WG_N rows of 128 bytes each, then
-    the source's WG_BK rows of WG_CELLS + WG_CELL_PAD floats, rounded up to the 1024 bytes of a swizzle atom."""
-    cells = WG_BK * (wg_cells + WG_CELL_PAD) * 4
-    return wgmma_planes(mma_mode) * wg_n * 128 + -(-cells // 1024) * 1024
+def wgmma_stage_bytes(wg_n: int, a_floats: int, mma_mode: int) -> int:
+    """One slice of a `_wgmma` block in shared memory: the B operand's planes, WG_N rows of 128 bytes each, then
+    the A values' `a_floats` floats, rounded up to the 1024 bytes of a swizzle atom."""
+    return wgmma_planes(mma_mode) * wg_n * 128 + -(-a_floats * 4 // 1024) * 1024
 
 
 def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> int:
-    """A `_wgmma` block's dynamic shared memory: its slices, and 1024 bytes to align them to a swizzle atom."""
-    return stages * wgmma_stage_bytes(wg_n, wg_cells, mma_mode) + 1024
+    """A conv-shaped stage's `_wgmma` block: its slices (the weight's rows, the source's WG_BK rows of WG_CELLS +
+    WG_CELL_PAD floats), and 1024 bytes to align them to a swizzle atom."""
+    return stages * wgmma_stage_bytes(wg_n, WG_BK * (wg_cells + WG_CELL_PAD), mma_mode) + 1024
 
 
 def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int) -> int:
-    """The weight gradient's `_wgmma` block: per slice D's planes (WG_N rows of 128 bytes each) and U's `rows` rows
-    of WG_BK + WG_ROW_PAD floats, rounded up to 1024 bytes; and 1024 bytes to align the slices."""
-    values = rows * (WG_BK + WG_ROW_PAD) * 4
-    return stages * (wgmma_planes(mma_mode) * wg_n * 128 + -(-values // 1024) * 1024) + 1024
-
+    """The weight gradient's `_wgmma` block: its slices (D's rows, U's `rows` rows of WG_BK + WG_ROW_PAD floats),
+    and 1024 bytes to align them."""
+    return stages * wgmma_stage_bytes(wg_n, rows * (WG_BK + WG_ROW_PAD), mma_mode) + 1024
