@@ -1853,6 +1853,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (BK * ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = 1, A_K_STEP = ROW;  // staged [channel][cell]: floats between fragment rows, k
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+    constexpr size_t B_PLANE_FLOATS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
+    // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
+    // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
+    // 17% faster on 128).
+    constexpr bool COPIES_UNDER_PRODUCTS = MMA == 1 || WG_N > 64;
     const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
     const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
     unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
@@ -1903,6 +1908,10 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
         base6[0] = d6 * S6 - P6;
     }
     const unsigned b_row = tid / WG_CELLS;
+    constexpr unsigned B_ROWS_A_PASS = THREADS / 8, B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
+    const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
+    const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK;
         const unsigned kappa = chunk % K_SIZE;
@@ -1922,14 +1931,16 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
         const pos_t k0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const float* __restrict__ rows = packed + (size_t)chunk * WG_N * BK;
+        {
+            const float* __restrict__ b_rows = rows + (size_t)b_first_row * BK + 4 * b_chunk;
 #pragma unroll
-        for (unsigned plane = 0; plane < PLANES; ++plane) {
+            for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
-            for (unsigned i = 0; i < (WG_N * 8 + THREADS - 1) / THREADS; ++i) {
-                const unsigned q = tid + i * THREADS, n = q / 8;  // 16 bytes q of row n
-                if (q < WG_N * 8) {
-                    copy_async16(stage + plane * B_BYTES + n * 128 + ((q % 8 ^ n % 8) << 4),
-                                 rows + (size_t)plane * GROUPS * N_BLOCKS * SLICES * WG_N * BK + 4 * q, true);
+                for (unsigned i = 0; i < B_PASSES; ++i) {
+                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                        const size_t from = plane * B_PLANE_FLOATS + (size_t)i * B_ROWS_A_PASS * BK;
+                        copy_async16(stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * 128, b_rows + from, true);
+                    }
                 }
             }
         }
@@ -1984,9 +1995,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
         wait_copies<WG_STAGES - 2>();
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
-        if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
-        commit_copies();
-        write = write + 1 == WG_STAGES ? 0 : write + 1;
+        if constexpr (!COPIES_UNDER_PRODUCTS) {
+            if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+            commit_copies();
+            write = write + 1 == WG_STAGES ? 0 : write + 1;
+        }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
         const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
         values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
@@ -2017,6 +2030,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
                 wgmma_tf32(part, big[kk], swizzled_operand(stage_base + 32 * kk));
             }
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(part);
 #pragma unroll
@@ -2026,6 +2044,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
 #pragma unroll
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(acc);
         }
@@ -3465,6 +3488,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (BK * ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = 1, A_K_STEP = ROW;  // staged [channel][cell]: floats between fragment rows, k
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+    constexpr size_t B_PLANE_FLOATS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
+    // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
+    // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
+    // 17% faster on 128).
+    constexpr bool COPIES_UNDER_PRODUCTS = MMA == 1 || WG_N > 64;
     static_assert(1 * S0 * S1 * S2 * S3 * S4 * S5 * S6 == 1, "gather form: one stride phase");
     constexpr pos_t DG0 = D0;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG1 = D1;  // one phase: window offset k = r, source cell d + P - r*D
@@ -3523,6 +3551,10 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
         base6[0] = P6 + d6;
     }
     const unsigned b_row = tid / WG_CELLS;
+    constexpr unsigned B_ROWS_A_PASS = THREADS / 8, B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
+    const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
+    const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK, kappa = chunk % K_SIZE;
         unsigned rest = kappa;
@@ -3541,14 +3573,16 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
         const pos_t r0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const float* __restrict__ rows = packed + (size_t)chunk * WG_N * BK;
+        {
+            const float* __restrict__ b_rows = rows + (size_t)b_first_row * BK + 4 * b_chunk;
 #pragma unroll
-        for (unsigned plane = 0; plane < PLANES; ++plane) {
+            for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
-            for (unsigned i = 0; i < (WG_N * 8 + THREADS - 1) / THREADS; ++i) {
-                const unsigned q = tid + i * THREADS, n = q / 8;  // 16 bytes q of row n
-                if (q < WG_N * 8) {
-                    copy_async16(stage + plane * B_BYTES + n * 128 + ((q % 8 ^ n % 8) << 4),
-                                 rows + (size_t)plane * GROUPS * N_BLOCKS * SLICES * WG_N * BK + 4 * q, true);
+                for (unsigned i = 0; i < B_PASSES; ++i) {
+                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                        const size_t from = plane * B_PLANE_FLOATS + (size_t)i * B_ROWS_A_PASS * BK;
+                        copy_async16(stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * 128, b_rows + from, true);
+                    }
                 }
             }
         }
@@ -3602,9 +3636,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
         wait_copies<WG_STAGES - 2>();
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
-        if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
-        commit_copies();
-        write = write + 1 == WG_STAGES ? 0 : write + 1;
+        if constexpr (!COPIES_UNDER_PRODUCTS) {
+            if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+            commit_copies();
+            write = write + 1 == WG_STAGES ? 0 : write + 1;
+        }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
         const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
         values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
@@ -3635,6 +3671,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
                 wgmma_tf32(part, big[kk], swizzled_operand(stage_base + 32 * kk));
             }
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(part);
 #pragma unroll
@@ -3644,6 +3685,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
 #pragma unroll
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(acc);
         }
@@ -4359,6 +4405,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
     constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
+    constexpr bool COPIES_UNDER_PRODUCTS = true;  // faster in every mode and width measured on the H200 (7-20%)
     constexpr unsigned BLOCKS_PER_GROUP = SPLIT * ROW_BLOCKS * N_BLOCKS;
     const unsigned group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
     const unsigned n_block = block_rest % N_BLOCKS, row0 = block_rest / N_BLOCKS % ROW_BLOCKS * ROWS;
@@ -4415,18 +4462,24 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
         shift5[j] = k5 * D5 - P5;
         shift6[j] = k6 * D6 - P6;
     }
+    constexpr unsigned B_ROWS_A_PASS = THREADS / 8, B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
+    const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
+    const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
     auto load_async = [&](unsigned slice, unsigned buffer) {
         const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const float* __restrict__ rows = packed + (size_t)image * GROUPS * D_ROWS * D_COLUMNS + cell0;
+        {
+            const float* __restrict__ b_rows = rows + (size_t)b_first_row * D_COLUMNS + 4 * b_chunk;
 #pragma unroll
-        for (unsigned plane = 0; plane < PLANES; ++plane) {
+            for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
-            for (unsigned i = 0; i < (WG_N * 8 + THREADS - 1) / THREADS; ++i) {
-                const unsigned q = tid + i * THREADS, n = q / 8;  // 16 bytes q % 8 of row n
-                if (q < WG_N * 8) {
-                    copy_async16(stage + plane * B_BYTES + n * 128 + ((q % 8 ^ n % 8) << 4),
-                                 rows + plane * plane_floats + (size_t)n * D_COLUMNS + 4 * (q % 8), true);
+                for (unsigned i = 0; i < B_PASSES; ++i) {
+                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                        const size_t from = plane * plane_floats + (size_t)i * B_ROWS_A_PASS * D_COLUMNS;
+                        copy_async16(stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * 128, b_rows + from, true);
+                    }
                 }
             }
         }
@@ -4472,12 +4525,15 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
             const pos_t j6 = d6 * S6 + shift6[j];
             ok = ok && j6 >= 0 && j6 < IN6;
             offset = offset * IN6 + (unsigned)j6;
+            // The four channels' values 8 U rows apart from one address: outside the window it is U's first
+            // cell, and with whole 32-channel groups the channels 8 i < U_C all lie in U (nothing is read).
+            const real* __restrict__ first = u_image + (ok ? (size_t)group_channel[j] * IN_SIZE + offset : 0);
 #pragma unroll
             for (unsigned i = 0; i < 4; ++i) {
                 const unsigned channel = group_channel[j] + 8 * i;
                 const bool valid = ok && (U_C % 32 == 0 || channel < U_C);
                 copy_async(a_rows + (32 * j + warp + 8 * i) * A_ROW + lane,
-                           u_image + (valid ? (size_t)channel * IN_SIZE + offset : 0), valid);
+                           U_C % 32 == 0 || valid ? first + (size_t)8 * i * IN_SIZE : u_image, valid);
             }
         }
     };
@@ -4495,9 +4551,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
         wait_copies<WG_STAGES - 2>();
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
-        if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
-        commit_copies();
-        write = write + 1 == WG_STAGES ? 0 : write + 1;
+        if constexpr (!COPIES_UNDER_PRODUCTS) {
+            if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
+            commit_copies();
+            write = write + 1 == WG_STAGES ? 0 : write + 1;
+        }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
         const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
         values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
@@ -4528,6 +4586,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
                 wgmma_tf32(part, big[kk], swizzled_operand(stage_base + 32 * kk));
             }
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(part);
 #pragma unroll
@@ -4537,6 +4600,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r7_backward_weight_wgmma(
 #pragma unroll
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
+            if constexpr (COPIES_UNDER_PRODUCTS) {
+                if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
+                commit_copies();
+                write = write + 1 == WG_STAGES ? 0 : write + 1;
+            }
             wgmma_wait_all();
             fence_accumulators(acc);
         }
