@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The static instruction mix of one geometry's kernels: how many SASS instructions each kernel's
-main loop issues per multiply-add instruction (FFMA, DFMA, HMMA). No GPU needed.
+main loop issues per multiply-add instruction (FFMA, DFMA, HMMA; HGMMA, Hopper's wgmma). No GPU needed.
 
 The GEMM kernels are issue-bound where the loop's other instructions (address arithmetic, loads,
 conversions, checks) crowd out the multiply-adds, so this ratio is a measure that can be taken on any
@@ -12,7 +12,10 @@ every axis: pass --stride). A kernel's main loop is the backward branch's body h
 multiply-adds, one with tensor-core instructions first.
 
     python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --stride 1 --padding 1 \
-        --batch 8 [--precision medium]
+        --batch 8 [--precision medium] [--arch sm_90a]
+
+The `_wgmma` kernels have a body only in sm_90a builds (`--arch sm_90a`); their loop's HGMMA each multiply a
+64-row tile of the warpgroup, so their ratio reads against the HMMA's of mma.sync loops only loosely.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-MULTIPLY_ADDS = ("FFMA", "DFMA", "HMMA")
+MULTIPLY_ADDS = ("FFMA", "DFMA", "HMMA", "HGMMA")
+TENSOR_CORE = ("HMMA", "HGMMA")
 _FUNCTION = re.compile(r"^\s*Function : (\w+)")
 _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
@@ -61,7 +65,7 @@ def functions(sass: str) -> dict[str, list[tuple[int, str, str]]]:
 
 def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix | None:
     """The body of the backward branch (a BRA to an earlier address) with the most multiply-adds, a loop
-    with tensor-core instructions (HMMA) before any without (a kernel's FMA fallback may issue more FFMAs
+    with tensor-core instructions (HMMA, HGMMA) before any without (a kernel's FMA fallback may issue more FFMAs
     than its mma loop issues HMMAs); None for a kernel without loops."""
     best: tuple[tuple[bool, int], LoopMix] | None = None
     for address, opcode, operands in instructions:
@@ -71,7 +75,7 @@ def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix 
         start = int(target.group(1), 16)
         body = [op.split(".")[0] for at, op, _ in instructions if start <= at <= address]
         heavy = sum(op in MULTIPLY_ADDS for op in body)
-        rank = ("HMMA" in body, heavy)
+        rank = (any(op in TENSOR_CORE for op in body), heavy)
         if best is None or rank > best[0]:
             best = (rank, LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common())))
     return best[1] if best else None

@@ -32,6 +32,18 @@ SASS = """
         /*0030*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
         /*0040*/              @!P1 BRA 0x20 ;                                 /* 0x0000000000008947 */
 		..........
+		Function : conv_r1_forward_wgmma
+        /*0000*/                   LDS R88, [R104] ;                          /* 0x0000000068587984 */
+        /*0010*/                   WARPGROUP.ARRIVE ;                         /* 0x00000000000079c5 */
+        /*0020*/                   HGMMA.64x128x8.F32.TF32 R24, R88, gdesc[UR8], R24 ;  /* 0x05e0000858187df0 */
+        /*0030*/                   HGMMA.64x128x8.F32.TF32 R24, R92, gdesc[UR8], R24, gsb0 ;  /* 0x05e000085c187df0 */
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;            /* 0x00008000000079c5 */
+        /*0050*/              @!P1 BRA 0x0 ;                                  /* 0xfffffffc00849947 */
+        /*0060*/                   FFMA R8, R4, R5, R8 ;                      /* 0x0000000504087223 */
+        /*0070*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
+        /*0080*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
+        /*0090*/              @!P1 BRA 0x60 ;                                 /* 0x0000000000009947 */
+		..........
 		Function : conv_r1_forward_reduce
         /*0000*/                   MOV R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
         /*0010*/                   EXIT ;                                     /* 0x000000000000794d */
@@ -40,7 +52,8 @@ SASS = """
 
 def test_kernels_are_read_apart_in_address_order():
     kernels = sass_mix.functions(SASS)
-    assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_mma", "conv_r1_forward_reduce"]
+    assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_mma", "conv_r1_forward_wgmma",
+                             "conv_r1_forward_reduce"]
     assert [op for _, op, _ in kernels["conv_r1_forward_reduce"]] == ["MOV", "EXIT"]
     assert kernels["conv_r1_forward"][6] == (0x60, "BRA", " 0x20 ")
 
@@ -66,3 +79,11 @@ def test_help_shows_the_source_options_without_compiling(capsys):
     assert sass_mix.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("The static instruction mix") and "--arch ARCH" in out
+
+
+def test_a_wgmma_loop_counts_its_hgmma_as_the_multiply_adds():
+    """Hopper's warpgroup mma (HGMMA) marks the tensor-core loop too, before the FMA fallback's longer one."""
+    kernels = sass_mix.functions(SASS)
+    loop = sass_mix.main_loop("conv_r1_forward_wgmma", kernels["conv_r1_forward_wgmma"])
+    assert (loop.instructions, loop.multiply_adds) == (6, 2)
+    assert loop.opcodes == {"HGMMA": 2, "WARPGROUP": 2, "LDS": 1, "BRA": 1}
