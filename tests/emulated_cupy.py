@@ -7,8 +7,9 @@ blocks one after another, each block's threads as OS threads meeting at real bar
 for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 and mma_16bit stand
 in for mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
 sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
-sanitizer), as it would fault on a GPU. Other inline PTX is not emulated: a source that needs it fails to
-compile, with the compiler's message.
+sanitizer), as it would fault on a GPU. Hopper's warpgroup mma (the `_wgmma` kernels: wgmma_tf32 with A from
+registers and B from shared memory through its descriptor, in the 128-byte swizzle) runs there too, at once.
+Other inline PTX is not emulated: a source that needs it fails to compile, with the compiler's message.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline double2 make_double2(double x, double y) { return {x, y}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }  // CUDA's integer min
 template <class To, class From> inline To emulated_bits(From value)
 {
     To out;
@@ -80,10 +82,15 @@ struct emulated_warp {
     unsigned long long lanes[32];
     unsigned a[32][4], b[32][2];  // mma_tf32's fragments, by lane
 };
+struct emulated_warpgroup {  // four warps: a wgmma's A fragments, by thread
+    std::unique_ptr<std::barrier<>> barrier;
+    unsigned a[128][4];
+};
 struct emulated_block {
     std::unique_ptr<std::barrier<>> barrier;
     std::atomic<int> any{0};
     std::vector<emulated_warp> warps;
+    std::vector<emulated_warpgroup> warpgroups;
     std::vector<float4> dynamic;  // the launch's dynamic shared memory, 16-byte aligned, all-ones bytes
     unsigned dynamic_bytes = 0;
 };
@@ -179,6 +186,58 @@ inline unsigned emulated_rounded_tf32(float x)
     if ((bits & 0x7f800000u) == 0x7f800000u) return bits;
     return (bits + 0xfffu + (bits >> 13 & 1u)) & 0xffffe000u;
 }
+// cvt.rna.tf32.f32: ties away from zero; inf and NaN as they are, overflow to inf.
+inline unsigned emulated_rna_tf32(float x)
+{
+    const unsigned bits = emulated_bits<unsigned>(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return bits;
+    return (bits + 0x1000u) & 0xffffe000u;
+}
+
+// Hopper's warpgroup mma for the `_wgmma` kernels, whose own helpers are inline PTX. Shared addresses count from
+// the dynamic shared memory's start, which is as aligned as the 128-byte swizzle needs.
+#define __CUDA_ARCH_FEAT_SM90_ALL
+inline size_t __cvta_generic_to_shared(const void* p)
+{
+    return static_cast<size_t>(static_cast<const unsigned char*>(p) - dynamic_shared());
+}
+inline void fence_async_shared() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+inline void wgmma_wait_all() {}  // the products below are done when the call returns
+template <unsigned R> inline void fence_accumulators(float (&)[R]) {}
+// wgmma.mma_async.m64n{2R}k8.f32.tf32.tf32 for the warpgroup: A 64 x 8 from registers, warp w's rows 16 w .. 16 w
+// + 15 as mma.sync's m16n8k8 A fragment; B N x 8 from shared memory, row n at the descriptor's start + 128 n, a
+// value's address bits 4-6 XORed with bits 7-9 (the 128-byte swizzle); D rows g and g + 8 of the warp's 16
+// (r % 4 >= 2: g + 8), column 8 (r / 4) + 2 t + r % 2. Operands read as TF32, products summed in double.
+template <unsigned R> inline void wgmma_tf32(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
+{
+    emulated_warpgroup& group = emulated_current->warpgroups[threadIdx.x / 128];
+    const unsigned thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
+    for (unsigned i = 0; i < 4; ++i) group.a[thread][i] = a[i];
+    group.barrier->arrive_and_wait();
+    const auto tf32 = [](unsigned bits) { return (double)emulated_bits<float>(bits & 0xffffe000u); };
+    double rows[2][8];  // this thread's rows g and g + 8, from the four lanes of the warp that hold them
+    for (unsigned lane_t = 0; lane_t < 4; ++lane_t) {
+        const unsigned (&f)[4] = group.a[warp * 32 + 4 * g + lane_t];
+        rows[0][lane_t] = tf32(f[0]), rows[1][lane_t] = tf32(f[1]);
+        rows[0][lane_t + 4] = tf32(f[2]), rows[1][lane_t + 4] = tf32(f[3]);
+    }
+    group.barrier->arrive_and_wait();  // every thread has read the fragments before any publishes again
+    const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4;
+    for (unsigned r = 0; r < R; ++r) {
+        const unsigned column = r / 4 * 8 + 2 * t + r % 2;
+        double sum = 0;
+        for (unsigned k = 0; k < 8; ++k) {
+            const unsigned address = start + 128 * column + 4 * k;
+            unsigned bits;
+            std::memcpy(&bits, dynamic_shared() + (address ^ (address >> 7 & 7u) << 4), 4);
+            sum += rows[r % 4 >= 2][k] * tf32(bits);
+        }
+        d[r] = (float)(d[r] + sum);
+    }
+}
+
 // cp.async copies at once (a copy lands before the thread goes on, which the real one may also do), so
 // committing and waiting have nothing left to do; an invalid copy writes zeros and reads nothing.
 inline void copy_async(void* destination, const void* source, bool valid)
@@ -252,6 +311,11 @@ template <class Body> void emulated_launch(unsigned grid, unsigned threads, unsi
                         const unsigned lanes = threads - 32 * w < 32 ? threads - 32 * w : 32;
                         block.warps[w].barrier = std::make_unique<std::barrier<>>(lanes);
                     }
+                    block.warpgroups = std::vector<emulated_warpgroup>((threads + 127) / 128);
+                    for (unsigned w = 0; w < block.warpgroups.size(); ++w) {
+                        const unsigned members = threads - 128 * w < 128 ? threads - 128 * w : 128;
+                        block.warpgroups[w].barrier = std::make_unique<std::barrier<>>(members);
+                    }
                     block.dynamic.assign((shared_bytes + 15) / 16, float4{});
                     std::memset(block.dynamic.data(), 0xff, block.dynamic.size() * sizeof(float4));
                     block.dynamic_bytes = shared_bytes;
@@ -262,6 +326,7 @@ template <class Body> void emulated_launch(unsigned grid, unsigned threads, unsi
                 body();
                 block.barrier->arrive_and_drop();
                 block.warps[t / 32].barrier->arrive_and_drop();
+                block.warpgroups[t / 128].barrier->arrive_and_drop();
             }
         });
     }

@@ -55,7 +55,7 @@ def emulated_tape(dtype: str, tile: tuple | None = None, precision: str = "highe
     """A CUDA tape on the emulated CuPy whose outputs start as NaN (a value a kernel forgets shows), its
     plans taking `tile` everywhere when given (a tape class of its own: its own backend and modules; no
     direct kernel then) and `direct_chooser`'s direct tiles when given, its conv GEMMs in `precision`. No `_wgmma`
-    kernels: the emulator compiles for the host, without sm_90a's wgmma (the CUDA tests run them)."""
+    kernels: the GEMMs these tests force or plan run (tests/test_emulated_wgmma.py runs the wgmma kernels)."""
     chooser = {"tile_chooser": staticmethod(forced_chooser(*tile))} if tile else {}
     chooser["wgmma_chooser"] = staticmethod(no_wgmma)
     if tile or direct_chooser:
@@ -349,16 +349,3 @@ def test_16_bit_non_finite_values_take_the_rare_path(dtype) -> None:
     ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide, widened(grad, dtype))
     for got_array, ref in zip(got, [ref_output, *ref_grads], strict=True):
         assert_same_non_finite(widened(got_array, dtype).reshape(np.shape(ref)), np.asarray(ref), 1e-2)
-
-
-def test_a_wgmma_plan_stops_at_the_sources_error_on_the_emulator():
-    """The emulator compiles for the host, without sm_90a's wgmma: a plan that launches `_wgmma` kernels (its emulated
-    device says compute capability 9.0) stops at the source's #error, never at a kernel compiled empty."""
-    geom = Geometry.build(Family.CONV, 32, 32, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)
-    assert plan(geom, precision="medium").launches["forward"].kernel == "forward_wgmma"
-    backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})
-    with imports_as(emulated_cupy()):
-        tape = type("WgmmaEmulatedTape", (CudaTape,), {"backend_class": backend})(precision="medium")
-    rng = reference.case_rng("emulated wgmma")
-    with pytest.raises(Exception, match="a plan that launches a _wgmma kernel compiles for sm_90a"):
-        reference.run_on_tape(tape, geom, reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom))

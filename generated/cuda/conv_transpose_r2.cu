@@ -185,6 +185,19 @@ __device__ __forceinline__ void split_rounded_tf32(float x, unsigned& big, unsig
     small = rounded_tf32(x - __uint_as_float(big));
 }
 
+// cvt.rna.tf32.f32 of any float (the `_wgpack` kernels' rounding of an operand once a call): ties away, inf and
+// NaN kept, values past the largest TF32 made inf.
+__device__ __forceinline__ unsigned rna_tf32(float x)
+{
+#ifdef CONVGEN_EMULATED
+    return emulated_rna_tf32(x);
+#else
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);
@@ -939,6 +952,15 @@ constexpr unsigned WG_BK = 32;  // source channels of a _wgmma slice (contract)
 constexpr unsigned WG_CELL_PAD = 8;  // floats after each staged row of a _wgmma slice's cells (contract)
 constexpr unsigned WG_ROW_PAD = 4;  // floats after each staged row of U in the weight's _wgmma (contract)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A K-major operand in the 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (the stride
+// byte offset); the leading byte offset is unused in this mode. A k step further into the rows is 32 bytes
+// further from the start, the swizzle being a function of the address bits.
+__device__ __forceinline__ unsigned long long swizzled_operand(unsigned shared_address)
+{
+    return (unsigned long long)((shared_address & 0x3FFFF) >> 4) | (1ull << 16)
+           | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+#ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives the fences and the products of its own
 // Shared memory written by cp.async, read next by the tensor cores (the async proxy).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -950,14 +972,6 @@ template <unsigned R> __device__ __forceinline__ void fence_accumulators(float (
 {
 #pragma unroll
     for (unsigned r = 0; r < R; ++r) asm volatile("" : "+f"(d[r])::"memory");
-}
-// A K-major operand in the 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (the stride
-// byte offset); the leading byte offset is unused in this mode. A k step further into the rows is 32 bytes
-// further from the start, the swizzle being a function of the address bits.
-__device__ __forceinline__ unsigned long long swizzled_operand(unsigned shared_address)
-{
-    return (unsigned long long)((shared_address & 0x3FFFF) >> 4) | (1ull << 16)
-           | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 // d += a b, m64n32k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
 __device__ __forceinline__ void wgmma_tf32(float (&d)[16], const unsigned (&a)[4], unsigned long long b)
@@ -1044,6 +1058,7 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[128], const unsigned (&a)[
                    "+f"(d[126]), "+f"(d[127])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+#endif
 #endif
 
 // P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
@@ -1773,10 +1788,9 @@ extern "C" __global__ void conv_transpose_r2_forward_wgpack(
     float value = 0.f;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
     if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
-    unsigned big;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
+    const unsigned big = rna_tf32(value);
     unsigned small = 0;
-    if (plane == 1) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(value - __uint_as_float(big)));
+    if (plane == 1) small = rna_tf32(value - __uint_as_float(big));
     packed[i] = __uint_as_float(plane == 0 ? big : small);
 #endif
 }
@@ -2552,10 +2566,9 @@ extern "C" __global__ void conv_transpose_r2_backward_input_wgpack(
     float value = 0.f;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
     if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-    unsigned big;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
+    const unsigned big = rna_tf32(value);
     unsigned small = 0;
-    if (plane == 1) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(value - __uint_as_float(big)));
+    if (plane == 1) small = rna_tf32(value - __uint_as_float(big));
     packed[i] = __uint_as_float(plane == 0 ? big : small);
 #endif
 }
@@ -3204,10 +3217,9 @@ extern "C" __global__ void conv_transpose_r2_backward_weight_wgpack(
     if (n < M && cell < IN_SIZE) {
         value = load_element(d_values + (image_group * M + n) * IN_SIZE + cell);
     }
-    unsigned big;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(value));
+    const unsigned big = rna_tf32(value);
     unsigned small = 0;
-    if (i >= plane_floats) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(value - __uint_as_float(big)));
+    if (i >= plane_floats) small = rna_tf32(value - __uint_as_float(big));
     packed[i] = __uint_as_float(i < plane_floats ? big : small);
 #endif
 }

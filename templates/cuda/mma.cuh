@@ -44,6 +44,19 @@ __device__ __forceinline__ void split_rounded_tf32(float x, unsigned& big, unsig
     small = rounded_tf32(x - __uint_as_float(big));
 }
 
+// cvt.rna.tf32.f32 of any float (the `_wgpack` kernels' rounding of an operand once a call): ties away, inf and
+// NaN kept, values past the largest TF32 made inf.
+__device__ __forceinline__ unsigned rna_tf32(float x)
+{
+#ifdef CONVGEN_EMULATED
+    return emulated_rna_tf32(x);
+#else
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py runs these sources on the CPU with its own mma_tf32
 // c += a b for one 16 x 8 x 8 tile: a and b TF32 fragments, c the float C fragment (PTX ISA layouts:
 // a0..a3 at (row, k) (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b0, b1 at (k, col) (t, g), (t + 4, g);

@@ -1,0 +1,78 @@
+"""Hopper's `_wgmma` kernels (the TF32 modes' conv stages on an sm_90 GPU) run on the CPU emulator
+(tests/emulated_cupy.py: wgmma with A from registers and B through its descriptor in the 128-byte swizzle),
+against the float64 CPU tape with issue 11's bounds, and their rare path against the CPU tape's non-finite
+cells. `pytest -m cuda` runs the same kernels on the tensor cores (tests/test_cuda_precision.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import reference
+from convgen.cpu import Tape as CpuTape
+from convgen.cuda import CupyBackend
+from convgen.cuda import Tape as CudaTape
+from convgen.cuda_launch import plan
+from convgen.geometry import Family, Geometry
+from emulated_cupy import emulated_cupy
+from precision_bounds import FLOAT32_UNIT, TF32_BOUND, high_bound
+from test_emulated_kernels import assert_same_non_finite, emulated_tape, imports_as, relative_errors
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
+
+WGMMA_STAGES = ("forward", "backward_input", "backward_weight")
+# Every conv stage of each runs its `_wgmma` kernel: a conv whose 192 cells an image end in a part tile of 128 and
+# whose weight gradient splits its slices across blocks, and a grouped, dilated stride-1 transpose.
+WGMMA_GEOMETRIES = [
+    Geometry.build(Family.CONV, 32, 40, (16, 12), (3, 3), (1, 1), (1, 1), batch=3),
+    Geometry.build(Family.CONV_TRANSPOSE, 64, 64, (5, 4), (3, 2), (1, 1), (1, 0), dilation=(1, 2), groups=2, batch=2),
+]
+
+
+def wgmma_tape(precision: str) -> CudaTape:
+    """A CUDA tape on the emulated CuPy (an sm_90 device: the plans launch `_wgmma` kernels), outputs poisoned."""
+    backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        return type("WgmmaEmulatedTape", (CudaTape,), {"backend_class": backend})(precision=precision)
+
+
+def test_the_geometries_plan_wgmma_for_every_conv_stage() -> None:
+    for geom in WGMMA_GEOMETRIES:
+        for precision in ("high", "medium"):
+            launches = plan(geom, precision=precision).launches
+            assert [launches[stage].kernel for stage in WGMMA_STAGES] == [f"{s}_wgmma" for s in WGMMA_STAGES]
+    assert plan(WGMMA_GEOMETRIES[0], precision="medium").defines["BWW_SPLIT"] > 1  # parts and their reduce
+
+
+@pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=["conv", "transpose"])
+def test_wgmma_kernels_keep_the_tensor_core_bounds(geom) -> None:
+    """Forward, input and weight gradient on wgmma, "high" and "medium", against the float64 reference: TF32
+    within its bound and above float32's error (the tensor cores ran), 3xTF32 within 2× of the FMA path's."""
+    rng = reference.case_rng("emulated wgmma", geom)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    fma = relative_errors(geom, emulated_tape("float32"), inputs, grad)
+    high = relative_errors(geom, wgmma_tape("high"), inputs, grad)
+    medium = relative_errors(geom, wgmma_tape("medium"), inputs, grad)
+    for name, f, h, m in zip(("output", "dkernel", "dbias", "dinput"), fma, high, medium, strict=True):
+        assert m <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {m:.3g}"
+        assert h <= high_bound(f), f"{geom}: {name}: 3xTF32 {h:.3g}, FMA {f:.3g}"
+        if name != "dbias":  # the bias gradient is a plain sum in every precision, the others wgmma
+            assert m > 4 * FLOAT32_UNIT, f"{geom}: {name}: TF32 error {m:.3g} is float32's: no tensor core ran"
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_wgmma_blocks_with_non_finite_sums_take_the_rare_path(precision) -> None:
+    """An inf and a NaN in the weight next to padding, a -inf in the upstream gradient, an inf in the input: the
+    wgmma blocks whose accumulators end non-finite compute their outputs again with FMAs on the values as given,
+    and exactly the cells the CPU tape makes non-finite are, with the same signs."""
+    geom = WGMMA_GEOMETRIES[0]
+    rng = reference.case_rng("emulated wgmma non-finite", precision)
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    grad = reference.draw_grad(rng, geom)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1] = np.inf, np.nan
+    grad[1, 2, 0, 0], x[0, 1, 4, 4] = -np.inf, np.inf
+    got_output, got_grads = reference.run_on_tape(wgmma_tape(precision), geom, [weight, bias, x], grad)
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
+    for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
+        assert_same_non_finite(np.asarray(got), ref, 1e-2)
