@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""A/B of kernel sources in one process: each conv stage of the batched cases timed on the current generated
+sources and on another tree's, with the same plans and contract, in interleaved rounds, and whether the two
+give the same bits. The other tree is a folder of `generated/cuda/*.cu`, for example an earlier commit's:
+
+    git archive COMMIT generated/cuda | tar -x -C /tmp/base
+    python benchmarks/kernel_ab.py --base /tmp/base/generated/cuda [--cases conv2d_128_128_n8,conv1d_64_4096_n32]
+        [--precisions high,medium] [--rounds 3] [--json PATH]
+
+Per stage (forward, input gradient, weight gradient, each call with its packs and reduces) the median over
+rounds of each round's median of CUDA-event times, µs. The base's kernels must take the contract's parameters
+(generated/contract.py): a source whose kernel lacks a symbol fails to load, one whose parameters moved runs
+wrong, which the bits column shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from convgen.cuda import CupyBackend
+from convgen.geometry import Geometry
+from suite.cases import BATCHED_CASES, CASES_BY_NAME
+
+STAGES = ("forward", "backward_input", "backward_weight")
+# backward's `wanted` (weight, bias, input gradient) per backward stage
+WANTED = {"backward_input": (False, False, True), "backward_weight": (True, False, False)}
+CALLS_PER_ROUND = 10
+
+
+def backend_class(sources: Path | None) -> type[CupyBackend]:
+    """CupyBackend, or one that compiles its CUDA from the same-named files in `sources`."""
+    if sources is None:
+        return CupyBackend
+
+    class SourcesBackend(CupyBackend):
+        def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
+                       device: int) -> dict[str, Any]:
+            key = (source_name, options, device)
+            if key not in self._modules:
+                module = self._xp.RawModule(code=(sources / source_name).read_text(), options=options)
+                self._modules[key] = {stage: module.get_function(symbol) for stage, symbol in symbols.items()}
+            return self._modules[key]
+
+    return SourcesBackend
+
+
+def stage_calls(backend: CupyBackend, geom: Geometry, inputs: tuple[Any, ...],
+                grad: Any) -> dict[str, Callable[[], tuple[Any, ...]]]:
+    """Stage -> a call that runs it (with its packs and reduces) and returns what it computed."""
+    calls = {"forward": lambda: (backend.forward(geom, inputs)[0],)}
+    for stage, wanted in WANTED.items():
+        calls[stage] = lambda wanted=wanted: tuple(
+            a for a in backend.backward(geom, inputs, None, grad, wanted) if a is not None)
+    return calls
+
+
+def same_bits(cupy: Any, a: dict[str, Callable], b: dict[str, Callable]) -> dict[str, bool]:
+    """Stage -> whether both calls compute the same bits (NaNs where the other has them)."""
+    return {stage: all(bool(cupy.array_equal(x, y, equal_nan=True)) for x, y in zip(a[stage](), b[stage]()))
+            for stage in a}
+
+
+def median_us(cupy: Any, call: Callable[[], Any], calls: int = CALLS_PER_ROUND) -> float:
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(calls):
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="a folder of generated .cu sources: the A side")
+    parser.add_argument("--cases", default=",".join(c.name for c in BATCHED_CASES if c.in_c >= 32),
+                        help="comma-separated case names (default: the batched cases of 32 channels or more)")
+    parser.add_argument("--precisions", default="high,medium", help="comma-separated: highest, high, medium")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per stage")
+    parser.add_argument("--json", type=Path, default=None, help="where to write the numbers")
+    args = parser.parse_args(argv)
+    if not args.base.is_dir():
+        parser.error(f"--base {args.base}: not a folder")
+    unknown = [name for name in args.cases.split(",") if name not in CASES_BY_NAME]
+    if unknown:
+        parser.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(sorted(CASES_BY_NAME))})")
+    import cupy
+
+    results: dict[str, Any] = {"base": str(args.base), "cases": {}}
+    for name in args.cases.split(","):
+        geom = CASES_BY_NAME[name].geometry
+        rng = cupy.random.RandomState(7)
+        inputs = tuple(rng.standard_normal(shape, dtype=cupy.float32) for shape in geom.parent_shapes)
+        grad = rng.standard_normal(geom.output_shape, dtype=cupy.float32)
+        for precision in args.precisions.split(","):
+            sides = {side: stage_calls(backend_class(sources)("float32", precision), geom, inputs, grad)
+                     for side, sources in (("base", args.base), ("new", None))}
+            bits = same_bits(cupy, sides["base"], sides["new"])  # also compiles and warms both
+            rounds: dict[str, dict[str, list[float]]] = {side: {s: [] for s in STAGES} for side in sides}
+            for _ in range(args.rounds):
+                for stage in STAGES:
+                    for side, calls in sides.items():
+                        rounds[side][stage].append(median_us(cupy, calls[stage]))
+            row = {side: {s: statistics.median(ts) for s, ts in by_stage.items()} for side, by_stage in rounds.items()}
+            results["cases"][f"{name} {precision}"] = {"us": row, "rounds_us": rounds, "same_bits": bits}
+            for stage in STAGES:
+                base, new = row["base"][stage], row["new"][stage]
+                print(f"{name:22} {precision:8} {stage:16} base {base:8.1f}  new {new:8.1f}  new/base "
+                      f"{new / base:6.3f}  same bits {'yes' if bits[stage] else 'NO'}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""benchmarks/kernel_ab.py without a GPU: a backend that compiles another tree's sources runs them (on the CPU
+emulator), the bit comparison tells the trees apart stage by stage, and bad arguments are refused with their
+reason. Its times are only taken on a GPU."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from convgen.geometry import Family, Geometry
+from emulated_cupy import emulated_cupy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import kernel_ab
+from suite.stand_in import imports_as
+
+GENERATED_CUDA = Path(__file__).resolve().parents[1] / "generated" / "cuda"
+# Every conv stage on its `_wgmma` kernel in "medium" (tests/test_emulated_wgmma.py), small enough to emulate.
+GEOMETRY = Geometry.build(Family.CONV, 32, 32, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)
+FORWARD_STORE = "        out[(size_t)m * N + cell] = acc[r];\n"  # the wgmma forward's, then the input gradient's
+
+
+def stages_on(sources: Path | None) -> dict:
+    rng = np.random.default_rng(5)
+    inputs = tuple(rng.standard_normal(shape).astype(np.float32) for shape in GEOMETRY.parent_shapes)
+    grad = rng.standard_normal(GEOMETRY.output_shape).astype(np.float32)
+    with imports_as(emulated_cupy()):
+        backend = kernel_ab.backend_class(sources)("float32", "medium")
+    return kernel_ab.stage_calls(backend, GEOMETRY, inputs, grad)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
+def test_another_trees_sources_run_and_differ_only_where_they_do(tmp_path) -> None:
+    same, changed = tmp_path / "same", tmp_path / "changed"
+    shutil.copytree(GENERATED_CUDA, same)
+    shutil.copytree(GENERATED_CUDA, changed)
+    source = changed / "conv_r2.cu"
+    text = source.read_text()
+    assert FORWARD_STORE in text
+    source.write_text(text.replace(FORWARD_STORE, FORWARD_STORE.replace("acc[r];", "acc[r] + 1.f;"), 1))
+    current = stages_on(None)
+    assert kernel_ab.same_bits(np, stages_on(same), current) == dict.fromkeys(kernel_ab.STAGES, True)
+    assert kernel_ab.same_bits(np, stages_on(changed), current) == {
+        "forward": False, "backward_input": True, "backward_weight": True}
+
+
+def test_bad_arguments_are_refused_with_the_reason(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base", str(tmp_path / "missing")])
+    assert f"--base {tmp_path / 'missing'}: not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base", str(tmp_path), "--cases", "conv2d_64_56_n32,conv9d"])
+    assert "--cases: unknown conv9d (known: " in capsys.readouterr().err
