@@ -3717,7 +3717,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r4_backward_weight_wgmma(
     constexpr unsigned B_BYTES = WG_N * 128, STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * 4 + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
     constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
-    constexpr bool COPIES_UNDER_PRODUCTS = true;  // faster in every mode and width measured on the H200 (7-20%)
+    // Copies under the products in both modes: on the H200 11-21% faster than before, and as fast as (within 2%)
+    // or faster than the same copies issued before the fragments.
+    constexpr bool COPIES_UNDER_PRODUCTS = true;
     constexpr unsigned BLOCKS_PER_GROUP = SPLIT * ROW_BLOCKS * N_BLOCKS;
     const unsigned group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
     const unsigned n_block = block_rest % N_BLOCKS, row0 = block_rest / N_BLOCKS % ROW_BLOCKS * ROWS;
