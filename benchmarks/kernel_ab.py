@@ -8,9 +8,9 @@ give the same bits. The other tree is a folder of `generated/cuda/*.cu`, for exa
         [--precisions high,medium] [--rounds 3] [--json PATH]
 
 Per stage (forward, input gradient, weight gradient, each call with its packs and reduces) the median over
-rounds of each round's median of CUDA-event times, µs. The base's kernels must take the contract's parameters
-(generated/contract.py): a source whose kernel lacks a symbol fails to load, one whose parameters moved runs
-wrong, which the bits column shows.
+rounds of each round's time, µs a call: tile_sweep.py's median of back-to-back calls between CUDA events. The
+base's kernels must take the contract's parameters (generated/contract.py): a source whose kernel lacks a
+symbol fails to load, one whose parameters moved runs wrong, which the bits column shows.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any
 from convgen.cuda import CupyBackend
 from convgen.geometry import Geometry
 from suite.cases import BATCHED_CASES, CASES_BY_NAME
+from tile_sweep import median_us
 
 STAGES = ("forward", "backward_input", "backward_weight")
 # backward's `wanted` (weight, bias, input gradient) per backward stage
 WANTED = {"backward_input": (False, False, True), "backward_weight": (True, False, False)}
-CALLS_PER_ROUND = 10
+SAMPLES_PER_ROUND = 5  # of tile_sweep.median_us, each LAUNCHES_PER_ROUND calls
 
 
 def backend_class(sources: Path | None) -> type[CupyBackend]:
@@ -66,18 +67,6 @@ def same_bits(cupy: Any, a: dict[str, Callable], b: dict[str, Callable]) -> dict
             for stage in a}
 
 
-def median_us(cupy: Any, call: Callable[[], Any], calls: int = CALLS_PER_ROUND) -> float:
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(calls):
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="a folder of generated .cu sources: the A side")
@@ -108,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for stage in STAGES:
                     for side, calls in sides.items():
-                        rounds[side][stage].append(median_us(cupy, calls[stage]))
+                        rounds[side][stage].append(median_us(calls[stage], SAMPLES_PER_ROUND, cupy))
             row = {side: {s: statistics.median(ts) for s, ts in by_stage.items()} for side, by_stage in rounds.items()}
             results["cases"][f"{name} {precision}"] = {"us": row, "rounds_us": rounds, "same_bits": bits}
             for stage in STAGES:
