@@ -65,8 +65,8 @@ def stage_shape(case: Case, stage: str) -> DirectShape | None:
     if not case.is_conv:
         return None
     if stage == "backward_weight":
-        return weight_shape(case.geometry, 4, 0)
-    return direct_shapes(case.geometry, 4, 0)[stage]
+        return weight_shape(case.geometry, 4)
+    return direct_shapes(case.geometry, 4)[stage]
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:

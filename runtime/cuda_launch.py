@@ -196,7 +196,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
     if dtype in HALF_DTYPES:  # 16-bit elements stage through registers (the cp.async pipeline takes float32)
         tile_shapes = {stage: dataclasses.replace(shape, pipelined=False) for stage, shape in tile_shapes.items()}
-    stencils = direct_shapes(geom, staged_bytes, mma)
+    stencils = direct_shapes(geom, staged_bytes)
     for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
@@ -221,7 +221,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             elif wgmma and count:
                 _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
-            weight = direct_chooser(weight_shape(bucketed, staged_bytes, mma), hardware)
+            weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
                                           weight and weight.box, geom.rank))
             wgmma = None if weight else wgmma_chooser(tile_shapes[stage], hardware)

@@ -16,6 +16,11 @@ gather-form stages (backward_input of a conv, µs of the whole backward of one r
 conv3d N8 8->8 32³ 260 / 280; 16 channels 156 / 154, 9 offsets 111 / 113, an 8-channel dst with 64 source
 channels 192 / 189. With 3 dst channels, 64 source channels and phases of 16 offsets (conv2d N32 3->64 224² k7
 s2) it won, 1167 / 1310; with phases of 4 or 8 offsets (k4 s2, conv3d k3 s2) it lost, 187 / 168 and 96 / 78.
+
+The same rule holds in the tensor-core precisions: the direct kernels' float32 FMAs are at least as accurate as
+TF32 or 3xTF32 (a precision is the least accuracy a stage gets), and at so few channels the tensor cores' tiles
+are mostly padding (conv4d N8 8->8 16⁴ on the H200: forward 0.176 ms on the direct kernel, 0.456 on TF32's
+implicit GEMM, 0.588 on 3xTF32's; 2026-12-02-h200-60be10f-batched.log).
 """
 
 from __future__ import annotations
@@ -68,7 +73,6 @@ class DirectShape:
     images: int
     groups: int
     staged_bytes: int  # of a value in shared memory: 8 for float64, else 4 (16-bit elements widen)
-    mma: int  # the stage's MMA_MODE: the direct kernel multiplies with FMAs only
     # The weight gradient (its own kernel, _direct_weight.cu.j2): `cells` are D's, `m` D's channels, `source_c`
     # U's, and `images` the batch its split is chosen for (the plan's bucket: the split is a define).
     weight: bool = False
@@ -113,13 +117,13 @@ class WeightTile:
 DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | WeightTile | None"]
 
 
-def direct_shapes(geom: Geometry, staged_bytes: int, mma: int) -> dict[str, DirectShape]:
+def direct_shapes(geom: Geometry, staged_bytes: int) -> dict[str, DirectShape]:
     """The conv-shaped stages of a conv-family geometry: forward and backward_input, one of them of the direct
     form (conv's forward, the transpose's backward_input), the other of the gather form (dst cell d = j*S + k*D
     - P collects from source cell j), which runs per stride phase: per axis ceil(dst / S) cells u, at most
     ceil(K / SG) taps DG apart (SG = S / gcd(S, D), DG = D / gcd(S, D); _phases.cu.j2)."""
     in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
-    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
+    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes}
     gcds = [math.gcd(s, d) for s, d in zip(geom.stride, geom.dilation)]
 
     def direct_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
@@ -174,7 +178,7 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     whose step of one source channel fits the shared memory, then as many channels a step as fit."""
     if shape.weight:
         return weight_tile(shape, hardware)
-    if shape.mma or not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
+    if not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
         return None  # FMAs only, few dst channels, something to read and to write
     span = lambda v: (v - 1) * shape.step[-1] + (shape.taps[-1] - 1) * shape.spacing[-1] + 1  # noqa: E731
     v = min(DIRECT_CELLS, shape.cells[-1])
@@ -224,7 +228,7 @@ def direct_grid(tile: DirectTile, shape: DirectShape) -> int:
     return shape.images * shape.groups * shape.phases * ceil_div(shape.m, tile.mb) * boxes
 
 
-def weight_shape(geom: Geometry, staged_bytes: int, mma: int) -> DirectShape:
+def weight_shape(geom: Geometry, staged_bytes: int) -> DirectShape:
     """The weight-gradient stage of a conv-family geometry as the direct weight kernel sees it, per group: dW[m, c,
     k] sums D[m, p] * U[c, p*S + k*D - P] over D's cells p (conv: D the output gradient, U the input; transpose:
     D the input, U the output gradient); `geom.images` should be the plan's bucket of the batch."""
@@ -232,7 +236,7 @@ def weight_shape(geom: Geometry, staged_bytes: int, mma: int) -> DirectShape:
     conv = geom.family is Family.CONV
     return DirectShape(cells=geom.out_spatial if conv else geom.in_spatial, taps=geom.kernel, step=geom.stride,
                        spacing=geom.dilation, phases=1, m=out_c if conv else in_c, source_c=in_c if conv else out_c,
-                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, mma=mma, weight=True)
+                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, weight=True)
 
 
 def weight_staged(box: tuple[int, ...], shape: DirectShape) -> int:
@@ -247,7 +251,7 @@ def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
     innermost out while the staging fits the shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes
     up to WEIGHT_MAX_ROWS threads; parts to fill the SMs once, within the split workspace."""
     rows = shape.source_c * math.prod(shape.taps[:-1])
-    if shape.mma or 0 in shape.cells or not 1 <= rows <= WEIGHT_MAX_ROWS or not 1 <= shape.m:
+    if 0 in shape.cells or not 1 <= rows <= WEIGHT_MAX_ROWS or not 1 <= shape.m:
         return None
     if shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
         return None

@@ -2,8 +2,10 @@
 every conv family at ranks 1..8 (random §8 geometries: batch, groups, dilation, stride phases, circular
 and output padding) against the float64 CPU tape, with issue 11's bounds: 3xTF32 within 2x of the FMA
 path's error measured in the same test, TF32 within 1e-3 relative; the `_wgmma` kernels and the cp.async
-pipeline at ranks 1..8, the pipeline also on forced tiles; forced tensor-core tiles; non-finite values; and
-bit-identical results run after run."""
+pipeline at ranks 1..8, the pipeline also on forced tiles; forced tensor-core tiles; non-finite values;
+bit-identical results run after run; and the stages of few channels, which take the FMA direct kernels in every
+precision, bit for bit the FMA path's results. The tests of the tensor cores keep every stage off the direct
+kernels, so that their random geometries of few channels reach the tensor cores too."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import plan
+from convgen.direct_model import no_direct
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
 from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run
@@ -47,7 +50,13 @@ def deterministic_run(tape_class, geom: Geometry, inputs, grad):
     return first
 
 
-class GemmOnlyBackend(PoisonBackend):
+class TensorCoreBackend(PoisonBackend):
+    """Every GEMM stage on the tensor cores in the TF32 precisions: no FMA direct kernel."""
+
+    direct_chooser = staticmethod(no_direct)
+
+
+class GemmOnlyBackend(TensorCoreBackend):
     """The conv-shaped stages on their GEMMs, not the `_wgmma` kernels (the cp.async pipeline's tests)."""
 
     wgmma_chooser = staticmethod(no_wgmma)
@@ -55,7 +64,7 @@ class GemmOnlyBackend(PoisonBackend):
 
 def precision_tape(precision: str, wgmma: bool = True) -> type:
     class Tape(PoisonTape):
-        backend_class = PoisonBackend if wgmma else GemmOnlyBackend
+        backend_class = TensorCoreBackend if wgmma else GemmOnlyBackend
 
         def __init__(self) -> None:
             super().__init__(precision=precision)
@@ -214,6 +223,31 @@ def test_nonfinite_values_on_the_tensor_cores(family: Family, precision: str, pa
         # TF32's products are good to ~1e-3 of the terms: an absolute bound on the scale of the largest result.
         scale = max(1.0, float(np.max(np.abs(r[finite]), initial=0.0)))
         np.testing.assert_allclose(g[finite], r[finite], rtol=1e-2, atol=2e-3 * scale)
+
+
+FEW_CHANNELS = [  # <= 8 channels each way and windows of >= 27 offsets: every GEMM stage on its direct kernel
+    Geometry.build(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2),
+    Geometry.build(Family.CONV, 8, 6, (6, 5, 6, 5), (3, 3, 3, 3), (1, 2, 1, 1), (1, 1, 0, 1), dilation=(1, 1, 2, 1),
+                   batch=3),
+    Geometry.build(Family.CONV_TRANSPOSE, 4, 8, (5, 4, 4, 3), (3, 3, 3, 3), (2, 1, 1, 1), (1, 1, 1, 1), batch=2,
+                   output_padding=(1, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("geom", FEW_CHANNELS, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
+def test_few_channel_stages_take_the_fma_direct_kernels_in_every_precision(geom: Geometry) -> None:
+    """The direct kernels' FMAs are at least as accurate as the tensor cores and faster at so few channels: the
+    plans of "high" and "medium" take them as "highest"'s do, and the results are "highest"'s, bit for bit."""
+    rng = reference.case_rng("cuda few channels", str(geom))
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = run(PoisonTape(), geom, inputs, grad)
+    for precision in TENSOR_CORE_PRECISIONS:
+        launches = plan(geom, precision=precision).launches
+        assert all(launches[stage].kernel == f"{stage}_direct"
+                   for stage in ("forward", "backward_input", "backward_weight")), (geom, precision)
+        got = run(PoisonTape(precision=precision), geom, inputs, grad, repeat=2)
+        for a, b in zip([got[0], *got[1]], [expected[0], *expected[1]], strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_pools_ignore_the_precision() -> None:

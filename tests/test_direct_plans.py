@@ -58,7 +58,7 @@ def test_a_transpose_runs_both_stages_direct_where_its_phases_have_27_offsets():
     p = plan(geom)
     assert p.launches["backward_input"].kernel == "backward_input_direct"
     assert p.launches["forward"].kernel == "forward_direct"
-    assert set(direct_shapes(geom, 4, 0)) == {"forward", "backward_input"}
+    assert set(direct_shapes(geom, 4)) == {"forward", "backward_input"}
     # Stride 2 on one axis: the forward's phases have at most 2 x 3 x 3 offsets, its GEMM runs.
     strided = Geometry.build(Family.CONV_TRANSPOSE, 5, 3, (6, 7, 5), (3, 3, 3), (2, 1, 1), (1, 0, 1), batch=2)
     p = plan(strided)
@@ -69,12 +69,12 @@ def test_the_gather_form_runs_per_stride_phase():
     """k7 s2: per axis 2 phases of ceil(224 / 2) cells u, at most 4 taps (offsets 0, 2, 4, 6 or 1, 3, 5) one
     source cell apart; a dilation 2 over stride 2 leaves phases no offset reaches (gcd 2: SG = 1, DG = 1)."""
     geom = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
-    shape = direct_shapes(geom, 4, 0)["backward_input"]
+    shape = direct_shapes(geom, 4)["backward_input"]
     assert (shape.cells, shape.taps, shape.step, shape.spacing, shape.phases) == ((112, 112), (4, 4), (1, 1),
                                                                                   (1, 1), 4)
     assert (shape.m, shape.source_c, shape.window) == (3, 64, 16)
     dilated = Geometry.build(Family.CONV, 3, 4, (11, 9), (2, 3), (2, 2), (1, 1), dilation=(2, 4), batch=2)
-    shape = direct_shapes(dilated, 4, 0)["backward_input"]
+    shape = direct_shapes(dilated, 4)["backward_input"]
     assert (shape.cells, shape.taps, shape.spacing, shape.phases) == ((6, 5), (2, 3), (1, 2), 4)
 
 
@@ -82,7 +82,7 @@ def test_an_empty_input_axis_leaves_the_input_gradient_to_its_gemm():
     """Padding alone gives an empty input axis output cells: the input gradient has no cells to write."""
     geom = Geometry.build(Family.CONV, 3, 2, (5, 5, 0), (3, 3, 3), (1, 1, 3), (1, 1, 3), batch=2)
     assert geom.out_spatial == (5, 5, 2)
-    assert direct_shapes(geom, 4, 0)["backward_input"].cells == (5, 5, 0)
+    assert direct_shapes(geom, 4)["backward_input"].cells == (5, 5, 0)
     p = plan(geom)
     assert p.launches["forward"].kernel == "forward_direct"
     assert not p.launches["backward_input"].kernel and p.launches["backward_input"].grid == 0
@@ -105,23 +105,26 @@ def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_i
     (8, 8, (3, 3, 3), "highest", "float32", True), (8, 9, (3, 3, 3), "highest", "float32", False),
     (9, 8, (3, 3, 3), "highest", "float32", False), (8, 8, (3, 3, 2), "highest", "float32", False),
     (3, 16, (3, 3, 3), "highest", "float32", False), (8, 17, (3, 3, 3), "highest", "float32", False),
-    (8, 8, (3, 3, 3), "high", "float32", False), (8, 8, (3, 3, 3), "medium", "float32", False),
-    (8, 8, (3, 3, 3), "highest", "float64", True), (8, 8, (3, 3, 3), "highest", "bfloat16", True),
+    (8, 8, (3, 3, 3), "high", "float32", True), (8, 8, (3, 3, 3), "medium", "float32", True),
+    (8, 9, (3, 3, 3), "medium", "float32", False), (8, 8, (3, 3, 3), "highest", "float64", True),
+    (8, 8, (3, 3, 3), "highest", "bfloat16", True), (8, 8, (3, 3, 3), "medium", "bfloat16", True),
 ])
-def test_the_plans_take_it_for_fma_stages_of_few_channels_and_large_windows(in_c, out_c, kernel, precision, dtype,
-                                                                            direct):
+def test_the_plans_take_it_for_stages_of_few_channels_and_large_windows(in_c, out_c, kernel, precision, dtype,
+                                                                        direct):
+    """In every precision: the direct kernel's FMAs are at least as accurate as the tensor cores' TF32."""
     geom = Geometry.build(Family.CONV, in_c, out_c, (12, 12, 12), kernel, (1, 1, 1), (1, 1, 1), batch=2)
-    forward = plan(geom, dtype=dtype, precision=precision).launches["forward"].kernel
-    assert forward == ("forward_direct" if direct else "")
-    # Where a direct tile exists at all (FMAs, at most 16 dst channels), direct_tile gives it regardless.
-    mma = 0 if precision == "highest" else 1
-    assert (direct_tile(direct_shapes(geom, 4, mma)["forward"], H200) is not None) == (out_c <= 16 and not mma)
+    launches = plan(geom, dtype=dtype, precision=precision).launches
+    assert launches["forward"].kernel == ("forward_direct" if direct else "")
+    assert launches["backward_weight"].kernel == ("backward_weight_direct" if direct else
+                                                  launches["backward_weight"].kernel)
+    # Where a direct tile exists at all (at most 16 dst channels), direct_tile gives it regardless of the rule.
+    assert (direct_tile(direct_shapes(geom, 4)["forward"], H200) is not None) == (out_c <= 16)
 
 
 def test_groups_count_their_own_channels():
     """Depthwise-like: 64 channels in 32 groups are 2 a group, a direct stage of 32 groups x images x boxes."""
     geom = Geometry.build(Family.CONV, 64, 64, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=32, batch=2)
-    assert max(shape.m for shape in direct_shapes(geom, 4, 0).values()) == 2
+    assert max(shape.m for shape in direct_shapes(geom, 4).values()) == 2
     p = plan(geom)
     assert p.launches["forward"].kernel == "forward_direct" and p.defines["FWD_DIRECT_MB"] == 2
     boxes = math.prod(-(-10 // p.defines[f"FWD_DIRECT_BOX{a}"]) for a in range(3))
@@ -141,20 +144,21 @@ def test_without_a_direct_tile_every_stage_runs_its_gemm_and_the_defines_say_so(
 
 def test_the_weight_gradient_runs_direct_for_few_channels_and_large_windows():
     """The conv's (input channels x outer offsets rows) and the transpose's (output channels); 16 channels and
-    9-offset windows keep the GEMM, and so do the tensor-core precisions; the split is chosen for the batch's
+    9-offset windows keep the GEMM (in every precision); the split is chosen for the batch's
     bucket (a power of two), so batches of 5 to 8 share the defines."""
     for family in (Family.CONV, Family.CONV_TRANSPOSE):
         geom = Geometry.build(family, 8, 4, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=6)
-        shape = weight_shape(geom, 4, 0)
+        shape = weight_shape(geom, 4)
         rows = (8 if family is Family.CONV else 4) * 9
         assert (shape.m * shape.source_c, direct_tile(shape, H200).rows) == (32, rows)
         p = plan(geom)
         assert p.launches["backward_weight"].kernel == "backward_weight_direct"
         assert p.defines == plan(dataclasses.replace(geom, batch=8)).defines
-        assert not plan(geom, precision="medium").launches["backward_weight"].kernel
+        assert plan(geom, precision="medium").launches["backward_weight"].kernel == "backward_weight_direct"
     for geom in (Geometry.build(Family.CONV, 16, 16, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2),
                  Geometry.build(Family.CONV, 8, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2)):
         assert not plan(geom).launches["backward_weight"].kernel
+        assert not plan(geom, precision="medium").launches["backward_weight"].kernel.endswith("_direct")
 
 
 def test_boxes_fill_the_last_axis_first_then_double_the_others_innermost_first():
@@ -169,7 +173,7 @@ def test_a_long_dilated_window_leaves_the_stage_to_its_gemm():
     """V shrinks until a thread's source run fits DIRECT_MAX_SPAN registers; a run over that even for one
     cell means no direct tile."""
     common = {"cells": (40,), "step": (1,), "phases": 1, "m": 4, "source_c": 4, "images": 1, "groups": 1,
-              "staged_bytes": 4, "mma": 0}
+              "staged_bytes": 4}
     assert direct_tile(DirectShape(taps=(3,), spacing=(15,), **common), H200).v == 2  # 1 + 30 + 1 cells
     assert direct_tile(DirectShape(taps=(3,), spacing=(16,), **common), H200) is None  # 0 + 32 + 1
 
@@ -178,7 +182,7 @@ def test_every_direct_tile_fits_the_static_shared_memory():
     for family, rank, dtype in itertools.product((Family.CONV, Family.CONV_TRANSPOSE), range(1, 9),
                                                  ("float32", "float64")):
         geom = representative_geometry(family, rank)
-        for shape in direct_shapes(geom, 8 if dtype == "float64" else 4, 0).values():
+        for shape in direct_shapes(geom, 8 if dtype == "float64" else 4).values():
             tile = direct_tile(shape, H200)
             if tile is not None:
                 assert direct_shared_bytes(tile, shape) <= H200.shared_per_block
@@ -187,7 +191,7 @@ def test_every_direct_tile_fits_the_static_shared_memory():
 
 def test_the_halo_is_the_windows_of_the_box():
     shape = DirectShape(cells=(16, 16), taps=(3, 5), step=(2, 1), spacing=(1, 2), phases=1, m=8, source_c=4,
-                        images=1, groups=1, staged_bytes=4, mma=0)
+                        images=1, groups=1, staged_bytes=4)
     assert halo((4, 16), shape) == (3 * 2 + 3) * (15 + 8 + 1)
     tile = DirectTile(v=4, mb=8, cb=2, box=(4, 16))
     assert direct_shared_bytes(tile, shape) == (2 * 15 * 8 + 2 * 9 * 24) * 4

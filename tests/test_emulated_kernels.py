@@ -4,7 +4,8 @@ Every GPU thread is an OS thread, so the cases are few and small: the forced til
 weight (A staged four rows at a time and one element at a time, tests/test_launch_plans.py says which)
 on the forced geometries and a grouped one, float32 and float64; slices in dynamic shared memory past
 48 KB; the rare path of non-finite values; a circular convolution (its pad and fold kernels); the
-tensor-core precisions on forced mma tiles with issue 11's bounds; float16 and bfloat16 elements through
+tensor-core precisions on forced mma tiles with issue 11's bounds, and the direct kernels they take at few channels;
+float16 and bfloat16 elements through
 every family. `pytest -m cuda` runs the same kernels on a GPU."""
 
 from __future__ import annotations
@@ -191,6 +192,23 @@ def test_direct_kernel_of_few_channels(dtype) -> None:
         rows, sums = u_c // geom.groups * math.prod(geom.kernel[:-1]), d_c // geom.groups * geom.kernel[-1]
         assert bool(launches["backward_weight"].kernel) is (rows <= 256 and sums <= 64), geom
         check(geom, dtype, direct_chooser=direct_tile)
+
+
+def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None:
+    """At <= 8 channels and windows of >= 27 offsets the plans of "high" and "medium" run every GEMM stage on its
+    FMA direct kernel, as "highest"'s do, and the results are "highest"'s bit for bit (the sources differ in
+    MMA_MODE only)."""
+    geom = Geometry.build(Family.CONV, 4, 6, (6, 5, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), dilation=(1, 1, 2), batch=2)
+    rng = reference.case_rng("emulated few channels")
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = reference.run_on_tape(emulated_tape("float32"), geom, inputs, grad)
+    for precision in ("high", "medium"):
+        launches = plan(geom, precision=precision).launches
+        assert all(launches[stage].kernel == f"{stage}_direct"
+                   for stage in ("forward", "backward_input", "backward_weight")), precision
+        got = reference.run_on_tape(emulated_tape("float32", precision=precision), geom, inputs, grad)
+        for a, b in zip([got[0], *got[1]], [expected[0], *expected[1]], strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_circular_padding_pads_and_folds() -> None:
