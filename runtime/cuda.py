@@ -164,6 +164,7 @@ class CupyBackend:
         if devices == 0:
             raise BackendError("the CUDA tape found no GPU (CUDA reports 0 devices)")
         self._xp = cupy
+        self._current_device = cupy.cuda.runtime.getDevice  # looked up once: every call asks for it
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
@@ -204,11 +205,11 @@ class CupyBackend:
 
     @property
     def device(self) -> str:
-        return f"cuda:{self._xp.cuda.runtime.getDevice()}"
+        return f"cuda:{self._current_device()}"
 
     def is_native(self, array: Any) -> bool:
         return (isinstance(array, self._xp.ndarray) and array.dtype == self._storage_dtype
-                and array.data.device_id == self._xp.cuda.runtime.getDevice())
+                and array.data.device_id == self._current_device())
 
     def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         """A new array of `shape` and `dtype` (a name: the backend's dtype when None). The ndarray constructor,
@@ -246,7 +247,7 @@ class CupyBackend:
     def _compile(self, geom: Geometry) -> _Compiled:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
-        device = self._xp.cuda.runtime.getDevice()
+        device = self._current_device()
         known = self._compiled_by_identity.get((id(geom), device))
         if known is not None:
             return known[1]
@@ -300,7 +301,7 @@ class CupyBackend:
 
     def _wrapping(self, geom: Geometry) -> _Wrapping:
         """The pad and fold kernels of a circular conv, compiled once per geometry and device."""
-        device = self._xp.cuda.runtime.getDevice()
+        device = self._current_device()
         wrapping = self._wrappings.get((geom, device))
         if wrapping is None:
             refusal = unsupported(geom, self.dtype)

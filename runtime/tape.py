@@ -215,7 +215,7 @@ class Tape(GeneratedOps):
                               f"{backend.device_of(out)}, expected {backend.dtype} on {backend.device}")
         node = Node(_shaped(out, out_shape), out_shape, out_shape, info.name, True, tuple(ids),
                     OpRecord(info, geom, saved))
-        return Result.ok(self._append(node))
+        return Result(self._append(node))  # Result.ok's classmethod call costs 0.15 µs of a tiny op
 
     # Backward (SEMANTICS §6).
 
