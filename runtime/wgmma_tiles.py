@@ -49,11 +49,12 @@ def no_wgmma(shape, hardware) -> None:
 
 
 def choose_wgmma(shape, hardware) -> WgmmaTile | None:
-    """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32
-    elements (16-bit ones are planned on float32 shapes that may not take copies: GemmShape.pipelined), a GPU
-    without wgmma, stride phases (the gather form's phases take the GEMM), or few channels."""
-    if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.pipelined
-            and shape.phases == 1 and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
+    """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32 or
+    16-bit elements (planned on float32 shapes: their own m16n8k16 mode runs as TF32 on wgmma, exact for them; the
+    kernels widen them as they stage them), a GPU without wgmma, stride phases (the gather form's phases take the
+    GEMM), or few channels."""
+    if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.phases == 1
+            and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     if shape.conv:

@@ -27,6 +27,16 @@ def stored(values: np.ndarray, dtype: str) -> np.ndarray:
     return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 `values` rounded to nearest even as a `dtype` storage array, as the kernels narrow a result (a NaN
+    stays a NaN)."""
+    if dtype == "float16":
+        return values.astype(np.float16)
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    narrowed = ((bits + 0x7FFF + (bits >> 16 & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), (bits >> 16 | 0x40).astype(np.uint16), narrowed)
+
+
 def widened(array: Any, dtype: str) -> np.ndarray:
     """A `dtype` storage array (NumPy or CuPy) as the float64 values it holds."""
     array = np.asarray(array.get() if hasattr(array, "get") else array)

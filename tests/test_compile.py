@@ -26,7 +26,6 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, gemm_shared_bytes
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
-from convgen.wgmma_tiles import no_wgmma
 from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
@@ -132,14 +131,15 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
     """float16 and bfloat16 in "highest" differ from float32 only in their element defines (FMAs on values
     staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2) on the
     TF32 mma's tiles where those cut whole k steps of 16, else the TF32 mma (1) on their widened values; its
-    register loop's tiles (the cp.async pipeline and the `_wgmma` kernels take float32 elements)."""
+    register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
         half, single = plan(geom, dtype=dtype), plan(geom)
         assert half.defines == {**single.defines, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16}
         assert half.launches == single.launches and half.splits == single.splits
         medium = plan(geom, dtype=dtype, precision="medium").defines
-        tf32 = plan(geom, precision="medium", choose_tile=register_loop_tile, wgmma_chooser=no_wgmma).defines
+        tf32 = plan(geom, precision="medium", choose_tile=register_loop_tile).defines
+        assert (medium["FWD_WGMMA"], medium["BWI_WGMMA"]) == (0, 1)  # 24 and 40 dst channels
         assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2}  # TF32's tiles
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
         few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8

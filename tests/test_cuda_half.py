@@ -1,9 +1,10 @@
 """float16 and bfloat16 on the CUDA backend (`pytest -m cuda`, skipped without CuPy or a GPU): every family
 at every rank 1..8 with SEMANTICS §8 arguments mixed in, the convolutions in "highest" (FMAs in float32)
 and "medium" (few channels: the TF32 mma on widened values; 16 and more: the 16-bit mma, cases of their
-own), each output and gradient in the 16-bit dtype and
+own, kept off the wgmma kernels), each output and gradient in the 16-bit dtype and
 within issue 11's 1e-2 of the float64 CPU tape on the same values (tests/half_support.py); outputs are
-poisoned with NaN first, and a second run gives the same bits."""
+poisoned with NaN first, and a second run gives the same bits. On Hopper's wgmma kernels, at every rank, the
+results are the float32 "medium" kernels' on the widened values, rounded once, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 import reference
 from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import no_wgmma
 from cuda_support import RANKS, PoisonBackend, _has_gpu, host
-from half_support import HALF_DTYPES, draw_half, relative_errors, run_backend
+from half_support import HALF_DTYPES, draw_half, relative_errors, rounded, run_backend, widened
 from precision_bounds import HALF_BOUND
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
@@ -38,6 +40,12 @@ def test_16_bit_elements_within_the_bound_at_every_rank(family: Family, rank: in
                 np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
 
 
+class MmaSyncBackend(PoisonBackend):
+    """The 16-bit mma.sync (m16n8k16) on every stage that takes it: no wgmma kernel."""
+
+    wgmma_chooser = staticmethod(no_wgmma)
+
+
 def _mma_geometries(rank: int) -> list[Geometry]:
     """A conv and a transpose with channels for whole k steps of 16 (so "medium" is the 16-bit mma), kernel
     2 on the first two axes, stride 2 with padding and output padding on the first."""
@@ -57,9 +65,42 @@ def test_16_bit_mma_within_the_bound_at_every_rank(rank: int, dtype: str) -> Non
     for geom in _mma_geometries(rank):
         assert plan(geom, dtype=dtype, precision="medium").defines["MMA_MODE"] == 2
         inputs, grad = draw_half(rng, geom, dtype)
-        backend = PoisonBackend(dtype, "medium")
+        backend = MmaSyncBackend(dtype, "medium")
         errors = relative_errors(backend, geom, inputs, grad)
         assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
         first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
         for a, b in zip(first, again, strict=True):
             np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
+
+
+def _wgmma_geometry(family: Family, rank: int) -> Geometry:
+    """32 channels each way (wgmma's N 32, slices of 32 source channels, 32-row groups of U), a batch, dilation and
+    padding on the first axis, stride 1: every stage on its `_wgmma` kernel."""
+    spatial = {1: (70,), 2: (9, 8), 3: (5, 4, 4)}.get(rank, (3, 3, 3) + (2,) * (rank - 3))
+    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
+    return Geometry.build(family, 32, 32, spatial, kernel, (1,) * rank, padding, dilation=dilation, batch=2)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
+def test_16_bit_on_wgmma_gives_the_float32_kernels_results_rounded(family: Family, rank: int, dtype: str) -> None:
+    """16-bit values are exact in TF32 and the `_wgmma` kernels widen them as they stage them: every stage gives
+    what the float32 "medium" kernels give on the widened values, rounded to 16 bits once."""
+    import convgen.cuda
+    import cupy
+
+    geom = _wgmma_geometry(family, rank)
+    device = cupy.cuda.Device()
+    hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
+    if not hardware.wgmma:
+        pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
+    for name in (dtype, "float32"):
+        launches = plan(geom, hardware, dtype=name, precision="medium").launches
+        assert all(launches[s].kernel == f"{s}_wgmma" for s in ("forward", "backward_input", "backward_weight")), name
+    inputs, grad = draw_half(reference.case_rng("cuda 16-bit wgmma", family.value, rank, dtype), geom, dtype)
+    got = run_backend(PoisonBackend(dtype, "medium"), geom, inputs, grad)
+    wide = [widened(a, dtype).astype(np.float32) for a in (*inputs, grad)]
+    expected = run_backend(PoisonBackend("float32", "medium"), geom, tuple(wide[:-1]), wide[-1])
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(host(g), rounded(host(e), dtype))

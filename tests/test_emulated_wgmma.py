@@ -1,7 +1,7 @@
 """Hopper's `_wgmma` kernels (the TF32 modes' conv stages on an sm_90 GPU) run on the CPU emulator
 (tests/emulated_cupy.py: wgmma with A from registers and B through its descriptor in the 128-byte swizzle),
 against the float64 CPU tape with issue 11's bounds, and their rare path against the CPU tape's non-finite
-cells. `pytest -m cuda` runs the same kernels on the tensor cores (tests/test_cuda_precision.py)."""
+cells; on float16 and bfloat16 elements, the float32 kernels' results on the widened values, rounded once. `pytest -m cuda` runs the same kernels on the tensor cores (tests/test_cuda_precision.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
+from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from precision_bounds import FLOAT32_UNIT, TF32_BOUND, high_bound
 from test_emulated_kernels import assert_same_non_finite, emulated_tape, imports_as, relative_errors
 
@@ -76,3 +77,22 @@ def test_wgmma_blocks_with_non_finite_sums_take_the_rare_path(precision) -> None
     ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
     for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
         assert_same_non_finite(np.asarray(got), ref, 1e-2)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_bit_elements_on_wgmma_give_the_float32_kernels_results_rounded(dtype) -> None:
+    """16-bit values are exact in TF32, and the kernels widen them as they stage them: every stage gives what the
+    float32 "medium" kernels give on the widened values, rounded to 16 bits once, bit for bit."""
+    geom = WGMMA_GEOMETRIES[0]
+    launches = plan(geom, dtype=dtype, precision="medium").launches
+    assert [launches[stage].kernel for stage in WGMMA_STAGES] == [f"{s}_wgmma" for s in WGMMA_STAGES]
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit", dtype), geom, dtype)
+    backends = {}
+    for name in (dtype, "float32"):
+        with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+            backends[name] = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})(name, "medium")
+    got = run_backend(backends[dtype], geom, inputs, grad)
+    wide = [widened(a, dtype).astype(np.float32) for a in (*inputs, grad)]
+    expected = run_backend(backends["float32"], geom, tuple(wide[:-1]), wide[-1])
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), rounded(np.asarray(e), dtype))

@@ -95,15 +95,16 @@ def test_the_weight_gradient_splits_its_cells_across_the_sms():
 
 
 def test_the_gemm_keeps_the_stages_wgmma_does_not_take():
-    """FMAs ("highest"), 16-bit and float64 elements, stride phases, fewer than 32 dst or 16 source channels a
-    group, a GPU without wgmma."""
+    """FMAs ("highest"), float64 elements, stride phases, fewer than 32 dst or 16 source channels a group, a GPU
+    without wgmma. 16-bit elements take it as float32 ones do."""
     def kernels(geom, dtype="float32", precision="medium", hardware=H200):
         launches = plan(geom, hardware, dtype=dtype, precision=precision).launches
         return launches["forward"].kernel, launches["backward_input"].kernel
 
     gemm = ("", "")
     assert kernels(BATCHED_128, precision="highest") == gemm
-    assert kernels(BATCHED_128, "bfloat16") == gemm
+    assert kernels(BATCHED_128, "bfloat16") == kernels(BATCHED_128, "float16") == kernels(BATCHED_128)
+    assert kernels(BATCHED_128) == ("forward_wgmma", "backward_input_wgmma")
     assert kernels(BATCHED_128, "float64", "highest") == gemm
     assert kernels(BATCHED_128, hardware=replace(H200, wgmma=False)) == gemm
     assert plan(BATCHED_128, replace(H200, wgmma=False), precision="high").arch == ""
@@ -112,7 +113,7 @@ def test_the_gemm_keeps_the_stages_wgmma_does_not_take():
     assert kernels(Geometry.build(Family.CONV, 64, 16, (32, 32), (3, 3), (1, 1), (1, 1))) == ("", "backward_input_wgmma")
     assert kernels(Geometry.build(Family.CONV, 8, 64, (32, 32), (3, 3), (1, 1), (1, 1))) == gemm
     conv4d = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
-    assert kernels(conv4d) == gemm
+    assert kernels(conv4d) == ("forward_direct", "backward_input_direct")  # 8 channels: the direct kernels
 
 
 def test_a_wgmma_launch_passes_its_kernels_arguments():

@@ -674,6 +674,20 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
+// One element of global memory into a float of shared memory, zero where not `valid` (nothing read): a float by
+// cp.async; a 16-bit element is widened on its way, through a register, since cp.async copies 4 or 16 bytes.
+#if ELEMENT_BYTES == 4
+__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
+{
+    copy_async(destination, source, valid);
+}
+#elif ELEMENT_BYTES == 2
+__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
+{
+    *destination = valid ? load_element(source) : 0.f;
+}
+#endif
+
 // The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
 // arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
 // in the launch's dynamic shared memory (a static block stops at 48 KB; 128 x 128 tiles of BK = 32 take
@@ -1659,8 +1673,8 @@ extern "C" __global__ void conv_transpose_r1_forward_wgpack(
     float* __restrict__ packed)
 {
 #if FWD_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = FWD_WG_N;
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
@@ -1697,8 +1711,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r1_forward_wgmma(
 #error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
 #endif
 #if FWD_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = FWD_WG_N;
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
@@ -1722,7 +1736,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r1_forward_wgmma(
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     packed += ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
-    float* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
+    real* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
     unsigned char* const shared = dynamic_shared();
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
@@ -1771,12 +1785,13 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r1_forward_wgmma(
             ok = ok && j0 >= 0 && j0 < IN0;
             offset = offset * IN0 + (unsigned)j0;
 
-            const float* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
+            float* const staged = reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS;
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
-                copy_async(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + (b_row + 2 * i) * ROW + tid % WG_CELLS,
-                           column + (size_t)2 * i * IN_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
+                copy_element(staged + 2 * i * ROW, column + (size_t)2 * i * IN_SIZE,
+                             ok && (SRC_C % BK == 0 || c < SRC_C));
             }
         }
     };
@@ -1894,7 +1909,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r1_forward_wgmma(
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
         if (cell >= N || m >= M) continue;
         if (rare) acc[r] = fma_sum(cell, m);
-        out[(size_t)m * N + cell] = acc[r];
+        put(out + (size_t)m * N + cell, acc[r]);
     }
 #endif
 }
@@ -2373,8 +2388,8 @@ extern "C" __global__ void conv_transpose_r1_backward_input_wgpack(
     float* __restrict__ packed)
 {
 #if BWI_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = BWI_WG_N;
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
@@ -2410,8 +2425,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r1_backward_input_wgmma(
 #error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
 #endif
 #if BWI_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = BWI_WG_N;
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
@@ -2433,7 +2448,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r1_backward_input_wgmma(
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     packed += ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
-    float* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
+    real* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
     unsigned char* const shared = dynamic_shared();
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
@@ -2483,12 +2498,13 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r1_backward_input_wgmma(
             ok = ok && j0 >= 0 && j0 < OUT0;
             offset = offset * OUT0 + (unsigned)j0;
 
-            const float* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
+            float* const staged = reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS;
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
-                copy_async(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + (b_row + 2 * i) * ROW + tid % WG_CELLS,
-                           column + (size_t)2 * i * OUT_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
+                copy_element(staged + 2 * i * ROW, column + (size_t)2 * i * OUT_SIZE,
+                             ok && (SRC_C % BK == 0 || c < SRC_C));
             }
         }
     };
@@ -2605,7 +2621,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r1_backward_input_wgmma(
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
         if (cell >= N || m >= M) continue;
         if (rare) acc[r] = fma_sum(cell, m);
-        out[(size_t)m * N + cell] = acc[r];
+        put(out + (size_t)m * N + cell, acc[r]);
     }
 #endif
 }
@@ -2976,8 +2992,8 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_wgpack(
     float* __restrict__ packed)
 {
 #if BWW_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = IN_C / GROUPS;  // D's channels of a group
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + WG_BK - 1) / WG_BK * WG_BK;
@@ -3013,8 +3029,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
 #error "a plan that launches a _wgmma kernel compiles for sm_90a (convgen.cuda_launch)"
 #endif
 #if BWW_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr unsigned MMA = MMA_MODE;
-    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES == 4, "wgmma runs the TF32 modes on float32 elements");
+    constexpr unsigned MMA = MMA_MODE == 2 ? 1 : MMA_MODE;
+    static_assert((MMA == 1 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes, float32 or 16-bit elements");
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = IN_C / GROUPS;  // D's channels of a group
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + WG_BK - 1) / WG_BK * WG_BK;
@@ -3040,7 +3056,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
     packed += ((size_t)group * D_ROWS + n_block * WG_N) * D_COLUMNS;
     d_values += (size_t)group * M * IN_SIZE;
     u_values += (size_t)group * U_C * OUT_SIZE;
-    float* __restrict__ out = dest + ((size_t)split * GROUPS + group) * M * COLUMNS;
+    typedef typename gemm_output<(SPLIT > 1)>::type Out;  // the parts' float sums, or dW itself
+    Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)split * GROUPS + group) * M * COLUMNS;
     unsigned char* const shared = dynamic_shared();
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
     const unsigned slices_address = (unsigned)__cvta_generic_to_shared(slices);
@@ -3101,8 +3118,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
             for (unsigned i = 0; i < 4; ++i) {
                 const unsigned channel = group_channel[j] + 8 * i;
                 const bool valid = ok && (U_C % 32 == 0 || channel < U_C);
-                copy_async(a_rows + (32 * j + warp + 8 * i) * A_ROW + lane,
-                           U_C % 32 == 0 || valid ? first + (size_t)8 * i * OUT_SIZE : u_image, valid);
+                copy_element(a_rows + (32 * j + warp + 8 * i) * A_ROW + lane,
+                             U_C % 32 == 0 || valid ? first + (size_t)8 * i * OUT_SIZE : u_image, valid);
             }
         }
     };
@@ -3214,7 +3231,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
         const unsigned kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
         if (kappa >= K_SIZE || channel >= U_C || m >= M) continue;
         if (rare) acc[r] = fma_sum(kappa, channel, m);
-        out[(size_t)m * COLUMNS + channel * K_SIZE + kappa] = acc[r];
+        put(out + (size_t)m * COLUMNS + channel * K_SIZE + kappa, acc[r]);
     }
 #endif
 }

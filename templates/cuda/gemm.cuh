@@ -299,6 +299,20 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
+// One element of global memory into a float of shared memory, zero where not `valid` (nothing read): a float by
+// cp.async; a 16-bit element is widened on its way, through a register, since cp.async copies 4 or 16 bytes.
+#if ELEMENT_BYTES == 4
+__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
+{
+    copy_async(destination, source, valid);
+}
+#elif ELEMENT_BYTES == 2
+__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
+{
+    *destination = valid ? load_element(source) : 0.f;
+}
+#endif
+
 // The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
 // arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
 // in the launch's dynamic shared memory (a static block stops at 48 KB; 128 x 128 tiles of BK = 32 take
