@@ -101,9 +101,14 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 re
 WG_ROW_PAD = 4  # floats after each staged row of U's values there: a fragment's 32 reads hit 32 banks
 
 
+# <PREFIX>_MMA: how the stage's implicit GEMM multiplies, an MMA_MODE: the geometry's, or FMAs (0) where its tensor
+# cores' k steps would mostly multiply zeros (a conv-shaped stage of fewer source channels than a k step).
+STAGE_MMA_FIELD = "MMA"
+
+
 def tile_defines(stage: str) -> tuple[str, ...]:
-    """`FWD_BM`, ...: the tile defines of one GEMM stage."""
-    return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in TILE_FIELDS)
+    """`FWD_BM`, ..., `FWD_MMA`: the tile defines of one GEMM stage."""
+    return tuple(f"{GEMM_STAGES[stage]}_{field}" for field in (*TILE_FIELDS, STAGE_MMA_FIELD))
 
 
 def packed_define(family: Family, stage: str) -> str | None:

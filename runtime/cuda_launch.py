@@ -36,6 +36,7 @@ from convgen.generated.contract import (
     KERNELS,
     PACKED_FIELD,
     PRECISION_MMA_MODES,
+    STAGE_MMA_FIELD,
     TILE_FIELDS,
     WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
@@ -45,6 +46,7 @@ from convgen.tile_calibration import PACK_MIN_MACS
 from convgen.tile_model import (
     H200,
     HALF_MMA_K,
+    MMA_K,
     SPLIT_WORKSPACE_BYTES,
     GemmShape,
     GemmTile,
@@ -190,17 +192,21 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     splits: dict[str, int] = {}
     packed_elements: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
+    modes = {stage: stage_mma(shape, mma) for stage, shape in gemm_shapes(geom, staged_bytes, mma).items()}
     # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
     # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
-    tile_shapes = gemm_shapes(bucketed, staged_bytes, TF32_MMA_MODE if mma == HALF_MMA_MODE else mma)
+    tile_modes = {stage: TF32_MMA_MODE if mode == HALF_MMA_MODE else mode for stage, mode in modes.items()}
+    tile_shapes = {stage: gemm_shapes(bucketed, staged_bytes, mode)[stage] for stage, mode in tile_modes.items()}
     if dtype in HALF_DTYPES:  # 16-bit elements stage through registers (the cp.async pipeline takes float32)
         tile_shapes = {stage: dataclasses.replace(shape, pipelined=False) for stage, shape in tile_shapes.items()}
     stencils = direct_shapes(geom, staged_bytes)
-    for stage, shape in gemm_shapes(geom, staged_bytes, mma).items():
+    for stage, mode in modes.items():
+        shape = gemm_shapes(geom, staged_bytes, mode)[stage]
         tile = chooser(tile_shapes[stage], hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
+        values[f"{prefix}_{STAGE_MMA_FIELD}"] = mode
         count = shape.count  # of one output (the kernel's COUNT)
         launches[stage] = Launch(shape.grid(tile.bm, tile.bn, tile.split) if count else 0, tile.threads,
                                  gemm_dynamic_shared_bytes(tile.bm, tile.bn, tile.bk, shape.staged_bytes,
@@ -332,6 +338,13 @@ def plan(geom: Geometry, hardware: Hardware = H200, choose_tile: TileChooser = c
 TF32_MMA_MODE = PRECISION_MMA_MODES["medium"]
 
 
+def stage_mma(shape: GemmShape, mma: int) -> int:
+    """The MMA_MODE a GEMM stage of the geometry's mode `mma` multiplies in: FMAs (0) for a conv-shaped stage of fewer
+    source channels a group than a TF32 k step, whose tensor-core slices would be mostly zeros (conv2d N32 3->64 224²
+    k7 s2 forward on the H200: FMAs 297 µs, TF32 335, 3xTF32 713; the FMAs are at least as accurate), else `mma`."""
+    return 0 if mma and shape.conv and shape.source_c < MMA_K else mma
+
+
 def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
     """The MMA_MODE of `geom`'s conv GEMMs: `precision`'s; for 16-bit elements on the tensor cores their
     own m16n8k16 (HALF_MMA_MODE) where every stage's slices are whole k steps of 16 as the TF32 tiles
@@ -340,7 +353,8 @@ def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
     mma = PRECISION_MMA_MODES[precision]
     if not mma or dtype not in HALF_DTYPES or not geom.family.is_conv:
         return mma
-    whole = all(shape.bk % HALF_MMA_K == 0 for shape in gemm_shapes(geom, 4, TF32_MMA_MODE).values())
+    whole = all(shape.bk % HALF_MMA_K == 0 for shape in gemm_shapes(geom, 4, TF32_MMA_MODE).values()
+                if stage_mma(shape, TF32_MMA_MODE))  # the stages on FMAs have no k steps
     return HALF_MMA_MODE if whole else mma
 
 

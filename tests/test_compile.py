@@ -140,7 +140,8 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
         medium = plan(geom, dtype=dtype, precision="medium").defines
         tf32 = plan(geom, precision="medium", choose_tile=register_loop_tile).defines
         assert (medium["FWD_WGMMA"], medium["BWI_WGMMA"]) == (0, 1)  # 24 and 40 dst channels
-        assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2}  # TF32's tiles
+        assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2,  # TF32's tiles
+                          **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}}
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
         few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8
         assert plan(few, dtype=dtype, precision="medium").defines["MMA_MODE"] == 1

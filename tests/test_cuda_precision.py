@@ -250,6 +250,23 @@ def test_few_channel_stages_take_the_fma_direct_kernels_in_every_precision(geom:
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
+def test_a_stage_of_few_source_channels_multiplies_with_fmas(family: Family) -> None:
+    """3 source channels in the forward (a conv's input, a transpose's): in "high" and "medium" it runs its GEMM with
+    FMAs on "highest"'s tile, so its output is "highest"'s bit for bit; the gradients keep the tensor cores and
+    their bounds."""
+    in_c, out_c = (3, 40) if family is Family.CONV else (3, 24)
+    geom = Geometry.build(family, in_c, out_c, (23, 21), (5, 5), (2, 2), (2, 2), batch=3)
+    rng = reference.case_rng("cuda few source channels", family.value)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = run(PoisonTape(), geom, inputs, grad)
+    for precision in TENSOR_CORE_PRECISIONS:
+        assert plan(geom, precision=precision).defines["FWD_MMA"] == 0, precision
+        got = run(PoisonTape(precision=precision), geom, inputs, grad)
+        np.testing.assert_array_equal(got[0], expected[0])
+    check_precisions(geom, rng)
+
+
 def test_pools_ignore_the_precision() -> None:
     """Pools have no GEMM: their results are the FMA tape's, bit for bit, in every precision."""
     rng = reference.case_rng("pool precision")

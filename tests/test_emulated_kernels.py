@@ -211,6 +211,24 @@ def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_stage_of_few_source_channels_multiplies_with_fmas_in_every_precision() -> None:
+    """3 source channels: in "high" and "medium" the forward runs its GEMM with FMAs on "highest"'s tile, so its
+    output is "highest"'s bit for bit, while the gradients keep the tensor cores and their bounds."""
+    geom = Geometry.build(Family.CONV, 3, 16, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
+    rng = reference.case_rng("emulated few source channels")
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = reference.run_on_tape(emulated_tape("float32"), geom, inputs, grad)
+    fma = relative_errors(geom, emulated_tape("float32"), inputs, grad)
+    for precision in ("high", "medium"):
+        defines = plan(geom, precision=precision).defines
+        assert (defines["FWD_MMA"], defines["BWW_MMA"]) == (0, defines["MMA_MODE"]), precision
+        got = reference.run_on_tape(emulated_tape("float32", precision=precision), geom, inputs, grad)
+        np.testing.assert_array_equal(got[0], expected[0])
+        errors = relative_errors(geom, emulated_tape("float32", precision=precision), inputs, grad)
+        for name, f, e in zip(("output", "dkernel", "dbias", "dinput"), fma, errors, strict=True):
+            assert e <= (high_bound(f) if precision == "high" else TF32_BOUND), f"{precision} {name}: {e:.3g}"
+
+
 def test_circular_padding_pads_and_folds() -> None:
     geom = Geometry.build(Family.CONV, 3, 4, (5, 6), (3, 2), (1, 2), (2, 1), batch=2, circular=True)
     check(geom, "float32")

@@ -368,3 +368,21 @@ def test_slices_past_the_static_limit_take_dynamic_shared_memory():
     three_stages = gemm_slice_bytes(128, 128, 32, 4, 3)  # the FMA pipeline's (tests/test_pipeline_plans.py)
     assert opted_in_shared(geometry_plan, H200) == {"forward": three_stages, "backward_input": three_stages}
     assert geometry_plan.launches["backward_weight"].shared_bytes == 0
+
+
+def test_conv_stages_of_fewer_source_channels_than_a_k_step_multiply_with_fmas():
+    """In the tensor-core modes a conv-shaped stage of fewer than 8 source channels a group runs its GEMM with FMAs
+    (<PREFIX>_MMA 0) on the FMA plan's tile: its TF32 slices would be mostly zeros. The other stages keep the
+    geometry's mode, and for 16-bit elements the FMA stage leaves the others' whole k steps to the 16-bit mma."""
+    geom = Geometry.build(Family.CONV, 3, 64, (30, 30), (7, 7), (2, 2), (3, 3), batch=2)
+    fma = plan(geom).defines
+    for precision, mode in (("high", 3), ("medium", 1)):
+        defines = plan(geom, precision=precision).defines
+        assert [defines[f"{p}_MMA"] for p in ("FWD", "BWI", "BWW")] == [0, mode, mode]
+        assert defines["MMA_MODE"] == mode
+        assert all(defines[f"FWD_{field}"] == fma[f"FWD_{field}"] for field in contract.TILE_FIELDS)
+    defines = plan(geom, dtype="bfloat16", precision="medium").defines
+    assert (defines["MMA_MODE"], defines["FWD_MMA"], defines["BWW_MMA"]) == (2, 0, 2)
+    assert all(plan(geom).defines[f"{p}_MMA"] == 0 for p in ("FWD", "BWI", "BWW"))
+    eight = Geometry.build(Family.CONV, 8, 64, (30, 30), (7, 7), (2, 2), (3, 3), batch=2)
+    assert plan(eight, precision="medium").defines["FWD_MMA"] == 1

@@ -10,7 +10,7 @@ import reference
 from click.testing import CliRunner
 from convgen.cpu import Tape
 from convgen.cuda_launch import H200, PRECISIONS, gemm_shapes, plan, representative_geometry, tile_candidates
-from convgen.generated.contract import PRECISION_MMA_MODES, SHARED_ROW_PAD
+from convgen.generated.contract import PRECISION_MMA_MODES, SHARED_ROW_PAD, TILE_FIELDS
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import MMA_K, mma_tile_fits
@@ -65,7 +65,8 @@ def test_a_float64_tape_takes_only_the_highest_precision(precision) -> None:
 @pytest.mark.parametrize("geom", GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
 def test_plans_set_mma_mode_and_tensor_core_tiles(geom: Geometry) -> None:
     """"highest" plans are the FMA plans with MMA_MODE 0; the tensor-core plans differ in MMA_MODE and
-    the tiles only, every tile of whole mma tiles and k steps, in whole warps."""
+    the tiles only, every tile of whole mma tiles and k steps, in whole warps, but a conv-shaped stage of fewer
+    source channels than a k step, which multiplies with FMAs (<PREFIX>_MMA 0) on the FMA plan's tile."""
     fma = plan(geom)
     assert fma.defines["MMA_MODE"] == 0
     for precision in ("high", "medium"):
@@ -76,6 +77,10 @@ def test_plans_set_mma_mode_and_tensor_core_tiles(geom: Geometry) -> None:
         assert tile_free == {**{k: v for k, v in fma.defines.items() if k[:4] not in ("FWD_", "BWI_", "BWW_")},
                              "MMA_MODE": PRECISION_MMA_MODES[precision]}
         for prefix in ("FWD", "BWI", "BWW"):
+            if tensor.defines[f"{prefix}_MMA"] == 0:
+                assert all(tensor.defines[f"{prefix}_{f}"] == fma.defines[f"{prefix}_{f}"] for f in TILE_FIELDS)
+                continue
+            assert tensor.defines[f"{prefix}_MMA"] == PRECISION_MMA_MODES[precision]
             bm, bn, bk, tm, tn = (tensor.defines[f"{prefix}_{f}"] for f in ("BM", "BN", "BK", "TM", "TN"))
             assert mma_tile_fits(bm, bn, bk, tm, tn) and (bm // tm) * (bn // tn) % 32 == 0, (prefix, tensor.defines)
 

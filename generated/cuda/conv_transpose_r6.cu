@@ -16,18 +16,19 @@
     !defined(IN5) || !defined(K5) || !defined(S5) || !defined(P5) || !defined(OUT5) || !defined(D5) || \
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
-    !defined(FWD_STAGES) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || !defined(FWD_DIRECT_V) || \
-    !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || \
-    !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || !defined(FWD_DIRECT_BOX4) || \
-    !defined(FWD_DIRECT_BOX5) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || \
-    !defined(FWD_WG_STAGES) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
-    !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || \
-    !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || \
-    !defined(BWI_DIRECT_BOX3) || !defined(BWI_DIRECT_BOX4) || !defined(BWI_DIRECT_BOX5) || !defined(BWI_WGMMA) || \
-    !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWW_BM) || !defined(BWW_BN) || \
-    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
-    !defined(BWW_STAGES) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
+    !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
+    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
+    !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || \
+    !defined(FWD_DIRECT_BOX4) || !defined(FWD_DIRECT_BOX5) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || \
+    !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
+    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
+    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
+    !defined(BWI_DIRECT_BOX2) || !defined(BWI_DIRECT_BOX3) || !defined(BWI_DIRECT_BOX4) || \
+    !defined(BWI_DIRECT_BOX5) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || \
+    !defined(BWI_WG_STAGES) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
+    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
+    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
     !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || \
     !defined(BWW_DIRECT_BOX3) || !defined(BWW_DIRECT_BOX4) || !defined(BWW_DIRECT_BOX5) || !defined(BWW_WGMMA) || \
     !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES)
@@ -685,19 +686,32 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// One element of global memory into a float of shared memory, zero where not `valid` (nothing read): a float by
-// cp.async; a 16-bit element is widened on its way, through a register, since cp.async copies 4 or 16 bytes.
-#if ELEMENT_BYTES == 4
-__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
-{
-    copy_async(destination, source, valid);
-}
-#elif ELEMENT_BYTES == 2
-__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
-{
-    *destination = valid ? load_element(source) : 0.f;
-}
+// A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
+// `first`: a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are all loaded into
+// registers first and widened into shared memory at land(), so that their loads overlap rather than each waiting
+// for the store before it (through generic pointers the compiler may not move a load above a store: on the H200
+// float16's weight gradient ran 3x bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read.
+template <unsigned COUNT, unsigned STEP> struct slice_copies {
+    float* first;
+#if ELEMENT_BYTES == 2
+    real held[COUNT];
 #endif
+    __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
+    {
+#if ELEMENT_BYTES == 2
+        held[i] = valid ? load_stored(source) : real{0};
+#else
+        copy_async(first + i * STEP, source, valid);
+#endif
+    }
+    __device__ __forceinline__ void land()
+    {
+#if ELEMENT_BYTES == 2
+#pragma unroll
+        for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+#endif
+    }
+};
 
 // The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
 // arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
@@ -1124,8 +1138,9 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r6_forward(
                   "tile shape");
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
     // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
-    // tiles over whole k steps of 8 (16 for the 16-bit mma).
-    constexpr unsigned MMA = MMA_MODE;
+    // tiles over whole k steps of 8 (16 for the 16-bit mma). The stage's own mode: MMA_MODE, or FMAs.
+    constexpr unsigned MMA = FWD_MMA;
+    static_assert(MMA == MMA_MODE || MMA == 0, "a stage multiplies in its geometry's mode or with FMAs");
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
@@ -2417,13 +2432,14 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r6_forward_wgmma(
             offset = offset * IN5 + (unsigned)j5;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
-            float* const staged = reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS;
+            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
+                                                 + tid % WG_CELLS};
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
-                copy_element(staged + 2 * i * ROW, column + (size_t)2 * i * IN_SIZE,
-                             ok && (SRC_C % BK == 0 || c < SRC_C));
+                copies.copy(i, column + (size_t)2 * i * IN_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
+            copies.land();
         }
     };
 
@@ -2637,8 +2653,9 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r6_backward_input(
                   "tile shape");
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
     // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
-    // tiles over whole k steps of 8 (16 for the 16-bit mma).
-    constexpr unsigned MMA = MMA_MODE;
+    // tiles over whole k steps of 8 (16 for the 16-bit mma). The stage's own mode: MMA_MODE, or FMAs.
+    constexpr unsigned MMA = BWI_MMA;
+    static_assert(MMA == MMA_MODE || MMA == 0, "a stage multiplies in its geometry's mode or with FMAs");
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
@@ -3449,13 +3466,14 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r6_backward_input_wgmma(
             offset = offset * OUT5 + (unsigned)j5;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
-            float* const staged = reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS;
+            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
+                                                 + tid % WG_CELLS};
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
-                copy_element(staged + 2 * i * ROW, column + (size_t)2 * i * OUT_SIZE,
-                             ok && (SRC_C % BK == 0 || c < SRC_C));
+                copies.copy(i, column + (size_t)2 * i * OUT_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
+            copies.land();
         }
     };
 
@@ -3652,8 +3670,9 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r6_backward_weight(
                   "tile shape");
     // How the slices multiply (gemm.cuh, slice_product): 0 FMAs, 1 TF32 and 3 3xTF32 mma.sync, 2 16-bit
     // mma.sync (float16 or bfloat16 elements), whose warps own 8TM x 4TN warp tiles of whole 16 x 8 mma
-    // tiles over whole k steps of 8 (16 for the 16-bit mma).
-    constexpr unsigned MMA = MMA_MODE;
+    // tiles over whole k steps of 8 (16 for the 16-bit mma). The stage's own mode: MMA_MODE, or FMAs.
+    constexpr unsigned MMA = BWW_MMA;
+    static_assert(MMA == MMA_MODE || MMA == 0, "a stage multiplies in its geometry's mode or with FMAs");
     static_assert(MMA == 0 || (sizeof(scalar) == 4 && TM % 2 == 0 && TN % 2 == 0 && BM % (8 * TM) == 0
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
@@ -4279,7 +4298,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r6_backward_weight_wgmma
         }
         const unsigned cell = cell0 + lane;
         const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
-        float* const a_rows = reinterpret_cast<float*>(stage + PLANES * B_BYTES);
+        // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
+        slice_copies<16, 8 * A_ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane};
         unsigned rest = cell;
         const pos_t d5 = (pos_t)(rest % nonzero(IN5));
         rest /= nonzero(IN5);
@@ -4321,10 +4341,10 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r6_backward_weight_wgmma
             for (unsigned i = 0; i < 4; ++i) {
                 const unsigned channel = group_channel[j] + 8 * i;
                 const bool valid = ok && (U_C % 32 == 0 || channel < U_C);
-                copy_element(a_rows + (32 * j + warp + 8 * i) * A_ROW + lane,
-                             U_C % 32 == 0 || valid ? first + (size_t)8 * i * OUT_SIZE : u_image, valid);
+                copies.copy(4 * j + i, U_C % 32 == 0 || valid ? first + (size_t)8 * i * OUT_SIZE : u_image, valid);
             }
         }
+        copies.land();
     };
 
     float acc[REGS];

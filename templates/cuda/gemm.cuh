@@ -299,19 +299,32 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// One element of global memory into a float of shared memory, zero where not `valid` (nothing read): a float by
-// cp.async; a 16-bit element is widened on its way, through a register, since cp.async copies 4 or 16 bytes.
-#if ELEMENT_BYTES == 4
-__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
-{
-    copy_async(destination, source, valid);
-}
-#elif ELEMENT_BYTES == 2
-__device__ __forceinline__ void copy_element(float* destination, const real* source, bool valid)
-{
-    *destination = valid ? load_element(source) : 0.f;
-}
+// A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
+// `first`: a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are all loaded into
+// registers first and widened into shared memory at land(), so that their loads overlap rather than each waiting
+// for the store before it (through generic pointers the compiler may not move a load above a store: on the H200
+// float16's weight gradient ran 3x bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read.
+template <unsigned COUNT, unsigned STEP> struct slice_copies {
+    float* first;
+#if ELEMENT_BYTES == 2
+    real held[COUNT];
 #endif
+    __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
+    {
+#if ELEMENT_BYTES == 2
+        held[i] = valid ? load_stored(source) : real{0};
+#else
+        copy_async(first + i * STEP, source, valid);
+#endif
+    }
+    __device__ __forceinline__ void land()
+    {
+#if ELEMENT_BYTES == 2
+#pragma unroll
+        for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+#endif
+    }
+};
 
 // The BUFFERS staged slices of A and of B (SHARED_BUFFERS, or a cp.async pipeline's STAGES): static
 // arrays while the block's shared memory (they and valid_rows[BN]) stays within STATIC_SHARED_BYTES, else
