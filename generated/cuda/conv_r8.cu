@@ -692,15 +692,18 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 #endif
 
 // A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
-// `first`: a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are all loaded into
-// registers first and widened into shared memory at land(), so that their loads overlap rather than each waiting
-// for the store before it (through generic pointers the compiler may not move a load above a store: on the H200
-// float16's weight gradient ran 3x bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read.
+// `first` (start): a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are loaded
+// into registers and widened into shared memory by land(), which the loop calls one slice later, so that the
+// loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
+// generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
+// bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read. land() with nothing
+// loaded since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
-    float* first;
+    float* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
 #endif
+    __device__ __forceinline__ void start(float* destination) { first = destination; }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -712,9 +715,12 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
     __device__ __forceinline__ void land()
     {
 #if ELEMENT_BYTES == 2
+        if (first != nullptr) {
 #pragma unroll
-        for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+            for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+        }
 #endif
+        first = nullptr;
     }
 };
 
@@ -2008,6 +2014,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<BK / 2, 2 * ROW> copies;  // of A: the cells' source values, 16 channels 2 apart
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK;
         const unsigned kappa = chunk % K_SIZE;
@@ -2071,14 +2078,12 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
             offset = offset * IN7 + (unsigned)j7;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
-            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
-                                                 + tid % WG_CELLS};
+            copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS);
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
                 copies.copy(i, column + (size_t)2 * i * IN_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
-            copies.land();
         }
     };
 
@@ -2091,6 +2096,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -2099,6 +2105,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2134,6 +2141,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2148,6 +2156,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3786,6 +3795,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<BK / 2, 2 * ROW> copies;  // of A: the cells' source values, 16 channels 2 apart
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK, kappa = chunk % K_SIZE;
         unsigned rest = kappa;
@@ -3848,14 +3858,12 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
             offset = offset * OUT7 + (unsigned)j7;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
-            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
-                                                 + tid % WG_CELLS};
+            copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS);
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
                 copies.copy(i, column + (size_t)2 * i * OUT_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
-            copies.land();
         }
     };
 
@@ -3867,6 +3875,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -3875,6 +3884,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3910,6 +3920,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3924,6 +3935,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4753,6 +4765,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<16, 8 * A_ROW> copies;  // of A: U's values, four channels 8 apart at each of four window offsets
     auto load_async = [&](unsigned slice, unsigned buffer) {
         const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
@@ -4773,7 +4786,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
         const unsigned cell = cell0 + lane;
         const real* __restrict__ u_image = u_values + (size_t)image * IN_C * IN_SIZE;
         // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
-        slice_copies<16, 8 * A_ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane};
+        copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane);
         unsigned rest = cell;
         const pos_t d7 = (pos_t)(rest % nonzero(OUT7));
         rest /= nonzero(OUT7);
@@ -4828,7 +4841,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
                 copies.copy(4 * j + i, U_C % 32 == 0 || valid ? first + (size_t)8 * i * IN_SIZE : u_image, valid);
             }
         }
-        copies.land();
     };
 
     float acc[REGS];
@@ -4837,6 +4849,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -4845,6 +4858,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4880,6 +4894,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4894,6 +4909,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;

@@ -680,15 +680,18 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 #endif
 
 // A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
-// `first`: a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are all loaded into
-// registers first and widened into shared memory at land(), so that their loads overlap rather than each waiting
-// for the store before it (through generic pointers the compiler may not move a load above a store: on the H200
-// float16's weight gradient ran 3x bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read.
+// `first` (start): a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are loaded
+// into registers and widened into shared memory by land(), which the loop calls one slice later, so that the
+// loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
+// generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
+// bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read. land() with nothing
+// loaded since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
-    float* first;
+    float* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
 #endif
+    __device__ __forceinline__ void start(float* destination) { first = destination; }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -700,9 +703,12 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
     __device__ __forceinline__ void land()
     {
 #if ELEMENT_BYTES == 2
+        if (first != nullptr) {
 #pragma unroll
-        for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+            for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+        }
 #endif
+        first = nullptr;
     }
 };
 
@@ -2015,6 +2021,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<BK / 2, 2 * ROW> copies;  // of A: the cells' source values, 16 channels 2 apart
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK, kappa = chunk % K_SIZE;
         unsigned rest = kappa;
@@ -2052,14 +2059,12 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
             offset = offset * IN2 + (unsigned)j2;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * IN_SIZE + (ok ? offset : 0u);
-            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
-                                                 + tid % WG_CELLS};
+            copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS);
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
                 copies.copy(i, column + (size_t)2 * i * IN_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
-            copies.land();
         }
     };
 
@@ -2072,6 +2077,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -2080,6 +2086,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2115,6 +2122,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2129,6 +2137,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2856,6 +2865,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<BK / 2, 2 * ROW> copies;  // of A: the cells' source values, 16 channels 2 apart
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         const unsigned c0 = chunk / K_SIZE * BK;
         const unsigned kappa = chunk % K_SIZE;
@@ -2894,14 +2904,12 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
             offset = offset * OUT2 + (unsigned)j2;
 
             const real* __restrict__ column = source + (size_t)(c0 + b_row) * OUT_SIZE + (ok ? offset : 0u);
-            slice_copies<BK / 2, 2 * ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW
-                                                 + tid % WG_CELLS};
+            copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + b_row * ROW + tid % WG_CELLS);
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + b_row + 2 * i;
                 copies.copy(i, column + (size_t)2 * i * OUT_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
             }
-            copies.land();
         }
     };
 
@@ -2913,6 +2921,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -2921,6 +2930,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2956,6 +2966,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2970,6 +2981,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3569,6 +3581,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / 8, b_chunk = tid % 8;
     const unsigned b_shared = b_first_row * 128 + ((b_chunk ^ b_first_row % 8) << 4);
+    slice_copies<16, 8 * A_ROW> copies;  // of A: U's values, four channels 8 apart at each of four window offsets
     auto load_async = [&](unsigned slice, unsigned buffer) {
         const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
@@ -3589,7 +3602,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
         const unsigned cell = cell0 + lane;
         const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
         // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
-        slice_copies<16, 8 * A_ROW> copies{reinterpret_cast<float*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane};
+        copies.start(reinterpret_cast<float*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane);
         unsigned rest = cell;
         const pos_t d2 = (pos_t)(rest % nonzero(IN2));
         rest /= nonzero(IN2);
@@ -3619,7 +3632,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
                 copies.copy(4 * j + i, U_C % 32 == 0 || valid ? first + (size_t)8 * i * OUT_SIZE : u_image, valid);
             }
         }
-        copies.land();
     };
 
     float acc[REGS];
@@ -3628,6 +3640,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
+        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -3636,6 +3649,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
+            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3671,6 +3685,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3685,6 +3700,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
             for (unsigned kk = 0; kk < BK / 8; ++kk) wgmma_tf32(acc, big[kk], swizzled_operand(stage_base + 32 * kk));
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
+                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;

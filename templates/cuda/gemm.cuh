@@ -300,15 +300,18 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 #endif
 
 // A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
-// `first`: a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are all loaded into
-// registers first and widened into shared memory at land(), so that their loads overlap rather than each waiting
-// for the store before it (through generic pointers the compiler may not move a load above a store: on the H200
-// float16's weight gradient ran 3x bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read.
+// `first` (start): a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are loaded
+// into registers and widened into shared memory by land(), which the loop calls one slice later, so that the
+// loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
+// generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
+// bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read. land() with nothing
+// loaded since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
-    float* first;
+    float* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
 #endif
+    __device__ __forceinline__ void start(float* destination) { first = destination; }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -320,9 +323,12 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
     __device__ __forceinline__ void land()
     {
 #if ELEMENT_BYTES == 2
+        if (first != nullptr) {
 #pragma unroll
-        for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+            for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+        }
 #endif
+        first = nullptr;
     }
 };
 
