@@ -20,7 +20,7 @@ from suite.stand_in import imports_as
 GENERATED_CUDA = Path(__file__).resolve().parents[1] / "generated" / "cuda"
 # Every conv stage on its `_wgmma` kernel in "medium" (tests/test_emulated_wgmma.py), small enough to emulate.
 GEOMETRY = Geometry.build(Family.CONV, 32, 32, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)
-FORWARD_STORE = "        out[(size_t)m * N + cell] = acc[r];\n"  # the wgmma forward's, then the input gradient's
+FORWARD_STORE = "        put(out + (size_t)m * N + cell, acc[r]);\n"  # the wgmma forward's, then the input gradient's
 
 
 def stages_on(sources: Path | None) -> dict:
@@ -40,7 +40,7 @@ def test_another_trees_sources_run_and_differ_only_where_they_do(tmp_path) -> No
     source = changed / "conv_r2.cu"
     text = source.read_text()
     assert FORWARD_STORE in text
-    source.write_text(text.replace(FORWARD_STORE, FORWARD_STORE.replace("acc[r];", "acc[r] + 1.f;"), 1))
+    source.write_text(text.replace(FORWARD_STORE, FORWARD_STORE.replace("acc[r]);", "acc[r] + 1.f);"), 1))
     current = stages_on(None)
     assert kernel_ab.same_bits(np, stages_on(same), current) == dict.fromkeys(kernel_ab.STAGES, True)
     assert kernel_ab.same_bits(np, stages_on(changed), current) == {
