@@ -192,18 +192,21 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     splits: dict[str, int] = {}
     packed_elements: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
-    modes = {stage: stage_mma(shape, mma) for stage, shape in gemm_shapes(geom, staged_bytes, mma).items()}
     # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
     # lost to these (conv1d N32 64->64 bf16: 0.113 against 0.0955 ms forward; benchmarks/NOTES.md).
-    tile_modes = {stage: TF32_MMA_MODE if mode == HALF_MMA_MODE else mode for stage, mode in modes.items()}
-    tile_shapes = {stage: gemm_shapes(bucketed, staged_bytes, mode)[stage] for stage, mode in tile_modes.items()}
-    if dtype in HALF_DTYPES:  # 16-bit elements stage through registers (the cp.async pipeline takes float32)
-        tile_shapes = {stage: dataclasses.replace(shape, pipelined=False) for stage, shape in tile_shapes.items()}
+    tile_mma = TF32_MMA_MODE if mma == HALF_MMA_MODE else mma
+    # The stages' shapes per mode: the geometry's (and its tiles'), and FMAs' for the stages that take them.
+    shapes = {mode: gemm_shapes(geom, staged_bytes, mode) for mode in {mma, 0}}
+    tile_shapes = {mode: gemm_shapes(bucketed, staged_bytes, mode) for mode in {tile_mma, 0}}
     stencils = direct_shapes(geom, staged_bytes)
-    for stage, mode in modes.items():
-        shape = gemm_shapes(geom, staged_bytes, mode)[stage]
-        tile = chooser(tile_shapes[stage], hardware)
+    for stage, geometry_shape in shapes[mma].items():
+        mode = stage_mma(geometry_shape, mma)
+        shape = shapes[mode][stage]
+        tile_shape = tile_shapes[tile_mma if mode else 0][stage]
+        if dtype in HALF_DTYPES:  # 16-bit elements stage through registers (the cp.async pipeline takes float32)
+            tile_shape = dataclasses.replace(tile_shape, pipelined=False)
+        tile = chooser(tile_shape, hardware)
         prefix = GEMM_STAGES[stage]
         values.update({f"{prefix}_{field}": getattr(tile, field.lower()) for field in TILE_FIELDS})
         values[f"{prefix}_{STAGE_MMA_FIELD}"] = mode
@@ -220,7 +223,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             direct = direct_chooser(stencils[stage], hardware)
             values.update(_direct_defines(prefix, DIRECT_FIELDS, direct and (1, direct.v, direct.mb, direct.cb),
                                           direct and direct.box, geom.rank))
-            wgmma = None if direct else wgmma_chooser(tile_shapes[stage], hardware)
+            wgmma = None if direct else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
@@ -230,7 +233,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
                                           weight and weight.box, geom.rank))
-            wgmma = None if weight else wgmma_chooser(tile_shapes[stage], hardware)
+            wgmma = None if weight else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))
             if weight or wgmma:  # their parts are the stage's split
                 values[f"{prefix}_SPLIT"] = weight.parts if weight else wgmma.split
