@@ -14,11 +14,14 @@ import reference
 from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
-from cuda_support import RANKS, PoisonBackend, _has_gpu, host
+from cuda_support import RANKS, PoisonBackend, _has_gpu, host, tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, relative_errors, rounded, run_backend, widened
 from precision_bounds import HALF_BOUND
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
+
+import convgen.cuda  # noqa: E402  (after the skip)
+import cupy  # noqa: E402
 
 CASES_PER_RANK = 2
 
@@ -73,24 +76,13 @@ def test_16_bit_mma_within_the_bound_at_every_rank(rank: int, dtype: str) -> Non
             np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
 
 
-def _wgmma_geometry(family: Family, rank: int) -> Geometry:
-    """32 channels each way (wgmma's N 32, slices of 32 source channels, 32-row groups of U), a batch, dilation and
-    padding on the first axis, stride 1: every stage on its `_wgmma` kernel."""
-    spatial = {1: (70,), 2: (9, 8), 3: (5, 4, 4)}.get(rank, (3, 3, 3) + (2,) * (rank - 3))
-    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
-    return Geometry.build(family, 32, 32, spatial, kernel, (1,) * rank, padding, dilation=dilation, batch=2)
-
-
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
 def test_16_bit_on_wgmma_gives_the_float32_kernels_results_rounded(family: Family, rank: int, dtype: str) -> None:
     """16-bit values are exact in TF32 and the `_wgmma` kernels widen them as they stage them: every stage gives
     what the float32 "medium" kernels give on the widened values, rounded to 16 bits once."""
-    import convgen.cuda
-    import cupy
-
-    geom = _wgmma_geometry(family, rank)
+    geom = tensor_core_geometry(family, rank)
     device = cupy.cuda.Device()
     hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
     if not hardware.wgmma:

@@ -16,7 +16,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import no_direct
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
-from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run
+from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run, tensor_core_geometry
 from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, PIPELINE_FORCED_TILES
 from precision_bounds import TF32_BOUND, high_bound
 
@@ -115,18 +115,10 @@ def test_tensor_core_precisions_on_deeper_reductions(geom: Geometry) -> None:
     check_precisions(geom, reference.case_rng("cuda precision larger", str(geom)))
 
 
-def pipeline_geometry(family: Family, rank: int) -> Geometry:
-    """Two groups of 32 channels each way (both conv-shaped stages fill 32-row blocks over 32 source
-    channels), a batch, dilation and padding on the first axis, stride 1 (no phases), about 150 cells."""
-    spatial = {1: (150,), 2: (13, 11), 3: (6, 5, 5)}.get(rank, (4, 3, 3) + (2,) * (rank - 3))
-    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
-    return Geometry.build(family, 64, 64, spatial, kernel, (1,) * rank, padding, dilation=dilation, groups=2, batch=2)
-
-
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", CONV_FAMILIES, ids=lambda f: f.value)
 def test_cp_async_pipeline_at_every_rank(family: Family, rank: int) -> None:
-    geom = pipeline_geometry(family, rank)
+    geom = tensor_core_geometry(family, rank)
     for precision in TENSOR_CORE_PRECISIONS:
         defines = plan(geom, precision=precision, wgmma_chooser=no_wgmma).defines
         assert defines["FWD_STAGES"] > 2 and defines["BWI_STAGES"] > 2, (geom, precision)
@@ -152,7 +144,7 @@ def test_wgmma_at_every_rank(family: Family, rank: int) -> None:
     """All three GEMM stages on the `_wgmma` kernels (32 channels a group: wgmma's N 32; the weight gradient's rows
     32 U channels at each window offset), groups, a batch, dilation and padding, against the float64 CPU tape with
     issue 11's bounds."""
-    geom = pipeline_geometry(family, rank)
+    geom = tensor_core_geometry(family, rank)
     assert_wgmma(geom)
     check_precisions(geom, reference.case_rng("cuda wgmma", family.value, rank))
 
@@ -178,7 +170,7 @@ def test_cp_async_pipeline_on_forced_tiles(tile) -> None:
     rng = reference.case_rng("cuda pipeline tiles", tile)
     tapes = {p: forced_tape(tile, p) for p in TENSOR_CORE_PRECISIONS}
     tapes["highest"] = precision_tape("highest", wgmma=False)
-    for geom in (pipeline_geometry(Family.CONV, 2), pipeline_geometry(Family.CONV_TRANSPOSE, 3),
+    for geom in (tensor_core_geometry(Family.CONV, 2), tensor_core_geometry(Family.CONV_TRANSPOSE, 3),
                  Geometry.build(Family.CONV, 40, 36, (9, 10), (3, 3), (2, 1), (1, 1), batch=3)):
         check_precisions(geom, rng, tapes)
 
