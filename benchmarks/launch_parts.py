@@ -2,7 +2,8 @@
 """Host cost of the CuPy and torch calls a tiny op's host path is made of (issues 9 and 10): allocations
 (`cupy.empty`, the `cupy.ndarray` constructor, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch
 with its arguments passed as arrays, as a bare allocation's MemoryPointer, as CuPy's CIntptr pointers or
-as Python ints, its shared memory and stream by keyword, and
+as Python ints, its shared memory and stream by keyword, or straight to the driver (cuLaunchKernel through
+CuPy's binding, the argument slots in an `array`), and
 the device, stream and pointer queries around them. µs per call, the median of 5 rounds
 of back-to-back calls. Needs a GPU, CuPy and torch.
 
@@ -34,15 +35,28 @@ def per_call(call: Callable[[], Any], calls: int, synchronize: Callable[[], Any]
 
 def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
     """Name -> the call it times."""
+    from array import array
+
     from cupy.cuda.function import CIntptr
 
     kernel = cupy.RawModule(code=SOURCE).get_function("touch")
     a, b = cupy.zeros((1, 4, 4), cupy.float32), cupy.zeros((1, 2, 2), cupy.float32)
     c, n = cupy.zeros((1, 2, 2), cupy.uint32), numpy.uint32(4)
-    pointers = tuple(CIntptr(array.data.ptr) for array in (a, b, c))
+    pointers = tuple(CIntptr(x.data.ptr) for x in (a, b, c))
     memory, float32 = cupy.cuda.alloc(16), numpy.dtype(numpy.float32)
     tensor = torch.zeros(1, 4, 4, device="cuda")
     device = tensor.device
+    function = kernel.kernel.ptr  # the CUfunction of the current device
+
+    def driver_launch() -> None:
+        # cuLaunchKernel's kernelParams: a pointer per argument to its value, each value in an 8-byte slot.
+        slots = array("Q", (a.data.ptr, b.data.ptr, c.data.ptr, 4))
+        first = slots.buffer_info()[0]
+        params = array("Q", (first, first + 8, first + 16, first + 24))
+        cupy.cuda.driver.launchKernel(function, 1, 1, 1, 32, 1, 1, 0, 0, params.buffer_info()[0], 0)
+
+    kept = array("Q", (a.data.ptr, b.data.ptr, c.data.ptr, 4))  # the slots: the lambda below holds them
+    prepared = array("Q", (kept.buffer_info()[0] + 8 * i for i in range(4)))
     return {
         "cupy.empty((1, 2, 2), float32)": lambda: cupy.empty((1, 2, 2), numpy.float32),
         "cupy.ndarray((1, 2, 2), float32)": lambda: cupy.ndarray((1, 2, 2), numpy.float32),
@@ -56,6 +70,10 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         "launch, CIntptr pointers made per call": lambda: kernel(
             (1,), (32,), (CIntptr(a.data.ptr), CIntptr(b.data.ptr), CIntptr(c.data.ptr), n)),
         "launch, Python int pointers": lambda: kernel((1,), (32,), (a.data.ptr, b.data.ptr, c.data.ptr, n)),
+        "launch, driver.launchKernel, slots in an array": driver_launch,
+        "driver.launchKernel alone, slots made before": lambda slots=kept: cupy.cuda.driver.launchKernel(
+            function, 1, 1, 1, 32, 1, 1, 0, 0, prepared.buffer_info()[0], 0),
+        "cupy.cuda.get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
         "array.data.ptr": lambda: a.data.ptr,
         "cupy.cuda.runtime.getDevice()": cupy.cuda.runtime.getDevice,
         "torch.empty((1, 2, 2), dtype, device)": lambda: torch.empty((1, 2, 2), dtype=torch.float32, device=device),

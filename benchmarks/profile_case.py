@@ -7,7 +7,7 @@ program to put under a profiler, for example
 
 (`-k` takes the exact kernel name: a regex would also match the stage's `_pack` kernel, launched first.)
 
-    python benchmarks/profile_case.py CASE [--repeat N] [--forward-only] [--precision P]
+    python benchmarks/profile_case.py CASE [--repeat N] [--forward-only] [--precision P] [--dtype D]
 """
 
 from __future__ import annotations
@@ -25,14 +25,23 @@ def main() -> None:
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--precision", choices=("highest", "high", "medium"), default="highest",
                         help="how the conv GEMMs multiply (CupyBackend's precision)")
+    parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
+                        help="the arrays' element type (16-bit: the values of float32 normals, bfloat16 truncated)")
     args = parser.parse_args()
     import cupy
 
     geom = CASES_BY_NAME[args.case].geometry
-    backend = CupyBackend(precision=args.precision)
+    backend = CupyBackend(args.dtype, precision=args.precision)
     rng = cupy.random.RandomState(1)
-    inputs = tuple(rng.standard_normal(shape, dtype=cupy.float32) for shape in geom.parent_shapes)
-    grad = rng.standard_normal(geom.output_shape, dtype=cupy.float32)
+
+    def normal(shape: tuple[int, ...]) -> cupy.ndarray:
+        values = rng.standard_normal(shape, dtype=cupy.float32)
+        if args.dtype == "bfloat16":  # CuPy holds bfloat16 as its bits: a float32's upper half
+            return (values.view(cupy.uint32) >> 16).astype(cupy.uint16)
+        return values.astype(args.dtype)
+
+    inputs = tuple(normal(shape) for shape in geom.parent_shapes)
+    grad = normal(geom.output_shape)
     for _ in range(args.repeat):
         _, saved = backend.forward(geom, inputs)
         if not args.forward_only:
