@@ -64,6 +64,7 @@ from convgen.wgmma_tiles import (
     choose_wgmma,
     wgmma_block_shared_bytes,
     wgmma_grid,
+    wgmma_pack_threads,
     wgmma_packed_elements,
 )
 
@@ -263,7 +264,7 @@ def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[s
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_elements(shape, tile)
-    launches[f"{stage}_pack"] = Launch(_blocks(packed_elements[stage]), kernel=f"{stage}_wgpack")
+    launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
     launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)
     splits[stage] = tile.split
 

@@ -87,6 +87,13 @@ def wgmma_grid(shape, tile: WgmmaTile) -> int:
     return shape.images * shape.groups * -(-shape.m // tile.n) * -(-shape.n // tile.cells)
 
 
+def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:
+    """Threads of the stage's `_wgpack` launch: a float of the packed weight each; the weight gradient's, a quad of
+    D's packed cells each, written to every plane."""
+    elements = wgmma_packed_elements(shape, tile)
+    return elements if shape.conv else elements // (wgmma_planes(shape.mma) * 4)
+
+
 def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
     """Floats of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK;
     the weight gradient's packed D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""

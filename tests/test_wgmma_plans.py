@@ -45,6 +45,8 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
     assert wgmma_fields(made, "BWW") == (1, 128, 128, 3)
     assert made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == split
     assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
+    # A thread per quad of D's packed cells, written to every plane: 8 x 128 x 16384 / 4 threads, 256 a block.
+    assert made.launches["backward_weight_pack"].grid == 8 * 128 * 16384 // 4 // 256
     assert made.launches["backward_weight_reduce"].grid > 0
     assert made.packed_elements["backward_weight"] == planes * 8 * 128 * 128 * 128
     assert weight_shared == 3 * (planes * 128 * 128 + 128 * 36 * 4) + 1024 <= H200.shared_optin_per_block

@@ -4185,19 +4185,23 @@ extern "C" __global__ void conv_r6_backward_weight_wgpack(
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + WG_BK - 1) / WG_BK * WG_BK;
+    static_assert(D_COLUMNS % 4 == 0, "whole quads of cells");
     const size_t plane_floats = (size_t)images * GROUPS * D_ROWS * D_COLUMNS;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= PLANES * plane_floats) return;
+    const size_t i = 4 * ((size_t)blockIdx.x * BLOCK + threadIdx.x);  // the quad's first float in plane 0
+    if (i >= plane_floats) return;
     const unsigned cell = i % D_COLUMNS, n = i / D_COLUMNS % D_ROWS;
-    const size_t image_group = i % plane_floats / ((size_t)D_ROWS * D_COLUMNS);  // image * GROUPS + group
-    float value = 0.f;
-    if (n < M && cell < OUT_SIZE) {
-        value = load_element(d_values + (image_group * M + n) * OUT_SIZE + cell);
+    const size_t image_group = i / ((size_t)D_ROWS * D_COLUMNS);  // image * GROUPS + group
+    const real* __restrict__ d_row = d_values + (image_group * M + n) * OUT_SIZE;
+    float big[4], small[4];
+#pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+        const float value = n < M && cell + j < OUT_SIZE ? load_element(d_row + cell + j) : 0.f;
+        const unsigned rounded = rna_tf32(value);
+        big[j] = __uint_as_float(rounded);
+        small[j] = __uint_as_float(rna_tf32(value - big[j]));
     }
-    const unsigned big = rna_tf32(value);
-    unsigned small = 0;
-    if (i >= plane_floats) small = rna_tf32(value - __uint_as_float(big));
-    packed[i] = __uint_as_float(i < plane_floats ? big : small);
+    store4(packed + i, big[0], big[1], big[2], big[3]);
+    if constexpr (PLANES == 2) store4(packed + plane_floats + i, small[0], small[1], small[2], small[3]);
 #endif
 }
 
