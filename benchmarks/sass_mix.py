@@ -15,7 +15,10 @@ multiply-adds, one with tensor-core instructions first.
         --batch 8 [--precision medium] [--arch sm_90a]
 
 The `_wgmma` kernels have a body only in sm_90a builds (`--arch sm_90a`); their loop's HGMMA each multiply a
-64-row tile of the warpgroup, so their ratio reads against the HMMA's of mma.sync loops only loosely.
+64-row tile of the warpgroup, so their ratio reads against the HMMA's of mma.sync loops only loosely. For them it
+also counts the instructions that write a register an issued HGMMA still reads its A fragment from, before the
+WARPGROUP.DEPBAR that waits for it: the PTX ISA leaves that undefined, and neither ptxas's warnings nor the CPU
+emulator (which multiplies at once) show it. It must be 0.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ _FUNCTION = re.compile(r"^\s*Function : (\w+)")
 _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 _REGISTERS = re.compile(r"Function properties for (\w+)\n.*\n.*Used (\d+) registers")
+_WRITTEN = re.compile(r"^\s*R(\d+)\b")  # a destination register: the first operand (stores start with an address)
+# HGMMA's D, A (registers), B descriptor, ... (its opcode as read runs to the shape's first x: "HGMMA.64")
+_A_FRAGMENT = re.compile(r"\bR\d+,\s*R(\d+),")
+_DEPBAR = re.compile(r"gsb0,\s*0x([0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,39 @@ def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix 
     return best[1] if best else None
 
 
+def _written_registers(opcode: str, operands: str) -> range:
+    """The registers an instruction writes, as far as this check needs: its first operand's, two for 64-bit and
+    wide results, four for 128-bit loads; none for stores and others whose first operand is not a register."""
+    match = _WRITTEN.match(operands)
+    if match is None or opcode.startswith(("ST", "RED", "BAR", "BRA", "HGMMA", "WARPGROUP")):
+        return range(0)
+    width = 4 if ".128" in opcode else 2 if ".64" in opcode or ".WIDE" in opcode else 1
+    return range(int(match.group(1)), int(match.group(1)) + width)
+
+
+def in_flight_writes(instructions: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The instructions that write one of the four A-fragment registers of an HGMMA after it issues and before a
+    WARPGROUP.DEPBAR lets at most as many committed groups run as came after its own (an HGMMA with gsb0 closes a
+    group). In address order, as straight-line code: a wait reached only through a back edge is not followed."""
+    groups: list[set[int]] = []  # the registers of each committed group still running, oldest first
+    open_group: set[int] = set()
+    found = []
+    for address, opcode, operands in instructions:
+        if opcode.startswith("HGMMA"):
+            if match := _A_FRAGMENT.search(operands):
+                open_group |= set(range(int(match.group(1)), int(match.group(1)) + 4))
+            if "gsb0" in operands:
+                groups.append(open_group)
+                open_group = set()
+        elif opcode.startswith("WARPGROUP.DEPBAR"):
+            match = _DEPBAR.search(operands)
+            keep = int(match.group(1), 16) if match else 0
+            groups = groups[len(groups) - keep:] if keep else []
+        elif any(r in g for g in (*groups, open_group) for r in _written_registers(opcode, operands)):
+            found.append((address, opcode, operands))
+    return found
+
+
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -111,13 +151,19 @@ def main(argv: list[str]) -> int:
         sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     registers = dict(_REGISTERS.findall(built.stderr))
     print(f"{'kernel':<36}{'registers':>10}{'loop':>7}{'madds':>7}{'per madd':>10}  top opcodes of the loop")
-    for kernel, instructions in sorted(functions(sass).items()):
+    kernels = functions(sass)
+    for kernel, instructions in sorted(kernels.items()):
         loop = main_loop(kernel, instructions)
         if loop is None or not loop.multiply_adds:
             continue
         top = ", ".join(f"{op} {n}" for op, n in list(loop.opcodes.items())[:8])
         print(f"{kernel:<36}{registers.get(kernel, '?'):>10}{loop.instructions:>7}{loop.multiply_adds:>7}"
               f"{loop.per_multiply_add:>10.2f}  {top}")
+    for kernel, instructions in sorted(kernels.items()):
+        if any(opcode.startswith("HGMMA") for _, opcode, _ in instructions):
+            writes = in_flight_writes(instructions)
+            first = f" (first at 0x{writes[0][0]:04x}: {writes[0][1]}{writes[0][2]})" if writes else ""
+            print(f"{kernel}: {len(writes)} writes of an issued wgmma's A registers before its wait{first}")
     return 0
 
 

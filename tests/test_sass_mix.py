@@ -87,3 +87,30 @@ def test_a_wgmma_loop_counts_its_hgmma_as_the_multiply_adds():
     loop = sass_mix.main_loop("conv_r1_forward_wgmma", kernels["conv_r1_forward_wgmma"])
     assert (loop.instructions, loop.multiply_adds) == (6, 2)
     assert loop.opcodes == {"HGMMA": 2, "WARPGROUP": 2, "LDS": 1, "BRA": 1}
+
+
+HAZARD = """
+		Function : conv_r1_forward_wgmma
+        /*0000*/                   WARPGROUP.ARRIVE ;                         /* 0x00000000000079c5 */
+        /*0010*/                   HGMMA.64x64x8.F32.TF32 R24, R56, gdesc[UR8], RZ, !UPT ;  /* 0x0 */
+        /*0020*/                   HGMMA.64x64x8.F32.TF32 R24, R60, gdesc[UR8], R24, gsb0 ;  /* 0x0 */
+        /*0030*/                   LDS.64 R62, [R2] ;                         /* 0x0 */
+        /*0040*/                   STS [R57], R3 ;                            /* 0x0 */
+        /*0050*/                   IMAD.IADD R64, R1, 0x1, R2 ;               /* 0x0 */
+        /*0060*/                   WARPGROUP.ARRIVE ;                         /* 0x0 */
+        /*0070*/                   HGMMA.64x64x8.F32.TF32 R24, R64, gdesc[UR8], R24, gsb0 ;  /* 0x0 */
+        /*0080*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;            /* 0x0 */
+        /*0090*/              @P0  MOV R58, R3 ;                              /* 0x0 */
+        /*00a0*/                   MOV R66, R3 ;                              /* 0x0 */
+        /*00b0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;            /* 0x0 */
+        /*00c0*/                   MOV R65, R3 ;                              /* 0x0 */
+"""
+
+
+def test_writes_of_an_issued_wgmmas_a_registers_before_its_wait_are_found():
+    """LDS.64 R62 writes R63 of the first group's A (R60..R63) while it runs; a store's first operand is an
+    address; R64 before the second HGMMA issues is no hazard; after DEPBAR 1 the first group is done (R58 free) but
+    the second (R64..R67) still runs; after DEPBAR 0 nothing does."""
+    kernels = sass_mix.functions(HAZARD)
+    writes = sass_mix.in_flight_writes(kernels["conv_r1_forward_wgmma"])
+    assert [(address, opcode) for address, opcode, _ in writes] == [(0x30, "LDS.64"), (0xa0, "MOV")]
