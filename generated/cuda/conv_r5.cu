@@ -3964,8 +3964,7 @@ extern "C" __global__ void conv_r5_backward_weight_wgpack(
 #pragma unroll
     for (unsigned j = 0; j < 4; ++j) {
         const float value = n < M && cell + j < OUT_SIZE ? load_element(d_row + cell + j) : 0.f;
-        const unsigned rounded = rna_tf32(value);
-        big[j] = __uint_as_float(rounded);
+        big[j] = __uint_as_float(rna_tf32(value));
         small[j] = __uint_as_float(rna_tf32(value - big[j]));
     }
     store4(packed + i, big[0], big[1], big[2], big[3]);
