@@ -26,6 +26,7 @@ WGMMA_MIN_SOURCE_C = 16
 # Two waves ran TF32's weight gradient 5-7% faster on N8 128->128 and N32 64->64, 3xTF32's 1-4% slower (H200).
 WGMMA_WEIGHT_BLOCKS_PER_SM = {1: 2, 3: 1}
 WGMMA_WEIGHT_MIN_SLICES = 8
+WGMMA_TWO_BLOCK_MAX_RANK = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class WgmmaTile:
     cells: int  # dst cells of a block, 64 a warpgroup
     stages: int  # slices in shared memory, stages - 1 of them in flight
     split: int = 1  # the weight gradient: parts of its reduction, one a block (the stage's SPLIT)
+    min_blocks: int = 1  # blocks an SM its registers must allow (the stage's WG_MIN_BLOCKS)
 
     @property
     def threads(self) -> int:
@@ -58,13 +60,21 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     if shape.conv:
-        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES)
+        # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers: 141 a thread on N8
+        # 128->128, one block an SM where float32's 128 fit two. Capped at 128 for two up to an N of 128, none
+        # spilled (ptxas, sm_90a: ranks 1-8, both families, 32 and 128 channels); N 256's accumulators alone take 128.
+        two = not shape.pipelined and n <= 128
+        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, min_blocks=2 if two else 1)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // WG_BK)
-        per_sm = WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma]
+        # 3xTF32 blocks of up to 64 channels fit two an SM in 128 registers a thread up to rank 7 (ptxas, sm_90a, 2-D:
+        # 154 uncapped, capped none spilled in the main loop; rank 8 spills), the shared memory of three stages twice
+        # over, and twice the warps to hide latency.
+        min_blocks = 2 if shape.mma == 3 and n <= 64 and shape.rank <= WGMMA_TWO_BLOCK_MAX_RANK else 1
+        per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
-        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split)
+        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split, min_blocks)
     return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
 
 

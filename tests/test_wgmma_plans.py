@@ -17,7 +17,8 @@ CONV_SHAPED = ("forward", "backward_input")
 
 
 def wgmma_fields(made, prefix):
-    return tuple(made.defines[f"{prefix}_{field}"] for field in ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES"))
+    return tuple(made.defines[f"{prefix}_{field}"] for field in ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES",
+                                                                   "WG_MIN_BLOCKS"))
 
 
 @pytest.mark.parametrize(("precision", "mma", "planes"), [("medium", 1, 1), ("high", 3, 2)])
@@ -25,7 +26,7 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
     made = plan(BATCHED_128, precision=precision)
     shared = wgmma_shared_bytes(128, 128, 3, mma)
     for stage, prefix in zip(CONV_SHAPED, ("FWD", "BWI"), strict=True):
-        assert wgmma_fields(made, prefix) == (1, 128, 128, 3)
+        assert wgmma_fields(made, prefix) == (1, 128, 128, 3, 1)
         launch = made.launches[stage]
         # 8 images x 1 channel block x 128 cell tiles; 256 threads; every slice's 128 weight rows and 32 x 136 cells.
         assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == (f"{stage}_wgmma", 1024, 256, shared)
@@ -42,7 +43,7 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
     launch = made.launches["backward_weight"]
     assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * split,
                                                                                 256, weight_shared)
-    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3)
+    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3, 1)
     assert made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == split
     assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
     # A thread per quad of D's packed cells, written to every plane: 8 x 128 x 16384 / 4 threads, 256 a block.
@@ -71,8 +72,8 @@ def test_wgmma_n_follows_the_dst_channels_of_a_group():
 
 def test_the_weight_gradient_splits_its_cells_across_the_sms():
     """Rows of 32 U channels (rounded up) at each window offset, 128 a block; N over D's channels; parts enough for
-    two blocks an SM in TF32 and one in 3xTF32, each at least 8 slices of 32 cells; D's channels and cells rounded
-    up in the packed D."""
+    two blocks an SM in TF32 and in 3xTF32 up to 64 channels (whose blocks ask ptxas for two an SM), one in 3xTF32
+    beyond, each at least 8 slices of 32 cells; D's channels and cells rounded up in the packed D."""
     def weight(in_c, out_c, spatial, batch, precision="medium", groups=1):
         geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), (1,) * len(spatial),
                               (1,) * len(spatial), batch=batch, groups=groups)
@@ -80,9 +81,11 @@ def test_the_weight_gradient_splits_its_cells_across_the_sms():
         return (made.launches["backward_weight"].kernel, made.defines["BWW_WG_N"], made.splits["backward_weight"],
                 made.launches["backward_weight"].grid, made.packed_elements.get("backward_weight"))
 
-    # 64 U channels: 576 rows, 5 blocks of 128; 52 parts of the 32 x 98 slices (26 in 3xTF32).
+    # 64 U channels: 576 rows, 5 blocks of 128; 52 parts of the 32 x 98 slices, in both modes.
     assert weight(64, 64, (56, 56), 32) == ("backward_weight_wgmma", 64, 52, 5 * 52, 32 * 64 * 98 * 32)
-    assert weight(64, 64, (56, 56), 32, "high")[2:4] == (26, 5 * 26)
+    assert weight(64, 64, (56, 56), 32, "high")[2:4] == (52, 5 * 52)
+    high = plan(Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32), precision="high")
+    assert (high.defines["BWW_WG_MIN_BLOCKS"], high.defines["FWD_WG_MIN_BLOCKS"]) == (2, 1)
     # 16 U channels take 32 rows each (9 x 32: 3 blocks); 40 D channels an N of 64; parts from the batch's bucket
     # (4 images of 10 x 10: 16 slices, 2 parts), the packed D from its 3 images.
     assert weight(16, 40, (10, 10), 3) == ("backward_weight_wgmma", 64, 2, 3 * 2, 3 * 64 * 128)
@@ -133,3 +136,16 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
     values["packed_d"], values["grad_weight"] = "pd", "dw"
     assert compiled.launches["backward_weight"][4](values) == ("g", "x", "pd", 8, "dw")
     assert compiled.launches["backward_weight_pack"][4](values) == ("g", 8, "pd")
+
+
+def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
+    """Their staging registers took 141 a thread (one block an SM); capped at 128 for two. float32's stages and
+    16-bit N of 256 (128 accumulators a thread) keep one; the 16-bit weight gradient spills when capped: one."""
+    def min_blocks(channels, spatial, dtype):
+        geom = Geometry.build(Family.CONV, channels, channels, spatial, (3, 3), (1, 1), (1, 1), batch=8)
+        made = plan(geom, dtype=dtype, precision="medium")
+        return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
+
+    assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (2, 2, 1)
+    assert min_blocks(128, (128, 128), "float32") == (1, 1, 1)
+    assert min_blocks(256, (16, 16), "bfloat16") == (1, 1, 1)

@@ -16,16 +16,17 @@
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
     !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
     !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || \
-    !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
-    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
-    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
-    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
-    !defined(BWI_DIRECT_BOX2) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || \
-    !defined(BWI_WG_STAGES) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
-    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
-    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
-    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || !defined(BWW_WGMMA) || \
-    !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES)
+    !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(BWI_BM) || \
+    !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || \
+    !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || \
+    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
+    !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWI_WGMMA) || \
+    !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
+    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
+    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || \
+    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || \
+    !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
+    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1950,7 +1951,7 @@ extern "C" __global__ void conv_transpose_r3_forward_wgpack(
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
-#define FWD_WG_BOUNDS __launch_bounds__(2 * FWD_WG_CELLS)  // two threads a cell: 128 a warpgroup of 64
+#define FWD_WG_BOUNDS __launch_bounds__(2 * FWD_WG_CELLS, FWD_WG_MIN_BLOCKS)  // two threads a cell: 128 a warpgroup of 64
 extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -2799,7 +2800,7 @@ extern "C" __global__ void conv_transpose_r3_backward_input_wgpack(
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
-#define BWI_WG_BOUNDS __launch_bounds__(2 * BWI_WG_CELLS)  // two threads a cell: 128 a warpgroup of 64
+#define BWI_WG_BOUNDS __launch_bounds__(2 * BWI_WG_CELLS, BWI_WG_MIN_BLOCKS)  // two threads a cell: 128 a warpgroup of 64
 extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -3511,7 +3512,7 @@ extern "C" __global__ void conv_transpose_r3_backward_weight_wgpack(
 // channel) of dW are wgmma's M (U's values rounded in registers), the packed D its N x K operand in shared memory, the
 // cells of every image split across blocks whose parts the reduce kernel adds; a block whose sums end non-finite
 // computes them again with FMAs on D and U as given.
-#define BWW_WG_BOUNDS __launch_bounds__(2 * BWW_WG_CELLS)  // two threads a row: 128 a warpgroup of 64
+#define BWW_WG_BOUNDS __launch_bounds__(2 * BWW_WG_CELLS, BWW_WG_MIN_BLOCKS)  // two threads a row: 128 a warpgroup of 64
 extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma(
     const real* __restrict__ d_values,
     const real* __restrict__ u_values,
