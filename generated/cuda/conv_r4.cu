@@ -920,16 +920,23 @@ __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, re
     const size_t count = COUNT * images;
     if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
         if (i >= count / 4) return;
-        scalar sum[4];
-        ldg4(partial, i, sum);
-#pragma unroll 4
-        for (unsigned s = 1; s < SPLIT; ++s) {
-            scalar v[4];
-            ldg4(partial + s * count, i, v);
-            sum[0] += v[0];
-            sum[1] += v[1];
-            sum[2] += v[2];
-            sum[3] += v[3];
+        // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
+        // (SPLIT 52) latency-bound on the H200.
+        constexpr unsigned BATCH = 16;
+        scalar sum[4] = {0, 0, 0, 0};
+        for (unsigned first = 0; first < SPLIT; first += BATCH) {
+            scalar v[BATCH][4];
+#pragma unroll
+            for (unsigned b = 0; b < BATCH; ++b) {
+                if (first + b < SPLIT) ldg4(partial + (first + b) * count, i, v[b]);
+            }
+#pragma unroll
+            for (unsigned b = 0; b < BATCH; ++b) {
+                if (first + b < SPLIT) {
+#pragma unroll
+                    for (unsigned j = 0; j < 4; ++j) sum[j] = first + b == 0 ? v[b][j] : sum[j] + v[b][j];
+                }
+            }
         }
         store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
