@@ -27,6 +27,7 @@ WGMMA_MIN_SOURCE_C = 16
 WGMMA_WEIGHT_BLOCKS_PER_SM = {1: 2, 3: 1}
 WGMMA_WEIGHT_MIN_SLICES = 8
 WGMMA_TWO_BLOCK_MAX_RANK = 7
+WGMMA_TF32_TWO_BLOCK_RANKS = (2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,14 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // WG_BK)
-        # 3xTF32 blocks of up to 64 channels fit two an SM in 128 registers a thread up to rank 7 (ptxas, sm_90a, 2-D:
-        # 154 uncapped, capped none spilled in the main loop; rank 8 spills), the shared memory of three stages twice
-        # over, and twice the warps to hide latency.
-        min_blocks = 2 if shape.mma == 3 and n <= 64 and shape.rank <= WGMMA_TWO_BLOCK_MAX_RANK else 1
+        # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
+        # twice over (ptxas, sm_90a). 3xTF32 up to 64 channels and rank 7 (2-D: 154 uncapped, capped none spilled in
+        # the main loop; rank 8 spills). TF32 up to 128 channels at ranks 2 and 3: N8 128->128 took 130 in float32
+        # and 156 in 16 bits, one block an SM for a split planned for two; capped, 0-36 bytes spill there (both families), where
+        # ranks 1 and 4-8 spill up to 588.
+        two = (shape.mma == 3 and n <= 64 and shape.rank <= WGMMA_TWO_BLOCK_MAX_RANK
+               or shape.mma == 1 and n <= 128 and shape.rank in WGMMA_TF32_TWO_BLOCK_RANKS)
+        min_blocks = 2 if two else 1
         per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
         tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split, min_blocks)

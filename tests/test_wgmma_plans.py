@@ -36,14 +36,14 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
         assert opted_in_shared(made, H200)[f"{stage}_wgmma"] == shared
     assert shared == 3 * (planes * 128 * 128 + 17408) + 1024 <= H200.shared_optin_per_block
     # The weight gradient: 9 window offsets of 128 U channels, parts of the 8 x 512 slices of 32 cells for one
-    # block an SM in 3xTF32 (14: 126 of the H200's 132), two in TF32 (29); D packed with its 128 channels and 16384
-    # cells.
-    split = {1: 29, 3: 14}[mma]
+    # block an SM in 3xTF32 (14: 126 of the H200's 132), two in TF32 (29, their registers capped for two); D packed
+    # with its 128 channels and 16384 cells.
+    split, min_blocks = {1: (29, 2), 3: (14, 1)}[mma]
     weight_shared = wgmma_weight_shared_bytes(128, 128, 3, mma)
     launch = made.launches["backward_weight"]
     assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * split,
                                                                                 256, weight_shared)
-    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3, 1)
+    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3, min_blocks)
     assert made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == split
     assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
     # A thread per quad of D's packed cells, written to every plane: 8 x 128 x 16384 / 4 threads, 256 a block.
@@ -140,12 +140,16 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
 
 def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
     """Their staging registers took 141 a thread (one block an SM); capped at 128 for two. float32's stages and
-    16-bit N of 256 (128 accumulators a thread) keep one; the 16-bit weight gradient spills when capped: one."""
+    16-bit N of 256 (128 accumulators a thread) keep one. The TF32 weight gradient up to an N of 128 asks for two
+    at ranks 2 and 3 in every dtype (its split planned for two), one at the ranks where capping spills."""
     def min_blocks(channels, spatial, dtype):
-        geom = Geometry.build(Family.CONV, channels, channels, spatial, (3, 3), (1, 1), (1, 1), batch=8)
+        ones = (1,) * len(spatial)
+        geom = Geometry.build(Family.CONV, channels, channels, spatial, (3,) * len(spatial), ones, ones, batch=8)
         made = plan(geom, dtype=dtype, precision="medium")
         return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
 
-    assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (2, 2, 1)
-    assert min_blocks(128, (128, 128), "float32") == (1, 1, 1)
+    assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (2, 2, 2)
+    assert min_blocks(128, (128, 128), "float32") == (1, 1, 2)
+    assert min_blocks(128, (8, 8, 8), "float32") == (1, 1, 2)
+    assert min_blocks(128, (8, 8, 8, 8), "float32") == (1, 1, 1)
     assert min_blocks(256, (16, 16), "bfloat16") == (1, 1, 1)
