@@ -72,8 +72,8 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
         # twice over (ptxas, sm_90a). 3xTF32 up to 64 channels and rank 7 (2-D: 154 uncapped, capped none spilled in
         # the main loop; rank 8 spills). TF32 up to 128 channels at ranks 2 and 3: N8 128->128 took 130 in float32
-        # and 156 in 16 bits, one block an SM for a split planned for two; capped, 0-36 bytes spill there (both families), where
-        # ranks 1 and 4-8 spill up to 588.
+        # and 156 in 16 bits, one block an SM for a split planned for two; capped, 0-36 bytes spill there (both
+        # families), where ranks 1 and 4-8 spill up to 588.
         two = (shape.mma == 3 and n <= 64 and shape.rank <= WGMMA_TWO_BLOCK_MAX_RANK
                or shape.mma == 1 and n <= 128 and shape.rank in WGMMA_TF32_TWO_BLOCK_RANKS)
         min_blocks = 2 if two else 1
