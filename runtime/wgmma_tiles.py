@@ -71,11 +71,11 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         slices = shape.images * -(-shape.reduction // WG_BK)
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
         # twice over (ptxas, sm_90a). 3xTF32 up to 64 channels and rank 7 (2-D: 154 uncapped, capped none spilled in
-        # the main loop; rank 8 spills). TF32 up to 128 channels at ranks 2 and 3: N8 128->128 took 130 in float32
-        # and 156 in 16 bits, one block an SM for a split planned for two; capped, 0-36 bytes spill there (both
-        # families), where ranks 1 and 4-8 spill up to 588.
+        # the main loop; rank 8 spills). TF32 at an N of 128 at ranks 2 and 3: N8 128->128 took 130 in float32 and
+        # 156 in 16 bits, one block an SM for a split planned for two; capped, 0-36 bytes spill there (both
+        # families), where ranks 1 and 4-8 spill up to 588 (at an N of 32 the 2-D transpose reloads 136 bytes).
         two = (shape.mma == 3 and n <= 64 and shape.rank <= WGMMA_TWO_BLOCK_MAX_RANK
-               or shape.mma == 1 and n <= 128 and shape.rank in WGMMA_TF32_TWO_BLOCK_RANKS)
+               or shape.mma == 1 and n == 128 and shape.rank in WGMMA_TF32_TWO_BLOCK_RANKS)
         min_blocks = 2 if two else 1
         per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))

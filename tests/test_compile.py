@@ -23,7 +23,14 @@ from convgen.cuda_launch import (
     representative_wgmma_geometry,
     tile_candidates,
 )
-from convgen.generated.contract import CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, gemm_shared_bytes
+from convgen.generated.contract import (
+    CIRCULAR_KERNELS,
+    CIRCULAR_STAGES,
+    GEMM_STAGES,
+    KERNELS,
+    STAGES,
+    gemm_shared_bytes,
+)
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
 from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser
@@ -44,6 +51,21 @@ ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem
 """
 
 SOURCES = sorted(KERNELS, key=lambda k: (k[0].value, k[1]))
+
+# A `_wgmma` kernel its plan caps at 128 registers for two blocks an SM (<PREFIX>_WG_MIN_BLOCKS 2) may spill a few
+# values it keeps across the main loop: on the H200 such kernels ran 6-21% faster than uncapped at one block an SM
+# (benchmarks/NOTES.md, eighteenth session). More than this many bytes would be a register tile that does not fit.
+CAPPED_WGMMA_SPILL_BYTES = 64
+
+
+def unexpected_spills(report, defines: dict[str, int]) -> list:
+    """The kernels of `report` that spill, but for capped `_wgmma` kernels within CAPPED_WGMMA_SPILL_BYTES."""
+    def capped(kernel) -> bool:
+        return any(kernel.symbol.endswith(f"_{stage}_wgmma") and defines.get(f"{prefix}_WG_MIN_BLOCKS") == 2
+                   for stage, prefix in GEMM_STAGES.items())
+
+    return [k for k in report.kernels if k.spills and not (
+        capped(k) and max(k.spill_store_bytes, k.spill_load_bytes) <= CAPPED_WGMMA_SPILL_BYTES)]
 
 
 def _ids(value):
@@ -131,7 +153,8 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
     """float16 and bfloat16 in "highest" differ from float32 only in their element defines (FMAs on values
     staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2) on the
     TF32 mma's tiles where those cut whole k steps of 16, else the TF32 mma (1) on their widened values; its
-    register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's."""
+    register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's,
+    the conv-shaped ones capped for two blocks an SM (their 16-bit loads held in registers took more than 128)."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
         half, single = plan(geom, dtype=dtype), plan(geom)
@@ -141,7 +164,8 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
         tf32 = plan(geom, precision="medium", choose_tile=register_loop_tile).defines
         assert (medium["FWD_WGMMA"], medium["BWI_WGMMA"]) == (0, 1)  # 24 and 40 dst channels
         assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2,  # TF32's tiles
-                          **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}}
+                          **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}, "BWI_WG_MIN_BLOCKS": 2}
+        assert tf32["BWI_WG_MIN_BLOCKS"] == 1
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
         few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8
         assert plan(few, dtype=dtype, precision="medium").defines["MMA_MODE"] == 1
@@ -203,7 +227,8 @@ def test_wgmma_kernels_compile_for_sm90a_without_spills(family, rank, precision)
     report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision)
     assert report.error is None, report.error
     wgmma = {k.symbol: k for k in report.kernels if k.symbol.endswith(("_wgmma", "_wgpack"))}
-    assert len(wgmma) == 6 and all(k.registers > 8 and not k.spills for k in wgmma.values()), wgmma
+    assert len(wgmma) == 6 and all(k.registers > 8 for k in wgmma.values()), wgmma
+    assert not unexpected_spills(report, plan(geom, precision=precision).defines)
 
 
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
@@ -264,7 +289,23 @@ BENCHMARK_CONVS = [
 def test_extended_geometry_compiles_on_tensor_cores_without_spills(geom, dtype, precision):
     report = nvrtc_check.compile_plan(geom, "sm_90", dtype, precision)
     assert report.error is None, report.error
-    assert not [k for k in report.kernels if k.spills]
+    assert not unexpected_spills(report, plan(geom, dtype=dtype, precision=precision).defines)
+
+
+def test_only_capped_wgmma_kernels_may_spill_and_only_a_little():
+    kernel = nvrtc_check.KernelReport("conv_r2_backward_weight_wgmma", 128, 16, 12, 12)
+    assert unexpected_spills(stand_in_report(kernel), {"BWW_WG_MIN_BLOCKS": 2}) == []
+    assert unexpected_spills(stand_in_report(kernel), {"BWW_WG_MIN_BLOCKS": 1}) == [kernel]
+    assert unexpected_spills(stand_in_report(kernel), {"FWD_WG_MIN_BLOCKS": 2}) == [kernel]
+    heavy = replace(kernel, spill_store_bytes=CAPPED_WGMMA_SPILL_BYTES + 4)
+    assert unexpected_spills(stand_in_report(heavy), {"BWW_WG_MIN_BLOCKS": 2}) == [heavy]
+    gemm = replace(kernel, symbol="conv_r2_backward_weight")
+    assert unexpected_spills(stand_in_report(gemm), {"BWW_WG_MIN_BLOCKS": 2}) == [gemm]
+
+
+def stand_in_report(*kernels):
+    """A stand-in compile report holding `kernels`."""
+    return type("Report", (), {"kernels": kernels})()
 
 
 # The circular-padding sources (pad and fold) at every rank: padding of a whole period on the first

@@ -140,7 +140,7 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
 
 def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
     """Their staging registers took 141 a thread (one block an SM); capped at 128 for two. float32's stages and
-    16-bit N of 256 (128 accumulators a thread) keep one. The TF32 weight gradient up to an N of 128 asks for two
+    16-bit N of 256 (128 accumulators a thread) keep one. The TF32 weight gradient at an N of 128 asks for two
     at ranks 2 and 3 in every dtype (its split planned for two), one at the ranks where capping spills."""
     def min_blocks(channels, spatial, dtype):
         ones = (1,) * len(spatial)

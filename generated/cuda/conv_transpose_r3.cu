@@ -1958,7 +1958,7 @@ extern "C" __global__ void conv_transpose_r3_forward_wgpack(
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
-#define FWD_WG_BOUNDS __launch_bounds__(2 * FWD_WG_CELLS, FWD_WG_MIN_BLOCKS)  // two threads a cell: 128 a warpgroup of 64
+#define FWD_WG_BOUNDS __launch_bounds__(2 * FWD_WG_CELLS, FWD_WG_MIN_BLOCKS)  // two threads a cell
 extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -2807,7 +2807,7 @@ extern "C" __global__ void conv_transpose_r3_backward_input_wgpack(
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
-#define BWI_WG_BOUNDS __launch_bounds__(2 * BWI_WG_CELLS, BWI_WG_MIN_BLOCKS)  // two threads a cell: 128 a warpgroup of 64
+#define BWI_WG_BOUNDS __launch_bounds__(2 * BWI_WG_CELLS, BWI_WG_MIN_BLOCKS)  // two threads a cell
 extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
     const real* __restrict__ source,
     const real* __restrict__ weight,
@@ -3519,7 +3519,7 @@ extern "C" __global__ void conv_transpose_r3_backward_weight_wgpack(
 // channel) of dW are wgmma's M (U's values rounded in registers), the packed D its N x K operand in shared memory, the
 // cells of every image split across blocks whose parts the reduce kernel adds; a block whose sums end non-finite
 // computes them again with FMAs on D and U as given.
-#define BWW_WG_BOUNDS __launch_bounds__(2 * BWW_WG_CELLS, BWW_WG_MIN_BLOCKS)  // two threads a row: 128 a warpgroup of 64
+#define BWW_WG_BOUNDS __launch_bounds__(2 * BWW_WG_CELLS, BWW_WG_MIN_BLOCKS)  // two threads a row
 extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma(
     const real* __restrict__ d_values,
     const real* __restrict__ u_values,
