@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 
@@ -54,3 +55,41 @@ def test_bad_arguments_are_refused_with_the_reason(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base", str(tmp_path), "--cases", "conv2d_64_56_n32,conv9d"])
     assert "--cases: unknown conv9d (known: " in capsys.readouterr().err
+
+
+WGMMA_TILES = Path(__file__).resolve().parents[1] / "runtime" / "wgmma_tiles.py"
+BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+
+
+def test_another_trees_wgmma_tiles_plan_the_base_side(tmp_path) -> None:
+    """A copy of this tree's wgmma_tiles.py plans as this tree does; one whose WgmmaTile lacks a field (an earlier
+    tree's) gives that field its default; one that chooses nothing sends every stage to its GEMM."""
+    copy = tmp_path / "copy_tiles.py"
+    copy.write_text(WGMMA_TILES.read_text())
+    older = tmp_path / "older_tiles.py"
+    older.write_text("from dataclasses import dataclass\n\n\n@dataclass(frozen=True)\nclass Tile:\n    n: int\n"
+                     "    cells: int\n    stages: int\n    split: int\n\n\n"
+                     "def choose_wgmma(shape, hardware):\n    return Tile(64, 128, 3, 5)\n")
+    none = tmp_path / "no_tiles.py"
+    none.write_text("def choose_wgmma(shape, hardware):\n    return None\n")
+    for precision in ("high", "medium"):
+        assert plan(BATCHED_128, precision=precision, wgmma_chooser=kernel_ab.tiles_chooser(copy)).defines == \
+            plan(BATCHED_128, precision=precision).defines
+    older_plan = plan(BATCHED_128, precision="medium", wgmma_chooser=kernel_ab.tiles_chooser(older)).defines
+    assert (older_plan["BWW_WG_N"], older_plan["BWW_SPLIT"], older_plan["BWW_WG_MIN_BLOCKS"]) == (64, 5, 1)
+    assert plan(BATCHED_128, precision="medium", wgmma_chooser=kernel_ab.tiles_chooser(none)).defines["FWD_WGMMA"] == 0
+    chooser = kernel_ab.tiles_chooser(none)
+    assert kernel_ab.backend_class(None, chooser).wgmma_chooser is chooser
+    assert kernel_ab.backend_class(None) is kernel_ab.CupyBackend
+
+
+def test_a_side_that_differs_in_nothing_is_refused(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        kernel_ab.main([])
+    assert "give --base, --base-tiles or both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base-tiles", str(tmp_path)])
+    assert f"--base-tiles {tmp_path}: not a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base", str(tmp_path), "--dtypes", "float32,int8"])
+    assert "--dtypes: unknown int8 (known: float32, float16, bfloat16)" in capsys.readouterr().err
