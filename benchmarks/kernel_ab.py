@@ -35,6 +35,7 @@ from convgen.cuda import CupyBackend
 from convgen.geometry import Geometry
 from convgen.wgmma_tiles import WgmmaTile
 from suite.cases import BATCHED_CASES, CASES_BY_NAME
+from suite.contestants import random_inputs
 from tile_sweep import median_us
 
 STAGES = ("forward", "backward_input", "backward_weight")
@@ -45,24 +46,20 @@ SAMPLES_PER_ROUND = 5  # of tile_sweep.median_us, each LAUNCHES_PER_ROUND calls
 
 def backend_class(sources: Path | None, wgmma_chooser: Callable[..., Any] | None = None) -> type[CupyBackend]:
     """CupyBackend, or one that compiles its CUDA from the same-named files in `sources` and plans its wgmma
-    stages with `wgmma_chooser` (each where given)."""
-    if sources is None and wgmma_chooser is None:
-        return CupyBackend
-
-    class OtherTreeBackend(CupyBackend):
+    stages with `wgmma_chooser` (each where given; the other as CupyBackend's)."""
+    overrides: dict[str, Any] = {}
+    if sources is not None:
         def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
                        device: int) -> dict[str, Any]:
-            if sources is None:
-                return super()._functions(source_name, symbols, options, device)
             key = (source_name, options, device)
             if key not in self._modules:
                 module = self._xp.RawModule(code=(sources / source_name).read_text(), options=options)
                 self._modules[key] = {stage: module.get_function(symbol) for stage, symbol in symbols.items()}
             return self._modules[key]
-
+        overrides["_functions"] = _functions
     if wgmma_chooser is not None:
-        OtherTreeBackend.wgmma_chooser = staticmethod(wgmma_chooser)
-    return OtherTreeBackend
+        overrides["wgmma_chooser"] = staticmethod(wgmma_chooser)
+    return type("OtherTreeBackend", (CupyBackend,), overrides) if overrides else CupyBackend
 
 
 def tiles_chooser(path: Path) -> Callable[..., Any]:
@@ -78,17 +75,6 @@ def tiles_chooser(path: Path) -> Callable[..., Any]:
         tile = module.choose_wgmma(shape, hardware)
         return None if tile is None else WgmmaTile(**{n: getattr(tile, n) for n in names if hasattr(tile, n)})
     return choose
-
-
-def random_inputs(cupy: Any, geom: Geometry, dtype: str) -> tuple[tuple[Any, ...], Any]:
-    """Normal values for the geometry's inputs and its upstream gradient in `dtype` (bfloat16 as the top half
-    of each float32, which is how CuPy holds it: uint16)."""
-    rng = cupy.random.RandomState(7)
-
-    def normal(shape: tuple[int, ...]) -> Any:
-        values = rng.standard_normal(shape, dtype=cupy.float32)
-        return (values.view(cupy.uint32) >> 16).astype(cupy.uint16) if dtype == "bfloat16" else values.astype(dtype)
-    return tuple(normal(shape) for shape in geom.parent_shapes), normal(geom.output_shape)
 
 
 def stage_calls(backend: CupyBackend, geom: Geometry, inputs: tuple[Any, ...],
@@ -138,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for precision in args.precisions.split(",") if dtype == "float32" or precision != "high"]
     for name, dtype, precision in runs:
         geom = CASES_BY_NAME[name].geometry
-        inputs, grad = random_inputs(cupy, geom, dtype)
+        inputs, grad = random_inputs(cupy, geom, dtype, seed=7)
         sides = {side: stage_calls(cls(dtype, precision), geom, inputs, grad)
                  for side, cls in (("base", base_class), ("new", CupyBackend))}
         bits = same_bits(cupy, sides["base"], sides["new"])  # also compiles and warms both

@@ -16,6 +16,7 @@ import argparse
 
 from convgen.cuda import CupyBackend
 from suite.cases import CASES_BY_NAME
+from suite.contestants import random_inputs
 
 
 def main() -> None:
@@ -32,16 +33,7 @@ def main() -> None:
 
     geom = CASES_BY_NAME[args.case].geometry
     backend = CupyBackend(args.dtype, precision=args.precision)
-    rng = cupy.random.RandomState(1)
-
-    def normal(shape: tuple[int, ...]) -> cupy.ndarray:
-        values = rng.standard_normal(shape, dtype=cupy.float32)
-        if args.dtype == "bfloat16":  # CuPy holds bfloat16 as its bits: a float32's upper half
-            return (values.view(cupy.uint32) >> 16).astype(cupy.uint16)
-        return values.astype(args.dtype)
-
-    inputs = tuple(normal(shape) for shape in geom.parent_shapes)
-    grad = normal(geom.output_shape)
+    inputs, grad = random_inputs(cupy, geom, args.dtype, seed=1)
     for _ in range(args.repeat):
         _, saved = backend.forward(geom, inputs)
         if not args.forward_only:

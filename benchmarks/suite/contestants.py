@@ -27,6 +27,17 @@ def make_device_inputs(case: Case, cupy: Any) -> dict[str, Any]:
     return {name: rng.standard_normal(shape, dtype=cupy.float32) for name, shape in shapes.items()}
 
 
+def random_inputs(cupy: Any, geom: Any, dtype: str, seed: int) -> tuple[tuple[Any, ...], Any]:
+    """Normal values for a geometry's inputs (the backend's order) and its upstream gradient, as CuPy arrays of
+    `dtype`: the float32 normals converted, bfloat16 as each one's upper half (CuPy holds it as its bits, uint16)."""
+    rng = cupy.random.RandomState(seed)
+
+    def normal(shape: tuple[int, ...]) -> Any:
+        values = rng.standard_normal(shape, dtype=cupy.float32)
+        return (values.view(cupy.uint32) >> 16).astype(cupy.uint16) if dtype == "bfloat16" else values.astype(dtype)
+    return tuple(normal(shape) for shape in geom.parent_shapes), normal(geom.output_shape)
+
+
 def conv4d_by_conv3d(x: Any, weight: Any, bias: Any, stride: tuple[int, ...], padding: tuple[int, ...]) -> Any:
     """A real 4-D convolution (cross-correlation, as torch's convNd) made of conv3d calls.
 
