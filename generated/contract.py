@@ -91,6 +91,8 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads 
 # The weight gradient's `_wgmma` takes the same fields: _WG_CELLS its rows (window offset, U channel), wgmma's M,
 # _WG_N D's channels, a slice WG_BK cells of D; its reduction is split <PREFIX>_SPLIT ways.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there
+# 16-bit elements multiply as themselves (k16) in both, staged [fragment row][k], WG_HALF_PAD elements after a row.
+WG_HALF_PAD = 8
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered
 # A GEMM block of more shared memory than this has its slices in dynamic shared memory (gemm_dynamic_shared_bytes).
@@ -1402,23 +1404,37 @@ CIRCULAR_KERNELS: dict[int, KernelSource] = {
 
 
 def wgmma_planes(mma_mode: int) -> int:
-    """The packed weight's planes of a `_wgmma` kernel: the TF32 rounding, and in 3xTF32 (MMA_MODE 3) the rest."""
+    """The packed weight's planes of a `_wgmma` kernel: the TF32 rounding, and in 3xTF32 (MMA_MODE 3) the rest; 16-bit
+    elements (HALF_MMA_MODE) as they are."""
     return 2 if mma_mode == 3 else 1
 
 
-def wgmma_stage_bytes(wg_n: int, a_floats: int, mma_mode: int) -> int:
-    """One slice of a `_wgmma` block in shared memory: the B operand's planes, WG_N rows of 128 bytes each, then
-    the A values' `a_floats` floats, rounded up to the 1024 bytes of a swizzle atom."""
-    return wgmma_planes(mma_mode) * wg_n * 128 + -(-a_floats * 4 // 1024) * 1024
+def wgmma_operand_bytes(mma_mode: int) -> int:
+    """Bytes of an element of a `_wgmma` kernel's operands: 16-bit elements (HALF_MMA_MODE) as they are, else TF32
+    values in floats."""
+    return 2 if mma_mode == HALF_MMA_MODE else 4
+
+
+def wgmma_stage_bytes(wg_n: int, a_bytes: int, mma_mode: int) -> int:
+    """One slice of a `_wgmma` block in shared memory: the B operand's planes, WG_N swizzled rows of WG_BK elements
+    each, then the A values' `a_bytes`, rounded up to the 1024 bytes of a swizzle atom."""
+    return wgmma_planes(mma_mode) * wg_n * WG_BK * wgmma_operand_bytes(mma_mode) + -(-a_bytes // 1024) * 1024
+
+
+def _half_a_bytes(rows: int) -> int:
+    """A staged slice of 16-bit A values: `rows` fragment rows of WG_BK + WG_HALF_PAD elements."""
+    return rows * (WG_BK + WG_HALF_PAD) * 2
 
 
 def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> int:
     """A conv-shaped stage's `_wgmma` block: its slices (the weight's rows, the source's WG_BK rows of WG_CELLS +
-    WG_CELL_PAD floats), and 1024 bytes to align them to a swizzle atom."""
-    return stages * wgmma_stage_bytes(wg_n, WG_BK * (wg_cells + WG_CELL_PAD), mma_mode) + 1024
+    WG_CELL_PAD floats, or 16-bit: WG_CELLS rows of WG_BK channels), and 1024 bytes to align them to a swizzle atom."""
+    a_bytes = _half_a_bytes(wg_cells) if mma_mode == HALF_MMA_MODE else WG_BK * (wg_cells + WG_CELL_PAD) * 4
+    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode) + 1024
 
 
 def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int) -> int:
-    """The weight gradient's `_wgmma` block: its slices (D's rows, U's `rows` rows of WG_BK + WG_ROW_PAD floats),
-    and 1024 bytes to align them."""
-    return stages * wgmma_stage_bytes(wg_n, rows * (WG_BK + WG_ROW_PAD), mma_mode) + 1024
+    """The weight gradient's `_wgmma` block: its slices (D's rows, U's `rows` rows of WG_BK + WG_ROW_PAD floats, or
+    of 16-bit elements WG_BK + WG_HALF_PAD), and 1024 bytes to align them."""
+    a_bytes = _half_a_bytes(rows) if mma_mode == HALF_MMA_MODE else rows * (WG_BK + WG_ROW_PAD) * 4
+    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode) + 1024

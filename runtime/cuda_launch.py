@@ -65,7 +65,7 @@ from convgen.wgmma_tiles import (
     wgmma_block_shared_bytes,
     wgmma_grid,
     wgmma_pack_threads,
-    wgmma_packed_elements,
+    wgmma_packed_floats,
 )
 
 __all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
@@ -229,7 +229,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
             elif wgmma and count:
-                _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
+                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
@@ -243,7 +243,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
                 splits[stage] = weight.parts
             elif wgmma and count:
-                _wgmma_stage(stage, shape, wgmma, launches, splits, packed_elements)
+                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements)
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
@@ -257,13 +257,19 @@ def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
     return {f"{prefix}_{field}": value for field, value in zip(WGMMA_FIELDS, values, strict=True)}
 
 
+def _wgmma_operands(shape: GemmShape, dtype: str) -> GemmShape:
+    """The shape a `_wgmma` stage sizes its launch and packed operand by: 16-bit elements multiply as themselves
+    there (HALF_MMA_MODE) whichever mode their geometry's GEMMs took, their products being exact either way."""
+    return dataclasses.replace(shape, mma=HALF_MMA_MODE) if dtype in HALF_DTYPES else shape
+
+
 def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
                  packed_elements: dict[str, int]) -> None:
     """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: of `shape`, the real batch's (the
     packed D of the weight gradient has every image); conv-shaped stages split nothing."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
-    packed_elements[stage] = wgmma_packed_elements(shape, tile)
+    packed_elements[stage] = wgmma_packed_floats(shape, tile)
     launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
     launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)
     splits[stage] = tile.split

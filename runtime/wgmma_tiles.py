@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from convgen.generated.contract import WG_BK, WG_NS, wgmma_planes, wgmma_shared_bytes, wgmma_weight_shared_bytes
+from convgen.generated.contract import (
+    WG_BK,
+    WG_NS,
+    wgmma_operand_bytes,
+    wgmma_planes,
+    wgmma_shared_bytes,
+    wgmma_weight_shared_bytes,
+)
 
 # Two warpgroups a block, 64 dst cells each: on N8 128->128 128² one warpgroup of 128 cells (two m64 tiles a
 # warp) ran 3% slower, two of 128 cells each 10% slower.
@@ -103,17 +110,23 @@ def wgmma_grid(shape, tile: WgmmaTile) -> int:
 
 
 def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:
-    """Threads of the stage's `_wgpack` launch: a float of the packed weight each; the weight gradient's, a quad of
-    D's packed cells each, written to every plane."""
+    """Threads of the stage's `_wgpack` launch: an element of the packed weight each; the weight gradient's, a quad
+    of D's packed cells each, written to every plane."""
     elements = wgmma_packed_elements(shape, tile)
     return elements if shape.conv else elements // (wgmma_planes(shape.mma) * 4)
 
 
 def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
-    """Floats of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK;
+    """Elements of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK;
     the weight gradient's packed D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""
     if not shape.conv:
         cells = -(-shape.reduction // WG_BK) * WG_BK
         return wgmma_planes(shape.mma) * shape.images * shape.groups * -(-shape.m // tile.n) * tile.n * cells
     slices = -(-shape.source_c // WG_BK) * shape.k_size
     return wgmma_planes(shape.mma) * shape.groups * -(-shape.m // tile.n) * slices * tile.n * WG_BK
+
+
+def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:
+    """The packed operand's size in floats, which its scratch buffer is allocated in (16-bit elements: two a float;
+    their counts are multiples of WG_BK)."""
+    return wgmma_packed_elements(shape, tile) * wgmma_operand_bytes(shape.mma) // 4

@@ -7,8 +7,9 @@ blocks one after another, each block's threads as OS threads meeting at real bar
 for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 and mma_16bit stand
 in for mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
 sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
-sanitizer), as it would fault on a GPU. Hopper's warpgroup mma (the `_wgmma` kernels: wgmma_tf32 with A from
-registers and B from shared memory through its descriptor, in the 128-byte swizzle) runs there too, at once.
+sanitizer), as it would fault on a GPU. Hopper's warpgroup mma (the `_wgmma` kernels: wgmma_tf32 and wgmma_16bit
+with A from registers and B from shared memory through its descriptor, in the 128- or 64-byte swizzle) runs there
+too, at once.
 Other inline PTX is not emulated: a source that needs it fails to compile, with the compiler's message.
 """
 
@@ -55,10 +56,12 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) double2 { double x, y; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline double2 make_double2(double x, double y) { return {x, y}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }  // CUDA's integer min
 template <class To, class From> inline To emulated_bits(From value)
@@ -206,36 +209,62 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}  // the products below are done when the call returns
 template <unsigned R> inline void fence_accumulators(float (&)[R]) {}
-// wgmma.mma_async.m64n{2R}k8.f32.tf32.tf32 for the warpgroup: A 64 x 8 from registers, warp w's rows 16 w .. 16 w
-// + 15 as mma.sync's m16n8k8 A fragment; B N x 8 from shared memory, row n at the descriptor's start + 128 n, a
-// value's address bits 4-6 XORed with bits 7-9 (the 128-byte swizzle); D rows g and g + 8 of the warp's 16
-// (r % 4 >= 2: g + 8), column 8 (r / 4) + 2 t + r % 2. Operands read as TF32, products summed in double.
-template <unsigned R> inline void wgmma_tf32(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
+// The warpgroup's A (64 x K from registers, warp w's rows 16 w .. 16 w + 15 in mma.sync's A fragment layout):
+// this thread's rows g and g + 8, from the four lanes of its warp that hold them, each register's K / 8 values
+// decoded by `values(word, i)` (TF32: one; 16 bits: two, the lower k in the low half). Registers j = 0, 1 hold
+// the row pair's first K / 2 columns, 2 and 3 the rest.
+template <unsigned K, class Values> inline void emulated_rows(const unsigned (&a)[4], double (&rows)[2][K], Values values)
 {
     emulated_warpgroup& group = emulated_current->warpgroups[threadIdx.x / 128];
-    const unsigned thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
+    const unsigned thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4;
+    constexpr unsigned PER = K / 8;  // values a register
     for (unsigned i = 0; i < 4; ++i) group.a[thread][i] = a[i];
     group.barrier->arrive_and_wait();
-    const auto tf32 = [](unsigned bits) { return (double)emulated_bits<float>(bits & 0xffffe000u); };
-    double rows[2][8];  // this thread's rows g and g + 8, from the four lanes of the warp that hold them
     for (unsigned lane_t = 0; lane_t < 4; ++lane_t) {
         const unsigned (&f)[4] = group.a[warp * 32 + 4 * g + lane_t];
-        rows[0][lane_t] = tf32(f[0]), rows[1][lane_t] = tf32(f[1]);
-        rows[0][lane_t + 4] = tf32(f[2]), rows[1][lane_t + 4] = tf32(f[3]);
+        for (unsigned j = 0; j < 4; ++j) {
+            for (unsigned i = 0; i < PER; ++i) rows[j % 2][j / 2 * K / 2 + PER * lane_t + i] = values(f[j], i);
+        }
     }
     group.barrier->arrive_and_wait();  // every thread has read the fragments before any publishes again
-    const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4;
+}
+// The `bytes` bits at byte `offset` of B's row n through a wgmma descriptor: K-major rows of 128 bytes (layout 1)
+// or 64 (layout 2) from its start, 8-row groups its stride byte offset apart, a value's address bits 4-6 (4-5)
+// XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. Any other layout or stride stops the process.
+inline unsigned emulated_b_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes)
+{
+    const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4, stride = static_cast<unsigned>(b >> 32 & 0x3FFF) << 4;
+    const unsigned layout = static_cast<unsigned>(b >> 62), row_bytes = layout == 1 ? 128 : layout == 2 ? 64 : 0;
+    if (row_bytes == 0 || stride != 8 * row_bytes) {
+        std::fprintf(stderr, "emulated wgmma: descriptor layout %u, stride byte offset %u\n", layout, stride);
+        std::abort();
+    }
+    const unsigned address = start + stride * (n / 8) + row_bytes * (n % 8) + offset;
+    unsigned bits = 0;
+    std::memcpy(&bits, dynamic_shared() + (address ^ (address >> 7 & (row_bytes / 16 - 1)) << 4), bytes);
+    return bits;
+}
+// d += A B for the warpgroup, B N x K (N = 2R) through its descriptor, each value `bytes` wide and decoded by
+// `value`; D rows g and g + 8 of the warp's 16 (r % 4 >= 2: g + 8), column 8 (r / 4) + 2 t + r % 2. Products
+// summed in double, added once.
+template <unsigned K, unsigned R, class Value>
+inline void emulated_wgmma(float (&d)[R], const double (&rows)[2][K], unsigned long long b, unsigned bytes, Value value)
+{
+    const unsigned t = threadIdx.x % 4;
     for (unsigned r = 0; r < R; ++r) {
         const unsigned column = r / 4 * 8 + 2 * t + r % 2;
         double sum = 0;
-        for (unsigned k = 0; k < 8; ++k) {
-            const unsigned address = start + 128 * column + 4 * k;
-            unsigned bits;
-            std::memcpy(&bits, dynamic_shared() + (address ^ (address >> 7 & 7u) << 4), 4);
-            sum += rows[r % 4 >= 2][k] * tf32(bits);
-        }
+        for (unsigned k = 0; k < K; ++k) sum += rows[r % 4 >= 2][k] * value(emulated_b_bits(b, column, bytes * k, bytes));
         d[r] = (float)(d[r] + sum);
     }
+}
+// wgmma.mma_async.m64n{2R}k8.f32.tf32.tf32: operands read as TF32 (their low 13 bits ignored).
+template <unsigned R> inline void wgmma_tf32(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
+{
+    const auto tf32 = [](unsigned bits) { return (double)emulated_bits<float>(bits & 0xffffe000u); };
+    double rows[2][8];
+    emulated_rows(a, rows, [&](unsigned word, unsigned) { return tf32(word); });
+    emulated_wgmma(d, rows, b, 4, tf32);
 }
 
 // cp.async copies at once (a copy lands before the thread goes on, which the real one may also do), so
@@ -292,6 +321,14 @@ inline void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned
     };
     c0 = (float)(c0 + dot(g, 2 * t)), c1 = (float)(c1 + dot(g, 2 * t + 1));
     c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
+}
+
+// wgmma.mma_async.m64n{2R}k16.f32.{bf16,f16} likewise, the 16-bit values decoded by emulated_half.
+template <unsigned R> inline void wgmma_16bit(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
+{
+    double rows[2][16];
+    emulated_rows(a, rows, [](unsigned word, unsigned i) { return emulated_half(word >> (16 * i) & 0xffffu); });
+    emulated_wgmma(d, rows, b, 2, emulated_half);
 }
 
 template <class Body> void emulated_launch(unsigned grid, unsigned threads, unsigned shared_bytes, Body body)

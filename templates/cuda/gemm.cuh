@@ -122,10 +122,9 @@ __device__ __forceinline__ void ldg4(const real* p, size_t i, real (&v)[4])
     v[0] = real{(unsigned short)q.x}, v[1] = real{(unsigned short)(q.x >> 16)};
     v[2] = real{(unsigned short)q.y}, v[3] = real{(unsigned short)(q.y >> 16)};
 }
-__device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b)
-{
-    return (unsigned)narrowed(a).bits | (unsigned)narrowed(b).bits << 16;
-}
+// Two elements in one word, `low` in its low half (the order of consecutive k in an mma fragment register).
+__device__ __forceinline__ unsigned element_pair(real low, real high) { return low.bits | (unsigned)high.bits << 16; }
+__device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b) { return element_pair(narrowed(a), narrowed(b)); }
 __device__ __forceinline__ void store4(real* p, scalar a, scalar b, scalar c, scalar d)
 {
     *reinterpret_cast<uint2*>(p) = make_uint2(narrowed_pair(a, b), narrowed_pair(c, d));
@@ -299,19 +298,19 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 }
 #endif
 
-// A thread's COUNT copies of one slice into shared memory as floats, copy i landing STEP * i floats after
-// `first` (start): a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes) are loaded
-// into registers and widened into shared memory by land(), which the loop calls one slice later, so that the
+// A thread's COUNT copies of one slice into shared memory (the `_wgmma` kernels' A), copy i landing STEP * i
+// elements after `first` (start): a float by cp.async, at once; 16-bit elements (cp.async copies 4 or 16 bytes)
+// are loaded into registers and stored as they are by land(), which the loop calls one slice later, so that the
 // loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
 // generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
-// bfloat16's with a load and a store per element). Not `valid`: a zero, nothing read. land() with nothing
-// loaded since the last does nothing.
+// bfloat16's with a load and a store per element); consecutive ones (STEP 1) eight to a 16-byte store. Not
+// `valid`: a zero, nothing read. land() with nothing loaded since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
-    float* first = nullptr;
+    real* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
 #endif
-    __device__ __forceinline__ void start(float* destination) { first = destination; }
+    __device__ __forceinline__ void start(real* destination) { first = destination; }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -324,8 +323,17 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
     {
 #if ELEMENT_BYTES == 2
         if (first != nullptr) {
+            if constexpr (STEP == 1 && COUNT % 8 == 0) {
 #pragma unroll
-            for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = widened(held[i]);
+                for (unsigned i = 0; i < COUNT; i += 8) {
+                    *reinterpret_cast<uint4*>(first + i) =
+                        make_uint4(element_pair(held[i], held[i + 1]), element_pair(held[i + 2], held[i + 3]),
+                                   element_pair(held[i + 4], held[i + 5]), element_pair(held[i + 6], held[i + 7]));
+                }
+            } else {
+#pragma unroll
+                for (unsigned i = 0; i < COUNT; ++i) first[i * STEP] = held[i];
+            }
         }
 #endif
         first = nullptr;
