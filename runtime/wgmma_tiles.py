@@ -35,6 +35,7 @@ WGMMA_WEIGHT_BLOCKS_PER_SM = {1: 2, 3: 1}
 WGMMA_WEIGHT_MIN_SLICES = 8
 WGMMA_TWO_BLOCK_MAX_RANK = 7
 WGMMA_TF32_TWO_BLOCK_RANKS = (2, 3)
+WGMMA_16BIT_UNCAPPED_MAX_RANK = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,12 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     if shape.conv:
-        # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers: 141 a thread on N8
-        # 128->128, one block an SM where float32's 128 fit two. Capped at 128 for two up to an N of 128, none
-        # spilled (ptxas, sm_90a: ranks 1-8, both families, 32 and 128 channels); N 256's accumulators alone take 128.
-        two = not shape.pipelined and n <= 128
+        # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers. Multiplied as themselves
+        # (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
+        # the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice capped, 154
+        # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
+        # families, 32 and 128 channels). N 256's accumulators alone take 128.
+        two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
         tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, min_blocks=2 if two else 1)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)

@@ -139,16 +139,19 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
 
 
 def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
-    """Their staging registers took 141 a thread (one block an SM); capped at 128 for two. float32's stages and
-    16-bit N of 256 (128 accumulators a thread) keep one. The TF32 weight gradient at an N of 128 asks for two
-    at ranks 2 and 3 in every dtype (its split planned for two), one at the ranks where capping spills."""
+    """Their staging registers would take more than 128 a thread (one block an SM); capped at 128 for two, but for
+    an N of 128 at ranks 1 and 2, which fit two uncapped. float32's stages and 16-bit N of 256 (128 accumulators a
+    thread) keep one. The TF32 weight gradient at an N of 128 asks for two at ranks 2 and 3 in every dtype (its
+    split planned for two), one at the ranks where capping spills."""
     def min_blocks(channels, spatial, dtype):
         ones = (1,) * len(spatial)
         geom = Geometry.build(Family.CONV, channels, channels, spatial, (3,) * len(spatial), ones, ones, batch=8)
         made = plan(geom, dtype=dtype, precision="medium")
         return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
 
-    assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (2, 2, 2)
+    assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (1, 1, 2)
+    assert min_blocks(128, (8, 8, 8), "bfloat16") == (2, 2, 2)
+    assert min_blocks(64, (32, 32), "bfloat16") == (2, 2, 1)
     assert min_blocks(128, (128, 128), "float32") == (1, 1, 2)
     assert min_blocks(128, (8, 8, 8), "float32") == (1, 1, 2)
     assert min_blocks(128, (8, 8, 8, 8), "float32") == (1, 1, 1)
