@@ -91,8 +91,7 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads 
 # The weight gradient's `_wgmma` takes the same fields: _WG_CELLS its rows (window offset, U channel), wgmma's M,
 # _WG_N D's channels, a slice WG_BK cells of D; its reduction is split <PREFIX>_SPLIT ways.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there
-# 16-bit elements multiply as themselves (k16) in both, staged [fragment row][k], WG_HALF_PAD elements after a row.
-WG_HALF_PAD = 8
+# 16-bit elements multiply as themselves (k16) in both, A staged [fragment row][k] like B: rows of WG_BK elements.
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered
 # A GEMM block of more shared memory than this has its slices in dynamic shared memory (gemm_dynamic_shared_bytes).
@@ -1422,8 +1421,8 @@ def wgmma_stage_bytes(wg_n: int, a_bytes: int, mma_mode: int) -> int:
 
 
 def _half_a_bytes(rows: int) -> int:
-    """A staged slice of 16-bit A values: `rows` fragment rows of WG_BK + WG_HALF_PAD elements."""
-    return rows * (WG_BK + WG_HALF_PAD) * 2
+    """A staged slice of 16-bit A values: `rows` fragment rows of WG_BK elements (swizzled, as B's)."""
+    return rows * WG_BK * 2
 
 
 def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> int:
@@ -1435,6 +1434,6 @@ def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> 
 
 def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int) -> int:
     """The weight gradient's `_wgmma` block: its slices (D's rows, U's `rows` rows of WG_BK + WG_ROW_PAD floats, or
-    of 16-bit elements WG_BK + WG_HALF_PAD), and 1024 bytes to align them."""
+    of 16-bit elements WG_BK), and 1024 bytes to align them."""
     a_bytes = _half_a_bytes(rows) if mma_mode == HALF_MMA_MODE else rows * (WG_BK + WG_ROW_PAD) * 4
     return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode) + 1024

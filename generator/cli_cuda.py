@@ -46,7 +46,7 @@ def compile_sources(arch: str, dtype: str, precisions: tuple[str, ...] = ("highe
             continue
         for kernel in report.kernels:
             spilled += kernel.spills
-            mark = "  SPILLS" if kernel.spills else ""
+            mark = ("  SPILLS" if kernel.spills else "") + ("  WGMMA SERIALIZED" if kernel.serialized_wgmma else "")
             click.echo(f"{kernel.symbol:<44} {mode:<14} {kernel.registers:>3} regs  {kernel.stack_bytes:>5} B "
                        f"stack  {kernel.spill_store_bytes:>4}/{kernel.spill_load_bytes:<4} B spill st/ld{mark}")
         sys.stdout.flush()

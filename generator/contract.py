@@ -100,9 +100,6 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 re
 # The weight gradient's `_wgmma` kernel (templates/cuda/_wgmma_weight.cu.j2) takes the same fields: WG_CELLS are
 # then its rows (window offset, U channel) of dW, wgmma's M, and WG_N D's channels; a slice is WG_BK cells of D.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there: a fragment's 32 reads hit 32 banks
-# 16-bit elements multiply as themselves (k16) in both kernels, staged [fragment row][k], a row WG_BK elements and
-# this many more: 80 bytes, so a fragment's 32 word reads and a warp's 16-byte stores each hit 32 banks.
-WG_HALF_PAD = 8
 
 
 # <PREFIX>_MMA: how the stage's implicit GEMM multiplies, an MMA_MODE: the geometry's, or FMAs (0) where its tensor

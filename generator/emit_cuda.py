@@ -41,7 +41,6 @@ from convgen.generator.contract import (
     TILE_FIELDS,
     WG_BK,
     WG_CELL_PAD,
-    WG_HALF_PAD,
     WG_NS,
     WG_ROW_PAD,
     WGMMA_FIELDS,
@@ -193,7 +192,6 @@ def render_cuda(env: jinja2.Environment, family: Family, rank: int, header: str)
         wg_bk=WG_BK,
         wg_cell_pad=WG_CELL_PAD,
         wg_row_pad=WG_ROW_PAD,
-        wg_half_pad=WG_HALF_PAD,
         kernels=kernels,
         stages={stage.name: view for stage, view in zip(FAMILY_STAGES[family], kernels)},
     )
@@ -230,7 +228,6 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         wg_bk=WG_BK,
         wg_cell_pad=WG_CELL_PAD,
         wg_row_pad=WG_ROW_PAD,
-        wg_half_pad=WG_HALF_PAD,
         direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,

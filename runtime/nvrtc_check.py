@@ -68,6 +68,9 @@ def check_architecture(arch: str) -> None:
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
+# ptxas waits for each wgmma where it cannot keep a group in flight (C7510-C7515, "Potential Performance Loss"): the
+# products of consecutive slices no longer overlap, which no result shows.
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized .* in the function '(\w+)'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class KernelReport:
     stack_bytes: int
     spill_store_bytes: int
     spill_load_bytes: int
+    serialized_wgmma: bool = False  # ptxas waits for each of its wgmma (_SERIALIZED)
 
     @property
     def spills(self) -> bool:
@@ -96,7 +100,9 @@ class SourceReport:
 
 
 def parse_ptxas_log(log: str) -> tuple[KernelReport, ...]:
-    """The per-kernel resource lines that `--ptxas-options=-v` writes into the NVRTC log."""
+    """The per-kernel resource lines that `--ptxas-options=-v` writes into the NVRTC log, and its notes of
+    serialized wgmma (which may come before the kernel's own lines)."""
+    serialized = set(_SERIALIZED.findall(log))
     reports, symbol, frame = [], None, (0, 0, 0)
     for line in log.splitlines():
         if m := _ENTRY.search(line):
@@ -104,7 +110,7 @@ def parse_ptxas_log(log: str) -> tuple[KernelReport, ...]:
         elif m := _FRAME.search(line):
             frame = tuple(int(g) for g in m.groups())
         elif (m := _REGISTERS.search(line)) and symbol is not None:
-            reports.append(KernelReport(symbol, int(m.group(1)), *frame))
+            reports.append(KernelReport(symbol, int(m.group(1)), *frame, symbol in serialized))
             symbol = None
     return tuple(reports)
 

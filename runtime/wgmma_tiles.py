@@ -23,6 +23,9 @@ from convgen.generated.contract import (
 # warp) ran 3% slower, two of 128 cells each 10% slower.
 WGMMA_CELLS = 128
 WGMMA_STAGES = 3  # slices in shared memory, two in flight: four ran 32% slower in TF32 on N8 128->128, 3xTF32 the same
+# 16-bit elements (planned with `pipelined` off) keep a slice's products in flight while the next is prepared: the
+# slices two back and one back may still be read when two ahead is copied and one ahead lands, so four buffers.
+WGMMA_16BIT_STAGES = 4
 # The widest N per mode: 3xTF32 keeps a slice's sums apart from the total, twice the accumulator registers.
 WGMMA_MAX_N = {1: 256, 3: 128}
 # Below these the GEMM's tiles stay: a block would mostly multiply zeros (wgmma's N and its 32-channel slices).
@@ -68,6 +71,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
             and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
+    stages = WGMMA_STAGES if shape.pipelined else WGMMA_16BIT_STAGES
     if shape.conv:
         # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers. Multiplied as themselves
         # (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
@@ -75,7 +79,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
         two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
-        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, min_blocks=2 if two else 1)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // WG_BK)
@@ -89,7 +93,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         min_blocks = 2 if two else 1
         per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
-        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_STAGES, split, min_blocks)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks)
     return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
 
 

@@ -7,9 +7,9 @@ blocks one after another, each block's threads as OS threads meeting at real bar
 for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 and mma_16bit stand
 in for mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
 sizes (every thread is a thread); a vector access off its alignment stops the process (the alignment
-sanitizer), as it would fault on a GPU. Hopper's warpgroup mma (the `_wgmma` kernels: wgmma_tf32 and wgmma_16bit
-with A from registers and B from shared memory through its descriptor, in the 128- or 64-byte swizzle) runs there
-too, at once.
+sanitizer), as it would fault on a GPU. Hopper's warpgroup mma (the `_wgmma` kernels: wgmma_tf32 with A from
+registers, wgmma_16bit with A from shared memory, B from shared memory through its descriptor, in the 128- or
+64-byte swizzle) runs there too, at once.
 Other inline PTX is not emulated: a source that needs it fails to compile, with the compiler's message.
 """
 
@@ -207,7 +207,7 @@ inline size_t __cvta_generic_to_shared(const void* p)
 inline void fence_async_shared() {}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
-inline void wgmma_wait_all() {}  // the products below are done when the call returns
+template <unsigned N> inline void wgmma_wait() {}  // the products below are done when the call returns
 template <unsigned R> inline void fence_accumulators(float (&)[R]) {}
 // The warpgroup's A (64 x K from registers, warp w's rows 16 w .. 16 w + 15 in mma.sync's A fragment layout):
 // this thread's rows g and g + 8, from the four lanes of its warp that hold them, each register's K / 8 values
@@ -228,10 +228,11 @@ template <unsigned K, class Values> inline void emulated_rows(const unsigned (&a
     }
     group.barrier->arrive_and_wait();  // every thread has read the fragments before any publishes again
 }
-// The `bytes` bits at byte `offset` of B's row n through a wgmma descriptor: K-major rows of 128 bytes (layout 1)
+// The `bytes` bits at byte `offset` of row n of an operand (B's, or 16-bit A's) through its wgmma descriptor:
+// K-major rows of 128 bytes (layout 1)
 // or 64 (layout 2) from its start, 8-row groups its stride byte offset apart, a value's address bits 4-6 (4-5)
 // XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. Any other layout or stride stops the process.
-inline unsigned emulated_b_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes)
+inline unsigned emulated_operand_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes)
 {
     const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4, stride = static_cast<unsigned>(b >> 32 & 0x3FFF) << 4;
     const unsigned layout = static_cast<unsigned>(b >> 62), row_bytes = layout == 1 ? 128 : layout == 2 ? 64 : 0;
@@ -254,7 +255,7 @@ inline void emulated_wgmma(float (&d)[R], const double (&rows)[2][K], unsigned l
     for (unsigned r = 0; r < R; ++r) {
         const unsigned column = r / 4 * 8 + 2 * t + r % 2;
         double sum = 0;
-        for (unsigned k = 0; k < K; ++k) sum += rows[r % 4 >= 2][k] * value(emulated_b_bits(b, column, bytes * k, bytes));
+        for (unsigned k = 0; k < K; ++k) sum += rows[r % 4 >= 2][k] * value(emulated_operand_bits(b, column, bytes * k, bytes));
         d[r] = (float)(d[r] + sum);
     }
 }
@@ -323,11 +324,15 @@ inline void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned
     c2 = (float)(c2 + dot(g + 8, 2 * t)), c3 = (float)(c3 + dot(g + 8, 2 * t + 1));
 }
 
-// wgmma.mma_async.m64n{2R}k16.f32.{bf16,f16} likewise, the 16-bit values decoded by emulated_half.
-template <unsigned R> inline void wgmma_16bit(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
+// wgmma.mma_async.m64n{2R}k16.f32.{bf16,f16} with A from shared memory too: this thread's rows g and g + 8 of its
+// warp's 16 read through A's descriptor as B's rows are, the 16-bit values decoded by emulated_half.
+template <unsigned R> inline void wgmma_16bit(float (&d)[R], unsigned long long a, unsigned long long b)
 {
+    const unsigned row = threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4;
     double rows[2][16];
-    emulated_rows(a, rows, [](unsigned word, unsigned i) { return emulated_half(word >> (16 * i) & 0xffffu); });
+    for (unsigned h = 0; h < 2; ++h) {
+        for (unsigned k = 0; k < 16; ++k) rows[h][k] = emulated_half(emulated_operand_bits(a, row + 8 * h, 2 * k, 2));
+    }
     emulated_wgmma(d, rows, b, 2, emulated_half);
 }
 

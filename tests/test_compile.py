@@ -39,6 +39,9 @@ GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 SIGNATURE = re.compile(r'extern "C" __global__ void (?:\w+ )?(\w+)\(([^)]*)\)')
 
 PTXAS_LOG = """\
+ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma \
+instructions reading accumulator registers of  a wgmma between start and end of the pipeline stage in the function \
+'conv_r2_forward'
 ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'conv_r2_forward' for 'sm_90'
 ptxas info    : Function properties for conv_r2_forward
@@ -74,7 +77,7 @@ def _ids(value):
 
 def test_ptxas_log_is_read_per_kernel():
     assert nvrtc_check.parse_ptxas_log(PTXAS_LOG) == (
-        nvrtc_check.KernelReport("conv_r2_forward", 40, 0, 0, 0),
+        nvrtc_check.KernelReport("conv_r2_forward", 40, 0, 0, 0, serialized_wgmma=True),
         nvrtc_check.KernelReport("conv_r2_backward_bias", 255, 16, 8, 12),
     )
 
@@ -153,8 +156,9 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
     """float16 and bfloat16 in "highest" differ from float32 only in their element defines (FMAs on values
     staged and summed in float32: float32's tiles); in "medium" they take the 16-bit mma (MMA_MODE 2) on the
     TF32 mma's tiles where those cut whole k steps of 16, else the TF32 mma (1) on their widened values; its
-    register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's,
-    the conv-shaped ones capped for two blocks an SM (their 16-bit loads held in registers took more than 128)."""
+    register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's
+    but with four slices in shared memory (a slice's products stay in flight), the conv-shaped ones capped for two
+    blocks an SM (their 16-bit loads held in registers took more than 128)."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
         half, single = plan(geom, dtype=dtype), plan(geom)
@@ -164,7 +168,8 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
         tf32 = plan(geom, precision="medium", choose_tile=register_loop_tile).defines
         assert (medium["FWD_WGMMA"], medium["BWI_WGMMA"]) == (0, 1)  # 24 and 40 dst channels
         assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2,  # TF32's tiles
-                          **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}, "BWI_WG_MIN_BLOCKS": 2}
+                          **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}, "BWI_WG_MIN_BLOCKS": 2,
+                          "BWI_WG_STAGES": 4}
         assert tf32["BWI_WG_MIN_BLOCKS"] == 1
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
         few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8
@@ -287,9 +292,11 @@ BENCHMARK_CONVS = [
 @pytest.mark.parametrize("geom", [g for g in EXTENDED if g.family.is_conv] + BENCHMARK_CONVS,
                          ids=lambda g: f"{g.family.value}_r{g.rank}_batch{g.batch}_g{g.groups}")
 def test_extended_geometry_compiles_on_tensor_cores_without_spills(geom, dtype, precision):
+    """... and no wgmma kernel that ptxas serializes (16-bit: its loop keeps a slice's products in flight)."""
     report = nvrtc_check.compile_plan(geom, "sm_90", dtype, precision)
     assert report.error is None, report.error
     assert not unexpected_spills(report, plan(geom, dtype=dtype, precision=precision).defines)
+    assert not [k.symbol for k in report.kernels if k.serialized_wgmma]
 
 
 def test_only_capped_wgmma_kernels_may_spill_and_only_a_little():

@@ -689,14 +689,22 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 // are loaded into registers and stored as they are by land(), which the loop calls one slice later, so that the
 // loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
 // generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
-// bfloat16's with a load and a store per element); consecutive ones (STEP 1) eight to a 16-byte store. Not
-// `valid`: a zero, nothing read. land() with nothing loaded since the last does nothing.
+// bfloat16's with a load and a store per element); consecutive ones (STEP 1) eight to a 16-byte store, group q
+// at `first` + 8 (q ^ group_xor) (a swizzled row). Not `valid`: a zero, nothing read. land() with nothing loaded
+// since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
     real* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
+    unsigned group_xor = 0;
 #endif
-    __device__ __forceinline__ void start(real* destination) { first = destination; }
+    __device__ __forceinline__ void start(real* destination, unsigned xor_groups = 0)
+    {
+        first = destination;
+#if ELEMENT_BYTES == 2
+        group_xor = xor_groups;
+#endif
+    }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -712,7 +720,7 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
             if constexpr (STEP == 1 && COUNT % 8 == 0) {
 #pragma unroll
                 for (unsigned i = 0; i < COUNT; i += 8) {
-                    *reinterpret_cast<uint4*>(first + i) =
+                    *reinterpret_cast<uint4*>(first + 8 * (i / 8 ^ group_xor)) =
                         make_uint4(element_pair(held[i], held[i + 1]), element_pair(held[i + 2], held[i + 3]),
                                    element_pair(held[i + 4], held[i + 5]), element_pair(held[i + 6], held[i + 7]));
                 }
@@ -1008,7 +1016,6 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
 constexpr unsigned WG_BK = 32;  // source channels of a _wgmma slice (contract)
 constexpr unsigned WG_CELL_PAD = 8;  // floats after each staged row of a _wgmma slice's cells (contract)
 constexpr unsigned WG_ROW_PAD = 4;  // floats after each staged row of U in the weight's _wgmma (contract)
-constexpr unsigned WG_HALF_PAD = 8;  // 16-bit elements after each staged row of A in either (contract)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A K-major operand in the swizzle of its ROW_BYTES-byte rows (128: layout 1, 64: layout 2), 8-row groups 8
 // rows apart (the stride byte offset); the leading byte offset is unused in these modes. A k step further into
@@ -1024,8 +1031,12 @@ template <unsigned ROW_BYTES> __device__ __forceinline__ unsigned long long swiz
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// After wgmma_wait_all: the accumulators as the tensor cores left them, read by no instruction the compiler
+// Until at most N of this thread's committed wgmma groups are still running.
+template <unsigned N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// After wgmma_wait<0>: the accumulators as the tensor cores left them, read by no instruction the compiler
 // could move above the wait (it sees no dependence between the wait and the registers).
 template <unsigned R> __device__ __forceinline__ void fence_accumulators(float (&d)[R])
 {
@@ -1044,17 +1055,17 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[16], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n32k16 of the 16-bit element type (MMA16_TYPE): a as mma.sync's m16n8k16 A fragment, b K-major
-// (trans-b 0).
-__device__ __forceinline__ void wgmma_16bit(float (&d)[16], const unsigned (&a)[4], unsigned long long b)
+// d += a b, m64n32k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
+// (trans-a and trans-b 0).
+__device__ __forceinline__ void wgmma_16bit(float (&d)[16], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                 "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;"
+                 "%16, %17, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+                 : "l"(a), "l"(b));
 }
 #endif
 // d += a b, m64n64k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1073,21 +1084,21 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[32], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n64k16 of the 16-bit element type (MMA16_TYPE): a as mma.sync's m16n8k16 A fragment, b K-major
-// (trans-b 0).
-__device__ __forceinline__ void wgmma_16bit(float (&d)[32], const unsigned (&a)[4], unsigned long long b)
+// d += a b, m64n64k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
+// (trans-a and trans-b 0).
+__device__ __forceinline__ void wgmma_16bit(float (&d)[32], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
+                 "%32, %33, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
                    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
                    "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+                 : "l"(a), "l"(b));
 }
 #endif
 // d += a b, m64n128k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1113,16 +1124,16 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[64], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n128k16 of the 16-bit element type (MMA16_TYPE): a as mma.sync's m16n8k16 A fragment, b K-major
-// (trans-b 0).
-__device__ __forceinline__ void wgmma_16bit(float (&d)[64], const unsigned (&a)[4], unsigned long long b)
+// d += a b, m64n128k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
+// (trans-a and trans-b 0).
+__device__ __forceinline__ void wgmma_16bit(float (&d)[64], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+                 "%64, %65, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -1134,7 +1145,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[64], const unsigned (&a)[
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
                    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
                    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+                 : "l"(a), "l"(b));
 }
 #endif
 // d += a b, m64n256k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1175,9 +1186,9 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[128], const unsigned (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n256k16 of the 16-bit element type (MMA16_TYPE): a as mma.sync's m16n8k16 A fragment, b K-major
-// (trans-b 0).
-__device__ __forceinline__ void wgmma_16bit(float (&d)[128], const unsigned (&a)[4], unsigned long long b)
+// d += a b, m64n256k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
+// (trans-a and trans-b 0).
+__device__ __forceinline__ void wgmma_16bit(float (&d)[128], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -1188,7 +1199,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[128], const unsigned (&a)
                  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
                  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
                  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;"
+                 "%128, %129, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -1211,21 +1222,10 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[128], const unsigned (&a)
                    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
                    "+f"(d[126]), "+f"(d[127])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+                 : "l"(a), "l"(b));
 }
 #endif
 #endif
-// One k step of a slice: 16-bit elements' own product (MMA 2, k16), else TF32's (k8).
-template <unsigned MMA, unsigned R>
-__device__ __forceinline__ void wgmma_step(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
-{
-#if ELEMENT_BYTES == 2
-    static_assert(MMA == 2, "16-bit elements multiply as themselves");
-    wgmma_16bit(d, a, b);
-#else
-    wgmma_tf32(d, a, b);
-#endif
-}
 #endif
 
 // P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
@@ -1932,14 +1932,13 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    constexpr unsigned K_STEP = MMA == 2 ? 16 : 8, B_ROW_BYTES = WG_BK * sizeof(real);
+    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
     constexpr unsigned WG_CELLS = FWD_WG_CELLS, WG_STAGES = FWD_WG_STAGES, N = OUT_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, REGS = WG_N / 2;
-    // A staged [source channel][cell], rows of ROW floats; 16-bit elements [cell][source channel], so that the two
-    // consecutive k of a fragment register are one word. A_ROW_STEP, A_K_STEP: elements between fragment rows, k.
-    constexpr unsigned ROW = MMA == 2 ? BK + WG_HALF_PAD : WG_CELLS + WG_CELL_PAD;
-    constexpr unsigned A_ROW_STEP = MMA == 2 ? ROW : 1, A_K_STEP = MMA == 2 ? 1 : ROW;
-    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * ROW * 2 : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
+    // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
+    // 16-bit elements [cell][source channel], rows of WG_BK in B's swizzle, which wgmma reads as it reads B.
+    constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
+    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
@@ -1964,7 +1963,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
     // This thread's cell (one column of every slice) and the 16 source channels it copies: 2 apart, or 16-bit
-    // elements consecutive (its row of the slice holds them, two to a word).
+    // elements consecutive, two 16-byte units of its row (a_units: the first, swizzled).
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
@@ -1992,7 +1991,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     }
     const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
     constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
-    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row;
+    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row, a_units = 2 * b_row ^ a_cell / 2 % 4;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
@@ -2049,7 +2048,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
 
             const real* __restrict__ column = source + (size_t)(c0 + first_channel) * IN_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
-            copies.start(a_stage + (MMA == 2 ? a_cell * ROW + first_channel : b_row * ROW + a_cell));
+            if constexpr (MMA == 2) {
+                copies.start(a_stage + a_cell * ROW + (a_units & ~1u) * 8, a_units & 1u);
+            } else {
+                copies.start(a_stage + b_row * ROW + a_cell);
+            }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + first_channel + CHANNEL_STEP * i;
@@ -2062,9 +2065,48 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
         const unsigned m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        acc[r] = m < M ? load_element(bias + group * M + m) : 0.f;
+        acc[r] = m < M && MMA != 2 ? load_element(bias + group * M + m) : 0.f;
     }
-    static_assert(MMA != 2 || A_K_STEP == 1, "16-bit fragments: consecutive k, two to a word");
+#if ELEMENT_BYTES == 2
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+#pragma unroll
+    for (unsigned s = 0; s < AHEAD; ++s) {
+        if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
+        commit_copies();
+    }
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    unsigned read = 0, write = AHEAD;
+    for (unsigned slice = 0u; slice < SLICES; ++slice) {
+        wait_copies<AHEAD - 1>();
+        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        __syncthreads();
+        const unsigned stage_offset = read * STAGE_BYTES;
+        read = read + 1 == WG_STAGES ? 0 : read + 1;
+        wgmma_fence();
+#pragma unroll
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
+            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
+                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
+        copies.land();
+        if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        commit_copies();
+        write = write + 1 == WG_STAGES ? 0 : write + 1;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // The bias after the products: loaded into the accumulators before them, it kept ptxas from overlapping the
+    // wgmma of consecutive slices (C7514, a load in flight to a register they accumulate in).
+#pragma unroll
+    for (unsigned r = 0; r < REGS; ++r) {
+        const unsigned m = m0 + r / 4 * 8 + 2 * t + r % 2;
+        if (m < M) acc[r] += load_element(bias + group * M + m);
+    }
+#else
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -2083,27 +2125,20 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
             write = write + 1 == WG_STAGES ? 0 : write + 1;
         }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const real* values = reinterpret_cast<const real*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
-        values += (warp_row + g) * A_ROW_STEP + (MMA == 2 ? 2 : 1) * t * A_K_STEP;  // the fragments' first row, k
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
         read = read + 1 == WG_STAGES ? 0 : read + 1;
-        unsigned big[BK / K_STEP][4], small[BK / K_STEP][4];
+        unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-            const real* at = values + K_STEP * kk * A_K_STEP;
-            if constexpr (MMA == 2) {  // rows g, g + 8 at k 2t, 2t + 8: each register two consecutive k, one word
-                const unsigned offsets[4] = {0, 8 * A_ROW_STEP, 8, 8 * A_ROW_STEP + 8};
+        for (unsigned kk = 0; kk < BK / 8; ++kk) {
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
 #pragma unroll
-                for (unsigned r = 0; r < 4; ++r) big[kk][r] = *reinterpret_cast<const unsigned*>(at + offsets[r]);
-            } else {
-                const float v[4] = {widened(at[0]), widened(at[8 * A_ROW_STEP]), widened(at[4 * A_K_STEP]),
-                                    widened(at[8 * A_ROW_STEP + 4 * A_K_STEP])};
-#pragma unroll
-                for (unsigned r = 0; r < 4; ++r) {
-                    if constexpr (MMA == 3) {
-                        split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
-                    } else {
-                        big[kk][r] = rounded_tf32(v[r]);
-                    }
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MMA == 3) {
+                    split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
+                } else {
+                    big[kk][r] = rounded_tf32(v[r]);
                 }
             }
         }
@@ -2125,15 +2160,15 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(part);
 #pragma unroll
             for (unsigned r = 0; r < REGS; ++r) acc[r] += part[r];
         } else {
             wgmma_fence();
 #pragma unroll
-            for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-                wgmma_step<MMA>(acc, big[kk], swizzled_operand<B_ROW_BYTES>(stage_base + 32 * kk));  // k steps 32 bytes
+            for (unsigned kk = 0; kk < BK / 8; ++kk) {
+                wgmma_tf32(acc, big[kk], swizzled_operand<128>(stage_base + 32 * kk));
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
@@ -2142,10 +2177,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(acc);
         }
     }
+#endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
     auto fma_sum = [&](unsigned cell, unsigned m) {
@@ -3335,14 +3371,13 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    constexpr unsigned K_STEP = MMA == 2 ? 16 : 8, B_ROW_BYTES = WG_BK * sizeof(real);
+    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
     constexpr unsigned WG_CELLS = BWI_WG_CELLS, WG_STAGES = BWI_WG_STAGES, N = IN_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, REGS = WG_N / 2;
-    // A staged [source channel][cell], rows of ROW floats; 16-bit elements [cell][source channel], so that the two
-    // consecutive k of a fragment register are one word. A_ROW_STEP, A_K_STEP: elements between fragment rows, k.
-    constexpr unsigned ROW = MMA == 2 ? BK + WG_HALF_PAD : WG_CELLS + WG_CELL_PAD;
-    constexpr unsigned A_ROW_STEP = MMA == 2 ? ROW : 1, A_K_STEP = MMA == 2 ? 1 : ROW;
-    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * ROW * 2 : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
+    // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
+    // 16-bit elements [cell][source channel], rows of WG_BK in B's swizzle, which wgmma reads as it reads B.
+    constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
+    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
     constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
@@ -3373,7 +3408,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
     // This thread's cell (one column of every slice) and the 16 source channels it copies: 2 apart, or 16-bit
-    // elements consecutive (its row of the slice holds them, two to a word).
+    // elements consecutive, two 16-byte units of its row (a_units: the first, swizzled).
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
@@ -3401,7 +3436,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     }
     const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
     constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
-    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row;
+    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row, a_units = 2 * b_row ^ a_cell / 2 % 4;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
@@ -3457,7 +3492,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
 
             const real* __restrict__ column = source + (size_t)(c0 + first_channel) * OUT_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
-            copies.start(a_stage + (MMA == 2 ? a_cell * ROW + first_channel : b_row * ROW + a_cell));
+            if constexpr (MMA == 2) {
+                copies.start(a_stage + a_cell * ROW + (a_units & ~1u) * 8, a_units & 1u);
+            } else {
+                copies.start(a_stage + b_row * ROW + a_cell);
+            }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + first_channel + CHANNEL_STEP * i;
@@ -3471,7 +3510,39 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     for (unsigned r = 0; r < REGS; ++r) {
         acc[r] = 0.f;
     }
-    static_assert(MMA != 2 || A_K_STEP == 1, "16-bit fragments: consecutive k, two to a word");
+#if ELEMENT_BYTES == 2
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+#pragma unroll
+    for (unsigned s = 0; s < AHEAD; ++s) {
+        if (0u + s < SLICES) load_async(0u + s, s);
+        copies.land();
+        commit_copies();
+    }
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    unsigned read = 0, write = AHEAD;
+    for (unsigned slice = 0u; slice < SLICES; ++slice) {
+        wait_copies<AHEAD - 1>();
+        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        __syncthreads();
+        const unsigned stage_offset = read * STAGE_BYTES;
+        read = read + 1 == WG_STAGES ? 0 : read + 1;
+        wgmma_fence();
+#pragma unroll
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
+            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
+                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
+        copies.land();
+        if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        commit_copies();
+        write = write + 1 == WG_STAGES ? 0 : write + 1;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+#else
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -3490,27 +3561,20 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
             write = write + 1 == WG_STAGES ? 0 : write + 1;
         }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const real* values = reinterpret_cast<const real*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
-        values += (warp_row + g) * A_ROW_STEP + (MMA == 2 ? 2 : 1) * t * A_K_STEP;  // the fragments' first row, k
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
         read = read + 1 == WG_STAGES ? 0 : read + 1;
-        unsigned big[BK / K_STEP][4], small[BK / K_STEP][4];
+        unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-            const real* at = values + K_STEP * kk * A_K_STEP;
-            if constexpr (MMA == 2) {  // rows g, g + 8 at k 2t, 2t + 8: each register two consecutive k, one word
-                const unsigned offsets[4] = {0, 8 * A_ROW_STEP, 8, 8 * A_ROW_STEP + 8};
+        for (unsigned kk = 0; kk < BK / 8; ++kk) {
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
 #pragma unroll
-                for (unsigned r = 0; r < 4; ++r) big[kk][r] = *reinterpret_cast<const unsigned*>(at + offsets[r]);
-            } else {
-                const float v[4] = {widened(at[0]), widened(at[8 * A_ROW_STEP]), widened(at[4 * A_K_STEP]),
-                                    widened(at[8 * A_ROW_STEP + 4 * A_K_STEP])};
-#pragma unroll
-                for (unsigned r = 0; r < 4; ++r) {
-                    if constexpr (MMA == 3) {
-                        split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
-                    } else {
-                        big[kk][r] = rounded_tf32(v[r]);
-                    }
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MMA == 3) {
+                    split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
+                } else {
+                    big[kk][r] = rounded_tf32(v[r]);
                 }
             }
         }
@@ -3532,15 +3596,15 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(part);
 #pragma unroll
             for (unsigned r = 0; r < REGS; ++r) acc[r] += part[r];
         } else {
             wgmma_fence();
 #pragma unroll
-            for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-                wgmma_step<MMA>(acc, big[kk], swizzled_operand<B_ROW_BYTES>(stage_base + 32 * kk));  // k steps 32 bytes
+            for (unsigned kk = 0; kk < BK / 8; ++kk) {
+                wgmma_tf32(acc, big[kk], swizzled_operand<128>(stage_base + 32 * kk));
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
@@ -3549,10 +3613,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(acc);
         }
     }
+#endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
     auto fma_sum = [&](unsigned cell, unsigned m) {
@@ -4183,15 +4248,15 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + WG_BK - 1) / WG_BK * WG_BK;
-    constexpr unsigned K_STEP = MMA == 2 ? 16 : 8, B_ROW_BYTES = WG_BK * sizeof(real);
+    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
     constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = WG_BK;
     constexpr unsigned REGS = WG_N / 2, U_C = IN_C / GROUPS;  // U_C: U's channels of a group
     static_assert(ROWS == 128 && BK == 32, "eight warps stage four 32-row groups, a lane a cell");
     constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
-    constexpr unsigned A_ROW = BK + (MMA == 2 ? WG_HALF_PAD : WG_ROW_PAD), N_BLOCKS = D_ROWS / WG_N;
+    constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: B's swizzle
     constexpr unsigned COLUMNS = U_C * K_SIZE, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * sizeof(real) + 1023) / 1024 * 1024;
-    constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: elements between fragment rows, k
+    constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
     constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
     // Copies under the products in both modes: on the H200 11-21% faster than before, and as fast as (within 2%)
     // or faster than the same copies issued before the fragments.
@@ -4273,7 +4338,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
         const unsigned cell = cell0 + lane;
         const real* __restrict__ u_image = u_values + (size_t)image * IN_C * IN_SIZE;
         // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
-        copies.start(reinterpret_cast<real*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane);
+        // 16-bit: the lane's 16-byte unit swizzled by its rows' pair (warp / 2 in every row warp + 8 i)
+        const unsigned a_column = MMA == 2 ? (lane / 8 ^ warp / 2 % 4) * 8 + lane % 8 : lane;
+        copies.start(reinterpret_cast<real*>(stage + PLANES * B_BYTES) + warp * A_ROW + a_column);
         unsigned rest = cell;
         const pos_t d4 = (pos_t)(rest % nonzero(OUT4));
         rest /= nonzero(OUT4);
@@ -4318,7 +4385,39 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
     float acc[REGS];
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
-    static_assert(MMA != 2 || A_K_STEP == 1, "16-bit fragments: consecutive k, two to a word");
+#if ELEMENT_BYTES == 2
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+#pragma unroll
+    for (unsigned s = 0; s < AHEAD; ++s) {
+        if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
+        copies.land();
+        commit_copies();
+    }
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    unsigned read = 0, write = AHEAD;
+    for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
+        wait_copies<AHEAD - 1>();
+        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        __syncthreads();
+        const unsigned stage_offset = read * STAGE_BYTES;
+        read = read + 1 == WG_STAGES ? 0 : read + 1;
+        wgmma_fence();
+#pragma unroll
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
+            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
+                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
+        copies.land();
+        if (slice + AHEAD < slice_end) load_async(slice + AHEAD, write);
+        commit_copies();
+        write = write + 1 == WG_STAGES ? 0 : write + 1;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+#else
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
@@ -4337,27 +4436,20 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
             write = write + 1 == WG_STAGES ? 0 : write + 1;
         }
         const unsigned stage_base = slices_address + read * STAGE_BYTES;
-        const real* values = reinterpret_cast<const real*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
-        values += (warp_row + g) * A_ROW_STEP + (MMA == 2 ? 2 : 1) * t * A_K_STEP;  // the fragments' first row, k
+        const float* values = reinterpret_cast<const float*>(slices + read * STAGE_BYTES + PLANES * B_BYTES);
+        values += (warp_row + g) * A_ROW_STEP + t * A_K_STEP;  // the fragments' first row and k column
         read = read + 1 == WG_STAGES ? 0 : read + 1;
-        unsigned big[BK / K_STEP][4], small[BK / K_STEP][4];
+        unsigned big[BK / 8][4], small[BK / 8][4];
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-            const real* at = values + K_STEP * kk * A_K_STEP;
-            if constexpr (MMA == 2) {  // rows g, g + 8 at k 2t, 2t + 8: each register two consecutive k, one word
-                const unsigned offsets[4] = {0, 8 * A_ROW_STEP, 8, 8 * A_ROW_STEP + 8};
+        for (unsigned kk = 0; kk < BK / 8; ++kk) {
+            const float* at = values + 8 * kk * A_K_STEP;
+            const float v[4] = {at[0], at[8 * A_ROW_STEP], at[4 * A_K_STEP], at[8 * A_ROW_STEP + 4 * A_K_STEP]};
 #pragma unroll
-                for (unsigned r = 0; r < 4; ++r) big[kk][r] = *reinterpret_cast<const unsigned*>(at + offsets[r]);
-            } else {
-                const float v[4] = {widened(at[0]), widened(at[8 * A_ROW_STEP]), widened(at[4 * A_K_STEP]),
-                                    widened(at[8 * A_ROW_STEP + 4 * A_K_STEP])};
-#pragma unroll
-                for (unsigned r = 0; r < 4; ++r) {
-                    if constexpr (MMA == 3) {
-                        split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
-                    } else {
-                        big[kk][r] = rounded_tf32(v[r]);
-                    }
+            for (unsigned r = 0; r < 4; ++r) {
+                if constexpr (MMA == 3) {
+                    split_rounded_tf32(v[r], big[kk][r], small[kk][r]);
+                } else {
+                    big[kk][r] = rounded_tf32(v[r]);
                 }
             }
         }
@@ -4379,15 +4471,15 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(part);
 #pragma unroll
             for (unsigned r = 0; r < REGS; ++r) acc[r] += part[r];
         } else {
             wgmma_fence();
 #pragma unroll
-            for (unsigned kk = 0; kk < BK / K_STEP; ++kk) {
-                wgmma_step<MMA>(acc, big[kk], swizzled_operand<B_ROW_BYTES>(stage_base + 32 * kk));  // k steps 32 bytes
+            for (unsigned kk = 0; kk < BK / 8; ++kk) {
+                wgmma_tf32(acc, big[kk], swizzled_operand<128>(stage_base + 32 * kk));
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
@@ -4396,10 +4488,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
             }
-            wgmma_wait_all();
+            wgmma_wait<0>();
             fence_accumulators(acc);
         }
     }
+#endif
     wait_copies<0>();
     // The rare path's sum of one output over this block's slices: FMAs on D and U as given, the terms whose
     // window leaves U skipped.

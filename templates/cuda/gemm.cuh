@@ -303,14 +303,22 @@ __device__ __forceinline__ unsigned dynamic_shared_bytes()
 // are loaded into registers and stored as they are by land(), which the loop calls one slice later, so that the
 // loads have a slice's products to arrive in, and all of a slice's loads go out before any store (through
 // generic pointers the compiler may not move a load above a store: on the H200 float16's weight gradient ran 3x
-// bfloat16's with a load and a store per element); consecutive ones (STEP 1) eight to a 16-byte store. Not
-// `valid`: a zero, nothing read. land() with nothing loaded since the last does nothing.
+// bfloat16's with a load and a store per element); consecutive ones (STEP 1) eight to a 16-byte store, group q
+// at `first` + 8 (q ^ group_xor) (a swizzled row). Not `valid`: a zero, nothing read. land() with nothing loaded
+// since the last does nothing.
 template <unsigned COUNT, unsigned STEP> struct slice_copies {
     real* first = nullptr;
 #if ELEMENT_BYTES == 2
     real held[COUNT];
+    unsigned group_xor = 0;
 #endif
-    __device__ __forceinline__ void start(real* destination) { first = destination; }
+    __device__ __forceinline__ void start(real* destination, unsigned xor_groups = 0)
+    {
+        first = destination;
+#if ELEMENT_BYTES == 2
+        group_xor = xor_groups;
+#endif
+    }
     __device__ __forceinline__ void copy(unsigned i, const real* source, bool valid)
     {
 #if ELEMENT_BYTES == 2
@@ -326,7 +334,7 @@ template <unsigned COUNT, unsigned STEP> struct slice_copies {
             if constexpr (STEP == 1 && COUNT % 8 == 0) {
 #pragma unroll
                 for (unsigned i = 0; i < COUNT; i += 8) {
-                    *reinterpret_cast<uint4*>(first + i) =
+                    *reinterpret_cast<uint4*>(first + 8 * (i / 8 ^ group_xor)) =
                         make_uint4(element_pair(held[i], held[i + 1]), element_pair(held[i + 2], held[i + 3]),
                                    element_pair(held[i + 4], held[i + 5]), element_pair(held[i + 6], held[i + 7]));
                 }
