@@ -10,7 +10,8 @@ the base side's wgmma stages (the current sources), or both, for example an earl
         [--cases conv2d_128_128_n8,conv1d_64_4096_n32] [--precisions high,medium] [--dtypes float32,bfloat16]
         [--rounds 3] [--json PATH]
 
-16-bit dtypes run the precisions they take ("highest", "medium"), on the same random values rounded.
+16-bit dtypes run the precisions they take ("highest", "medium"), on the same random values rounded. A tree
+whose kernel contract differs (packed sizes, shared memory, stages) runs in processes of its own: tree_ab.py.
 
 Per stage (forward, input gradient, weight gradient, each call with its packs and reduces) the median over
 rounds of each round's time, µs a call: tile_sweep.py's median of back-to-back calls between CUDA events. The
