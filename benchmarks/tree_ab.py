@@ -95,7 +95,7 @@ def side_process(side: str, base: Path, cases: str, dtypes: str, precision: str)
     """One `times` process on `side`'s tree: the base's package ahead of every other on the path."""
     env = dict(os.environ)
     if side == "base":
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(base), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(base.resolve()), env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, __file__, "times", cases, dtypes, precision], capture_output=True,
                           text=True, env=env, cwd=Path(__file__).parent)
     if done.returncode != 0:

@@ -68,3 +68,19 @@ def test_bad_arguments_are_refused_with_the_reason(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         tree_ab.main(["run", "--base", str(tmp_path), "--processes", "0"])
     assert "--processes 0: at least 1" in capsys.readouterr().err
+
+
+def test_the_base_goes_first_on_the_path_as_an_absolute_folder(tmp_path, monkeypatch) -> None:
+    """The sides' processes run in benchmarks/: a relative --base on PYTHONPATH would name nothing there (on the
+    H200 the base side then imported the installed convgen, which the check above refused)."""
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen.update(kwargs["env"])
+        out = json.dumps({"convgen": str(tmp_path / "convgen" / "__init__.py"), "us": {}})
+        return subprocess.CompletedProcess(command, 0, out + "\n", "")
+
+    monkeypatch.setattr(tree_ab.subprocess, "run", fake_run)
+    monkeypatch.chdir(tmp_path.parent)
+    tree_ab.side_process("base", Path(tmp_path.name), "conv2d_64_56_n32", "bfloat16", "medium")
+    assert seen["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path.resolve())
