@@ -83,7 +83,8 @@ DIRECT_BOX_FIELD = 'DIRECT_BOX'
 DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES')
 # A conv-shaped stage's `_wgmma` kernel (warpgroup mma, sm_90a; the TF32 modes): <PREFIX>_WGMMA (1: launched
 # instead of the stage's GEMM, after its `_wgpack`), _WG_N (dst channels of a block: wgmma's N, one of WG_NS),
-# _WG_CELLS (dst cells of a block: 64 a warpgroup) and _WG_STAGES (slices in flight, each WG_BK source channels).
+# _WG_CELLS (dst cells of a block: 64 a warpgroup) and _WG_STAGES (slices in shared memory, each WG_BK source
+# channels: two in flight, and 16-bit elements keep a fourth for the products still running).
 WGMMA_FIELDS: tuple[str, ...] = ('WGMMA', 'WG_N', 'WG_CELLS', 'WG_STAGES', 'WG_MIN_BLOCKS')
 WG_NS: tuple[int, ...] = (32, 64, 128, 256)
 WG_BK = 32
