@@ -209,29 +209,10 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <unsigned N> inline void wgmma_wait() {}  // the products below are done when the call returns
 template <unsigned R> inline void fence_accumulators(float (&)[R]) {}
-// The warpgroup's A (64 x K from registers, warp w's rows 16 w .. 16 w + 15 in mma.sync's A fragment layout):
-// this thread's rows g and g + 8, from the four lanes of its warp that hold them, each register's K / 8 values
-// decoded by `values(word, i)` (TF32: one; 16 bits: two, the lower k in the low half). Registers j = 0, 1 hold
-// the row pair's first K / 2 columns, 2 and 3 the rest.
-template <unsigned K, class Values> inline void emulated_rows(const unsigned (&a)[4], double (&rows)[2][K], Values values)
-{
-    emulated_warpgroup& group = emulated_current->warpgroups[threadIdx.x / 128];
-    const unsigned thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4;
-    constexpr unsigned PER = K / 8;  // values a register
-    for (unsigned i = 0; i < 4; ++i) group.a[thread][i] = a[i];
-    group.barrier->arrive_and_wait();
-    for (unsigned lane_t = 0; lane_t < 4; ++lane_t) {
-        const unsigned (&f)[4] = group.a[warp * 32 + 4 * g + lane_t];
-        for (unsigned j = 0; j < 4; ++j) {
-            for (unsigned i = 0; i < PER; ++i) rows[j % 2][j / 2 * K / 2 + PER * lane_t + i] = values(f[j], i);
-        }
-    }
-    group.barrier->arrive_and_wait();  // every thread has read the fragments before any publishes again
-}
 // The `bytes` bits at byte `offset` of row n of an operand (B's, or 16-bit A's) through its wgmma descriptor:
-// K-major rows of 128 bytes (layout 1)
-// or 64 (layout 2) from its start, 8-row groups its stride byte offset apart, a value's address bits 4-6 (4-5)
-// XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. Any other layout or stride stops the process.
+// K-major rows of 128 bytes (layout 1) or 64 (layout 2) from its start, 8-row groups its stride byte offset
+// apart, a value's address bits 4-6 (4-5) XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. Any other
+// layout or stride stops the process.
 inline unsigned emulated_operand_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes)
 {
     const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4, stride = static_cast<unsigned>(b >> 32 & 0x3FFF) << 4;
@@ -255,16 +236,28 @@ inline void emulated_wgmma(float (&d)[R], const double (&rows)[2][K], unsigned l
     for (unsigned r = 0; r < R; ++r) {
         const unsigned column = r / 4 * 8 + 2 * t + r % 2;
         double sum = 0;
-        for (unsigned k = 0; k < K; ++k) sum += rows[r % 4 >= 2][k] * value(emulated_operand_bits(b, column, bytes * k, bytes));
+        for (unsigned k = 0; k < K; ++k) {
+            sum += rows[r % 4 >= 2][k] * value(emulated_operand_bits(b, column, bytes * k, bytes));
+        }
         d[r] = (float)(d[r] + sum);
     }
 }
-// wgmma.mma_async.m64n{2R}k8.f32.tf32.tf32: operands read as TF32 (their low 13 bits ignored).
+// wgmma.mma_async.m64n{2R}k8.f32.tf32.tf32: A 64 x 8 from registers, warp w's rows 16 w .. 16 w + 15 as
+// mma.sync's m16n8k8 A fragment; operands read as TF32 (their low 13 bits ignored).
 template <unsigned R> inline void wgmma_tf32(float (&d)[R], const unsigned (&a)[4], unsigned long long b)
 {
+    emulated_warpgroup& group = emulated_current->warpgroups[threadIdx.x / 128];
+    const unsigned thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4;
+    for (unsigned i = 0; i < 4; ++i) group.a[thread][i] = a[i];
+    group.barrier->arrive_and_wait();
     const auto tf32 = [](unsigned bits) { return (double)emulated_bits<float>(bits & 0xffffe000u); };
-    double rows[2][8];
-    emulated_rows(a, rows, [&](unsigned word, unsigned) { return tf32(word); });
+    double rows[2][8];  // this thread's rows g and g + 8, from the four lanes of the warp that hold them
+    for (unsigned lane_t = 0; lane_t < 4; ++lane_t) {
+        const unsigned (&f)[4] = group.a[warp * 32 + 4 * g + lane_t];
+        rows[0][lane_t] = tf32(f[0]), rows[1][lane_t] = tf32(f[1]);
+        rows[0][lane_t + 4] = tf32(f[2]), rows[1][lane_t + 4] = tf32(f[3]);
+    }
+    group.barrier->arrive_and_wait();  // every thread has read the fragments before any publishes again
     emulated_wgmma(d, rows, b, 4, tf32);
 }
 
