@@ -83,9 +83,10 @@ DIRECT_BOX_FIELD = 'DIRECT_BOX'
 DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES')
 # A conv-shaped stage's `_wgmma` kernel (warpgroup mma, sm_90a; the TF32 modes): <PREFIX>_WGMMA (1: launched
 # instead of the stage's GEMM, after its `_wgpack`), _WG_N (dst channels of a block: wgmma's N, one of WG_NS),
-# _WG_CELLS (dst cells of a block: 64 a warpgroup) and _WG_STAGES (slices in shared memory, each WG_BK source
-# channels: two in flight, and 16-bit elements keep a fourth for the products still running).
-WGMMA_FIELDS: tuple[str, ...] = ('WGMMA', 'WG_N', 'WG_CELLS', 'WG_STAGES', 'WG_MIN_BLOCKS')
+# _WG_CELLS (dst cells of a block: 64 a warpgroup), _WG_STAGES (slices in shared memory: two in flight, and 16-bit
+# elements keep one more for the products still running) and _WG_K (a slice's k: WG_BK source channels at one window
+# offset, or for 16-bit elements 2 WG_BK, two such blocks, in rows of 128 bytes).
+WGMMA_FIELDS: tuple[str, ...] = ('WGMMA', 'WG_N', 'WG_CELLS', 'WG_STAGES', 'WG_MIN_BLOCKS', 'WG_K')
 WG_NS: tuple[int, ...] = (32, 64, 128, 256)
 WG_BK = 32
 WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads miss each other's banks
@@ -507,13 +508,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
             "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA",
-            "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
-            "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "FWD_DIRECT_BOX0", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS",
+            "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES",
+            "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
+            "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -544,13 +545,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
             "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT",
             "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_WGMMA",
-            "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
             "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -582,13 +583,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA",
             "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
             "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES",
-            "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
-            "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
-            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N",
+            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -620,13 +621,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
             "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
             "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
+            "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES",
+            "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
+            "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -659,14 +661,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED",
             "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
             "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS",
-            "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
-            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
-            "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
+            "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -699,14 +701,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES",
             "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
             "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
-            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
             "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
             "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWW_WG_K",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -740,15 +743,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
             "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "FWD_WGMMA", "FWD_WG_N",
-            "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N",
-            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
-            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -782,16 +785,16 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED",
             "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
             "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6",
-            "FWD_DIRECT_BOX7", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA",
-            "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
+            "FWD_DIRECT_BOX7", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS",
+            "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES",
+            "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
             "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5",
             "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
-            "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -821,13 +824,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
             "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS",
             "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB",
-            "FWD_DIRECT_BOX0", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA",
-            "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
-            "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK",
-            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "FWD_DIRECT_BOX0", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS",
+            "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES",
+            "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
+            "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM",
+            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -858,13 +861,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "K1", "S1", "P1", "OUT1", "D1", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM",
             "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT",
             "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_WGMMA",
-            "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
-            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK",
+            "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
             "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -896,13 +899,13 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA",
             "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
             "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES",
-            "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS",
-            "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB",
-            "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
-            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
+            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
+            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N",
+            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -934,13 +937,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "D3", "GROUPS", "MMA_MODE", "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT",
             "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB",
             "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
-            "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
+            "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES",
+            "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
+            "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -973,14 +977,14 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED",
             "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
             "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS",
-            "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT",
-            "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB",
-            "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3",
-            "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM",
-            "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
+            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
+            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
+            "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -1013,14 +1017,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BIAS_SPLIT", "FWD_BM", "FWD_BN", "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES",
             "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0",
             "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_WGMMA",
-            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
-            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK",
+            "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
             "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
-            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
-            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
+            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
             "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
             "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
+            "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -1054,15 +1059,15 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED", "FWD_DIRECT", "FWD_DIRECT_V",
             "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1", "FWD_DIRECT_BOX2",
             "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6", "FWD_WGMMA", "FWD_WG_N",
-            "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN",
-            "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V",
-            "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
+            "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM",
+            "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA", "BWI_PACKED", "BWI_DIRECT",
+            "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2",
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N",
-            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
-            "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
-            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM",
+            "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -1096,16 +1101,16 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "FWD_BK", "FWD_TM", "FWD_TN", "FWD_SPLIT", "FWD_MIN_BLOCKS", "FWD_STAGES", "FWD_MMA", "FWD_PACKED",
             "FWD_DIRECT", "FWD_DIRECT_V", "FWD_DIRECT_MB", "FWD_DIRECT_CB", "FWD_DIRECT_BOX0", "FWD_DIRECT_BOX1",
             "FWD_DIRECT_BOX2", "FWD_DIRECT_BOX3", "FWD_DIRECT_BOX4", "FWD_DIRECT_BOX5", "FWD_DIRECT_BOX6",
-            "FWD_DIRECT_BOX7", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS", "BWI_BM",
-            "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES", "BWI_MMA",
-            "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
+            "FWD_DIRECT_BOX7", "FWD_WGMMA", "FWD_WG_N", "FWD_WG_CELLS", "FWD_WG_STAGES", "FWD_WG_MIN_BLOCKS",
+            "FWD_WG_K", "BWI_BM", "BWI_BN", "BWI_BK", "BWI_TM", "BWI_TN", "BWI_SPLIT", "BWI_MIN_BLOCKS", "BWI_STAGES",
+            "BWI_MMA", "BWI_PACKED", "BWI_DIRECT", "BWI_DIRECT_V", "BWI_DIRECT_MB", "BWI_DIRECT_CB", "BWI_DIRECT_BOX0",
             "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5",
             "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
-            "BWI_WG_MIN_BLOCKS", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
-            "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS",
+            "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT",
+            "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(
@@ -1415,26 +1420,22 @@ def wgmma_operand_bytes(mma_mode: int) -> int:
     return 2 if mma_mode == HALF_MMA_MODE else 4
 
 
-def wgmma_stage_bytes(wg_n: int, a_bytes: int, mma_mode: int) -> int:
-    """One slice of a `_wgmma` block in shared memory: the B operand's planes, WG_N swizzled rows of WG_BK elements
+def wgmma_stage_bytes(wg_n: int, a_bytes: int, mma_mode: int, k: int) -> int:
+    """One slice of a `_wgmma` block in shared memory: the B operand's planes, WG_N swizzled rows of `k` elements
     each, then the A values' `a_bytes`, rounded up to the 1024 bytes of a swizzle atom."""
-    return wgmma_planes(mma_mode) * wg_n * WG_BK * wgmma_operand_bytes(mma_mode) + -(-a_bytes // 1024) * 1024
+    return wgmma_planes(mma_mode) * wg_n * k * wgmma_operand_bytes(mma_mode) + -(-a_bytes // 1024) * 1024
 
 
-def _half_a_bytes(rows: int) -> int:
-    """A staged slice of 16-bit A values: `rows` fragment rows of WG_BK elements (swizzled, as B's)."""
-    return rows * WG_BK * 2
+def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int, k: int) -> int:
+    """A conv-shaped stage's `_wgmma` block: its slices of k (the weight's rows, the source's k rows of WG_CELLS +
+    WG_CELL_PAD floats, or 16-bit: WG_CELLS rows of k elements, swizzled as B's), and 1024 bytes to align them to a
+    swizzle atom."""
+    a_bytes = wg_cells * k * 2 if mma_mode == HALF_MMA_MODE else k * (wg_cells + WG_CELL_PAD) * 4
+    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode, k) + 1024
 
 
-def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int) -> int:
-    """A conv-shaped stage's `_wgmma` block: its slices (the weight's rows, the source's WG_BK rows of WG_CELLS +
-    WG_CELL_PAD floats, or 16-bit: WG_CELLS rows of WG_BK channels), and 1024 bytes to align them to a swizzle atom."""
-    a_bytes = _half_a_bytes(wg_cells) if mma_mode == HALF_MMA_MODE else WG_BK * (wg_cells + WG_CELL_PAD) * 4
-    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode) + 1024
-
-
-def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int) -> int:
-    """The weight gradient's `_wgmma` block: its slices (D's rows, U's `rows` rows of WG_BK + WG_ROW_PAD floats, or
-    of 16-bit elements WG_BK), and 1024 bytes to align them."""
-    a_bytes = _half_a_bytes(rows) if mma_mode == HALF_MMA_MODE else rows * (WG_BK + WG_ROW_PAD) * 4
-    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode) + 1024
+def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int, k: int) -> int:
+    """The weight gradient's `_wgmma` block: its slices of k cells (D's rows, U's `rows` rows of k + WG_ROW_PAD floats,
+    or of 16-bit elements k, swizzled as B's), and 1024 bytes to align them."""
+    a_bytes = rows * k * 2 if mma_mode == HALF_MMA_MODE else rows * (k + WG_ROW_PAD) * 4
+    return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode, k) + 1024

@@ -39,6 +39,11 @@ WGMMA_WEIGHT_MIN_SLICES = 8
 WGMMA_TWO_BLOCK_MAX_RANK = 7
 WGMMA_TF32_TWO_BLOCK_RANKS = (2, 3)
 WGMMA_16BIT_UNCAPPED_MAX_RANK = 2
+# 16-bit conv-shaped stages up to this N take slices of two WG_BK blocks (k 64, rows of 128 bytes): a barrier and a
+# wait a slice serve four k16 products instead of two. Four stages of them still fit two blocks an SM there; at an N
+# of 128 they do not (one block an SM: N8 128->128 bf16 forward 146 -> 185 µs; three stages, two blocks: 151), while
+# N32 64->64 went 58.6 -> 55.6, conv3d 32->32 146 -> 136 and conv1d 45.3 -> 41.3 (H200, benchmarks/NOTES.md).
+WGMMA_16BIT_WIDE_MAX_N = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,7 @@ class WgmmaTile:
     stages: int  # slices in shared memory, stages - 1 of them in flight
     split: int = 1  # the weight gradient: parts of its reduction, one a block (the stage's SPLIT)
     min_blocks: int = 1  # blocks an SM its registers must allow (the stage's WG_MIN_BLOCKS)
+    k: int = WG_BK  # a slice's share of the reduction (the stage's WG_K): 16-bit conv-shaped stages may take 2 WG_BK
 
     @property
     def threads(self) -> int:
@@ -79,7 +85,8 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
         two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
-        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1)
+        wide = not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=2 * WG_BK if wide else WG_BK)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // WG_BK)
@@ -100,7 +107,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
 def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:
     """Dynamic shared memory of a `_wgmma` block of the stage: the contract's formula for its kernel."""
     shared_bytes = wgmma_shared_bytes if shape.conv else wgmma_weight_shared_bytes
-    return shared_bytes(tile.n, tile.cells, tile.stages, shape.mma)
+    return shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
 
 
 def _weight_row_blocks(shape, rows: int) -> int:
@@ -124,13 +131,15 @@ def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:
 
 
 def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
-    """Elements of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x WG_BK;
-    the weight gradient's packed D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""
+    """Elements of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x the
+    slice's k (blocks of WG_BK source channels at one window offset, one or two a slice); the weight gradient's packed
+    D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""
     if not shape.conv:
         cells = -(-shape.reduction // WG_BK) * WG_BK
         return wgmma_planes(shape.mma) * shape.images * shape.groups * -(-shape.m // tile.n) * tile.n * cells
-    slices = -(-shape.source_c // WG_BK) * shape.k_size
-    return wgmma_planes(shape.mma) * shape.groups * -(-shape.m // tile.n) * slices * tile.n * WG_BK
+    blocks = -(-shape.source_c // WG_BK) * shape.k_size  # WG_BK source channels at one window offset each
+    slices = -(-blocks // (tile.k // WG_BK))
+    return wgmma_planes(shape.mma) * shape.groups * -(-shape.m // tile.n) * slices * tile.n * tile.k
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:

@@ -81,13 +81,21 @@ def test_wgmma_blocks_with_non_finite_sums_take_the_rare_path(precision) -> None
         assert_same_non_finite(np.asarray(got), ref, 1e-2)
 
 
+# 16-bit conv-shaped stages take slices of two blocks of k up to an N of 64 (both geometries above), one beyond: a
+# conv of 128 channels whose blocks at the nine window offsets come four a channel run.
+HALF_GEOMETRIES = [*WGMMA_GEOMETRIES, Geometry.build(Family.CONV, 128, 128, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)]
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=["conv", "transpose"])
+@pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "conv_n128"])
 def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
-    """16-bit elements multiply as themselves (k16, B in the 64-byte swizzle): every stage within issue 11's 1e-2
-    of the float64 CPU tape on the same values, and a second run gives the same bits."""
+    """16-bit elements multiply as themselves (k16; slices of 64 in the 128-byte swizzle up to an N of 64, of 32 in
+    the 64-byte one beyond): every stage within issue 11's 1e-2 of the float64 CPU tape on the same values, and a
+    second run gives the same bits."""
     launches = plan(geom, dtype=dtype, precision="medium").launches
     assert [launches[stage].kernel for stage in WGMMA_STAGES] == [f"{s}_wgmma" for s in WGMMA_STAGES]
+    slice_k = 64 if geom.out_c // geom.groups <= 64 else 32
+    assert plan(geom, dtype=dtype, precision="medium").defines["FWD_WG_K"] == slice_k
     inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit", geom, dtype), geom, dtype)
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
         backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})(dtype, "medium")

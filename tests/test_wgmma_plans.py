@@ -18,15 +18,15 @@ CONV_SHAPED = ("forward", "backward_input")
 
 def wgmma_fields(made, prefix):
     return tuple(made.defines[f"{prefix}_{field}"] for field in ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES",
-                                                                   "WG_MIN_BLOCKS"))
+                                                                   "WG_MIN_BLOCKS", "WG_K"))
 
 
 @pytest.mark.parametrize(("precision", "mma", "planes"), [("medium", 1, 1), ("high", 3, 2)])
 def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
     made = plan(BATCHED_128, precision=precision)
-    shared = wgmma_shared_bytes(128, 128, 3, mma)
+    shared = wgmma_shared_bytes(128, 128, 3, mma, 32)
     for stage, prefix in zip(CONV_SHAPED, ("FWD", "BWI"), strict=True):
-        assert wgmma_fields(made, prefix) == (1, 128, 128, 3, 1)
+        assert wgmma_fields(made, prefix) == (1, 128, 128, 3, 1, 32)
         launch = made.launches[stage]
         # 8 images x 1 channel block x 128 cell tiles; 256 threads; every slice's 128 weight rows and 32 x 136 cells.
         assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == (f"{stage}_wgmma", 1024, 256, shared)
@@ -39,11 +39,11 @@ def test_tf32_conv_shaped_stages_take_wgmma_on_the_h200(precision, mma, planes):
     # block an SM in 3xTF32 (14: 126 of the H200's 132), two in TF32 (29, their registers capped for two); D packed
     # with its 128 channels and 16384 cells.
     split, min_blocks = {1: (29, 2), 3: (14, 1)}[mma]
-    weight_shared = wgmma_weight_shared_bytes(128, 128, 3, mma)
+    weight_shared = wgmma_weight_shared_bytes(128, 128, 3, mma, 32)
     launch = made.launches["backward_weight"]
     assert (launch.kernel, launch.grid, launch.block, launch.shared_bytes) == ("backward_weight_wgmma", 9 * split,
                                                                                 256, weight_shared)
-    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3, min_blocks)
+    assert wgmma_fields(made, "BWW") == (1, 128, 128, 3, min_blocks, 32)
     assert made.defines["BWW_SPLIT"] == made.splits["backward_weight"] == split
     assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
     # A thread per quad of D's packed cells, written to every plane: 8 x 128 x 16384 / 4 threads, 256 a block.
@@ -156,3 +156,25 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
     assert min_blocks(128, (8, 8, 8), "float32") == (1, 1, 2)
     assert min_blocks(128, (8, 8, 8, 8), "float32") == (1, 1, 1)
     assert min_blocks(256, (16, 16), "bfloat16") == (1, 1, 1)
+
+
+def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice():
+    """Slices of 64 (two blocks of 32 source channels, each at its own window offset; rows of 128 bytes) where four
+    stages of them fit two blocks an SM; at an N of 128, float32 and the weight gradient, 32. The packed weight
+    holds whole slices (its size in floats: two 16-bit elements a float): an odd count of blocks ends on a slice of
+    zeros past the last one."""
+    def stage_fields(in_c, out_c, spatial, dtype="bfloat16", prefix="FWD"):
+        ones = (1,) * len(spatial)
+        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), ones, ones, batch=8)
+        made = plan(geom, dtype=dtype, precision="medium")
+        stage = {"FWD": "forward", "BWI": "backward_input"}.get(prefix, "backward_weight")
+        return wgmma_fields(made, prefix), made.launches[stage].shared_bytes, made.packed_elements[stage]
+
+    # 64 -> 64: 2 blocks x 9 offsets = 9 slices of 64 rows of 64; four stages of 64 x 128 B and 128 x 128 B.
+    assert stage_fields(64, 64, (56, 56)) == ((1, 64, 128, 4, 2, 64), 4 * (8192 + 16384) + 1024, 9 * 64 * 64 // 2)
+    assert stage_fields(64, 64, (56, 56), "float16", "BWI")[0] == (1, 64, 128, 4, 2, 64)
+    # 32 -> 32 in 3-D: 27 blocks, 14 slices (the last one's second block zeros) of 32 rows of 64.
+    assert stage_fields(32, 32, (8, 8, 8)) == ((1, 32, 128, 4, 2, 64), 4 * (4096 + 16384) + 1024, 14 * 32 * 64 // 2)
+    # An N of 128: 36 slices of 32 (rows of 64 bytes).
+    assert stage_fields(128, 128, (32, 32)) == ((1, 128, 128, 4, 1, 32), 4 * (8192 + 8192) + 1024, 36 * 128 * 32 // 2)
+    assert stage_fields(64, 64, (56, 56), "float32")[0][5] == stage_fields(64, 64, (56, 56), prefix="BWW")[0][5] == 32

@@ -14,16 +14,16 @@
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
     !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
     !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || \
-    !defined(FWD_WG_MIN_BLOCKS) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || \
+    !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
     !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
     !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_WGMMA) || \
     !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
-    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
-    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || \
-    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || \
-    !defined(BWW_WG_MIN_BLOCKS)
+    !defined(BWI_WG_K) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
+    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
+    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1692,20 +1692,23 @@ extern "C" __global__ void conv_r1_forward_wgpack(
 #if FWD_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr unsigned MMA = ELEMENT_BYTES == 2 ? 2 : MMA_MODE;
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
-    constexpr unsigned WG_N = FWD_WG_N;
+    constexpr unsigned WG_N = FWD_WG_N, BK = FWD_WG_K;
+    static_assert(BK == WG_BK || MMA == 2 && BK == 2 * WG_BK, "a slice: one block of k, or two of 16-bit elements");
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
-    constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
+    constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
+    constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * WG_BK) return;
-    const unsigned c_low = i % WG_BK, n = i / WG_BK % WG_N, slice = i / WG_BK / WG_N % SLICES;
-    const size_t rest = i / WG_BK / WG_N / SLICES;
+    if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * BK) return;
+    const unsigned k = i % BK, n = i / BK % WG_N, slice = i / BK / WG_N % SLICES;
+    const size_t rest = i / BK / WG_N / SLICES;
     const unsigned n_block = rest % N_BLOCKS, group = rest / N_BLOCKS % GROUPS, plane = rest / N_BLOCKS / GROUPS;
-    const unsigned c = slice / K_SIZE * WG_BK + c_low, kappa = slice % K_SIZE, m = n_block * WG_N + n;
+    const unsigned block = slice * (BK / WG_BK) + k / WG_BK;
+    const unsigned c = block / K_SIZE * WG_BK + k % WG_BK, kappa = block % K_SIZE, m = n_block * WG_N + n;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
     if constexpr (MMA == 2) {
         real element{0};
-        if (m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+        if (block < BLOCKS && m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
         reinterpret_cast<real*>(packed)[i] = element;
         return;
     }
@@ -1736,15 +1739,17 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
 #if FWD_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr unsigned MMA = ELEMENT_BYTES == 2 ? 2 : MMA_MODE;
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
-    constexpr unsigned WG_N = FWD_WG_N;
+    constexpr unsigned WG_N = FWD_WG_N, BK = FWD_WG_K;
+    static_assert(BK == WG_BK || MMA == 2 && BK == 2 * WG_BK, "a slice: one block of k, or two of 16-bit elements");
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
-    constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
+    constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
+    constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
+    constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
     constexpr unsigned WG_CELLS = FWD_WG_CELLS, WG_STAGES = FWD_WG_STAGES, N = OUT_SIZE;
-    constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, REGS = WG_N / 2;
+    constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
-    // 16-bit elements [cell][source channel], rows of WG_BK in B's swizzle, which wgmma reads as it reads B.
+    // 16-bit elements [cell][k], rows of BK in B's swizzle, which wgmma reads as it reads B.
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
@@ -1770,8 +1775,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
-    // This thread's cell (one column of every slice) and the 16 source channels it copies: 2 apart, or 16-bit
-    // elements consecutive, two 16-byte units of its row (a_units: the first, swizzled).
+    // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
+    // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
     bool column_ok[1];
     pos_t base0[1];
     {
@@ -1782,17 +1787,21 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
         base0[0] = d0 * S0 - P0;
     }
     const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
-    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
-    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row, a_units = 2 * b_row ^ a_cell / 2 % 4;
+    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2, SLICE_BLOCKS = BK / WG_BK;
+    const unsigned first_channel = MMA == 2 ? b_row % (2 / SLICE_BLOCKS) * (BK / 2) : b_row;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
-    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 channels
+    // 16-bit: units u = UNITS b_row + q of the cell's row, stored at u ^ the row's swizzle (as B's rows)
+    constexpr unsigned UNITS = B_CHUNKS / 2;
+    const unsigned a_swizzle = a_cell * B_ROW_BYTES / 128 % B_CHUNKS;
+    const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
+    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned c0 = chunk / K_SIZE * BK;
-        const unsigned kappa = chunk % K_SIZE;
+        const unsigned block = chunk * SLICE_BLOCKS + b_row * SLICE_BLOCKS / 2;  // this thread's block of k
+        const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
         unsigned rest = kappa;
         const pos_t k0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
@@ -1821,14 +1830,15 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
             const real* __restrict__ column = source + (size_t)(c0 + first_channel) * IN_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
-                copies.start(a_stage + a_cell * ROW + (a_units & ~1u) * 8, a_units & 1u);
+                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
                 copies.start(a_stage + b_row * ROW + a_cell);
             }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + first_channel + CHANNEL_STEP * i;
-                copies.copy(i, column + (size_t)CHANNEL_STEP * i * IN_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
+                copies.copy(i, column + (size_t)CHANNEL_STEP * i * IN_SIZE, ok && (SRC_C % WG_BK == 0 || c < SRC_C));
             }
         }
     };
@@ -1840,8 +1850,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
         acc[r] = m < M && MMA != 2 ? load_element(bias + group * M + m) : 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -1864,8 +1874,9 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r1_forward_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
+        if constexpr (AHEAD == 2) copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -2604,20 +2615,23 @@ extern "C" __global__ void conv_r1_backward_input_wgpack(
 #if BWI_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr unsigned MMA = ELEMENT_BYTES == 2 ? 2 : MMA_MODE;
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
-    constexpr unsigned WG_N = BWI_WG_N;
+    constexpr unsigned WG_N = BWI_WG_N, BK = BWI_WG_K;
+    static_assert(BK == WG_BK || MMA == 2 && BK == 2 * WG_BK, "a slice: one block of k, or two of 16-bit elements");
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
-    constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
+    constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
+    constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
-    if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * WG_BK) return;
-    const unsigned c_low = i % WG_BK, n = i / WG_BK % WG_N, slice = i / WG_BK / WG_N % SLICES;
-    const size_t rest = i / WG_BK / WG_N / SLICES;
+    if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * BK) return;
+    const unsigned k = i % BK, n = i / BK % WG_N, slice = i / BK / WG_N % SLICES;
+    const size_t rest = i / BK / WG_N / SLICES;
     const unsigned n_block = rest % N_BLOCKS, group = rest / N_BLOCKS % GROUPS, plane = rest / N_BLOCKS / GROUPS;
-    const unsigned c = slice / K_SIZE * WG_BK + c_low, kappa = slice % K_SIZE, m = n_block * WG_N + n;
+    const unsigned block = slice * (BK / WG_BK) + k / WG_BK;
+    const unsigned c = block / K_SIZE * WG_BK + k % WG_BK, kappa = block % K_SIZE, m = n_block * WG_N + n;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
     if constexpr (MMA == 2) {
         real element{0};
-        if (m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
+        if (block < BLOCKS && m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
         reinterpret_cast<real*>(packed)[i] = element;
         return;
     }
@@ -2647,15 +2661,17 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
 #if BWI_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr unsigned MMA = ELEMENT_BYTES == 2 ? 2 : MMA_MODE;
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
-    constexpr unsigned WG_N = BWI_WG_N;
+    constexpr unsigned WG_N = BWI_WG_N, BK = BWI_WG_K;
+    static_assert(BK == WG_BK || MMA == 2 && BK == 2 * WG_BK, "a slice: one block of k, or two of 16-bit elements");
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
-    constexpr unsigned SLICES = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, N_BLOCKS = (M + WG_N - 1) / WG_N;
+    constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
+    constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
+    constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
     constexpr unsigned WG_CELLS = BWI_WG_CELLS, WG_STAGES = BWI_WG_STAGES, N = IN_SIZE;
-    constexpr unsigned THREADS = 2 * WG_CELLS, BK = WG_BK, REGS = WG_N / 2;
+    constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
-    // 16-bit elements [cell][source channel], rows of WG_BK in B's swizzle, which wgmma reads as it reads B.
+    // 16-bit elements [cell][k], rows of BK in B's swizzle, which wgmma reads as it reads B.
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
@@ -2683,8 +2699,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
-    // This thread's cell (one column of every slice) and the 16 source channels it copies: 2 apart, or 16-bit
-    // elements consecutive, two 16-byte units of its row (a_units: the first, swizzled).
+    // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
+    // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
     bool column_ok[1];
     pos_t base0[1];
     {
@@ -2695,16 +2711,21 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
         base0[0] = P0 + d0;
     }
     const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
-    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
-    const unsigned first_channel = MMA == 2 ? BK / 2 * b_row : b_row, a_units = 2 * b_row ^ a_cell / 2 % 4;
+    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2, SLICE_BLOCKS = BK / WG_BK;
+    const unsigned first_channel = MMA == 2 ? b_row % (2 / SLICE_BLOCKS) * (BK / 2) : b_row;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
-    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 channels
+    // 16-bit: units u = UNITS b_row + q of the cell's row, stored at u ^ the row's swizzle (as B's rows)
+    constexpr unsigned UNITS = B_CHUNKS / 2;
+    const unsigned a_swizzle = a_cell * B_ROW_BYTES / 128 % B_CHUNKS;
+    const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
+    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned c0 = chunk / K_SIZE * BK, kappa = chunk % K_SIZE;
+        const unsigned block = chunk * SLICE_BLOCKS + b_row * SLICE_BLOCKS / 2;  // this thread's block of k
+        const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
         unsigned rest = kappa;
         const pos_t r0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
@@ -2733,14 +2754,15 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
             const real* __restrict__ column = source + (size_t)(c0 + first_channel) * OUT_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
-                copies.start(a_stage + a_cell * ROW + (a_units & ~1u) * 8, a_units & 1u);
+                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
                 copies.start(a_stage + b_row * ROW + a_cell);
             }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
                 const unsigned c = c0 + first_channel + CHANNEL_STEP * i;
-                copies.copy(i, column + (size_t)CHANNEL_STEP * i * OUT_SIZE, ok && (SRC_C % BK == 0 || c < SRC_C));
+                copies.copy(i, column + (size_t)CHANNEL_STEP * i * OUT_SIZE, ok && (SRC_C % WG_BK == 0 || c < SRC_C));
             }
         }
     };
@@ -2751,8 +2773,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
         acc[r] = 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -2775,8 +2797,9 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r1_backward_input_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
+        if constexpr (AHEAD == 2) copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -3322,10 +3345,10 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r1_backward_weight_wgmma(
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + WG_BK - 1) / WG_BK * WG_BK;
-    constexpr unsigned B_ROW_BYTES = WG_BK * sizeof(real);
     constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = WG_BK;
+    constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
     constexpr unsigned REGS = WG_N / 2, U_C = IN_C / GROUPS;  // U_C: U's channels of a group
-    static_assert(ROWS == 128 && BK == 32, "eight warps stage four 32-row groups, a lane a cell");
+    static_assert(ROWS == 128 && BK == 32 && BWW_WG_K == BK, "eight warps stage four 32-row groups, a lane a cell");
     constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
     constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: B's swizzle
     constexpr unsigned COLUMNS = U_C * K_SIZE, B_BYTES = WG_N * B_ROW_BYTES;
@@ -3424,8 +3447,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r1_backward_weight_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
@@ -3448,8 +3471,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r1_backward_weight_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
+        if constexpr (AHEAD == 2) copies.land();
         if (slice + AHEAD < slice_end) load_async(slice + AHEAD, write);
+        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
