@@ -158,7 +158,7 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
     TF32 mma's tiles where those cut whole k steps of 16, else the TF32 mma (1) on their widened values; its
     register loop's tiles (the cp.async pipeline takes float32 elements), and the `_wgmma` kernels as float32's
     but with four slices in shared memory (a slice's products stay in flight), the conv-shaped ones capped for two
-    blocks an SM (their 16-bit loads held in registers took more than 128)."""
+    blocks an SM (their 16-bit loads held in registers took more than 128) and, up to an N of 64, slices of 64."""
     geom = Geometry.build(Family.CONV, 40, 24, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)
     for dtype, bf16 in (("float16", 0), ("bfloat16", 1)):
         half, single = plan(geom, dtype=dtype), plan(geom)
@@ -169,7 +169,8 @@ def test_16_bit_plans_run_float32_fmas_or_their_own_mma():
         assert (medium["FWD_WGMMA"], medium["BWI_WGMMA"]) == (0, 1)  # 24 and 40 dst channels
         assert medium == {**tf32, "ELEMENT_BYTES": 2, "ELEMENT_BF16": bf16, "MMA_MODE": 2,  # TF32's tiles
                           **{f"{prefix}_MMA": 2 for prefix in ("FWD", "BWI", "BWW")}, "BWI_WG_MIN_BLOCKS": 2,
-                          "BWI_WG_STAGES": 4}
+                          "BWI_WG_STAGES": 4, "BWI_WG_K": 64}
+        assert tf32["BWI_WG_K"] == 32
         assert tf32["BWI_WG_MIN_BLOCKS"] == 1
         assert all(medium[f"{prefix}_BK"] % 16 == 0 for prefix in ("FWD", "BWI", "BWW"))
         few = Geometry.build(Family.CONV, 8, 8, (9, 9), (3, 3), (1, 1), (1, 1), batch=3)  # k steps of 8

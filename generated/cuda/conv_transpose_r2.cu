@@ -1950,14 +1950,15 @@ extern "C" __global__ void conv_transpose_r2_forward_wgpack(
     const unsigned block = slice * (BK / WG_BK) + k / WG_BK;
     const unsigned c = block / K_SIZE * WG_BK + k % WG_BK, kappa = block % K_SIZE, m = n_block * WG_N + n;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
+    const bool inside = block < BLOCKS && m < M && c < SRC_C;
     if constexpr (MMA == 2) {
         real element{0};
-        if (block < BLOCKS && m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
+        if (inside) element = load_stored(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
         reinterpret_cast<real*>(packed)[i] = element;
         return;
     }
     float value = 0.f;
-    if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
+    if (inside) value = load_element(group_weight + ((size_t)c * M + m) * K_SIZE + kappa);
     const unsigned big = rna_tf32(value);
     unsigned small = 0;
     if (plane == 1) small = rna_tf32(value - __uint_as_float(big));
@@ -2810,14 +2811,15 @@ extern "C" __global__ void conv_transpose_r2_backward_input_wgpack(
     const unsigned block = slice * (BK / WG_BK) + k / WG_BK;
     const unsigned c = block / K_SIZE * WG_BK + k % WG_BK, kappa = block % K_SIZE, m = n_block * WG_N + n;
     const real* __restrict__ group_weight = weight + (size_t)group * M * SRC_C * K_SIZE;
+    const bool inside = block < BLOCKS && m < M && c < SRC_C;
     if constexpr (MMA == 2) {
         real element{0};
-        if (block < BLOCKS && m < M && c < SRC_C) element = load_stored(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+        if (inside) element = load_stored(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
         reinterpret_cast<real*>(packed)[i] = element;
         return;
     }
     float value = 0.f;
-    if (m < M && c < SRC_C) value = load_element(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+    if (inside) value = load_element(group_weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
     const unsigned big = rna_tf32(value);
     unsigned small = 0;
     if (plane == 1) small = rna_tf32(value - __uint_as_float(big));
