@@ -2663,7 +2663,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r7_forward_wgmma(
     const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
     slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned block = chunk * SLICE_BLOCKS + b_row * SLICE_BLOCKS / 2;  // this thread's block of k
+        const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + b_row;  // this thread's block of k
         const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
         unsigned rest = kappa;
         const pos_t r6 = (pos_t)(rest % nonzero(K6));
@@ -3840,7 +3840,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r7_backward_input_wgmma(
     const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
     slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned block = chunk * SLICE_BLOCKS + b_row * SLICE_BLOCKS / 2;  // this thread's block of k
+        const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + b_row;  // this thread's block of k
         const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
         unsigned rest = kappa;
         const pos_t k6 = (pos_t)(rest % nonzero(K6));
