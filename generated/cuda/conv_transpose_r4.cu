@@ -2361,8 +2361,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
         acc[r] = m < M && MMA != 2 ? load_element(bias + group * M + m) : 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -2385,9 +2385,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        if constexpr (AHEAD == 2) copies.land();
+        copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
-        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -3345,8 +3344,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
         acc[r] = 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
@@ -3369,9 +3368,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        if constexpr (AHEAD == 2) copies.land();
+        copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
-        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -4170,8 +4168,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD == 1 || AHEAD == 2, "A's loads land at once or a slice later");
+    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
+    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
@@ -4194,9 +4192,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        if constexpr (AHEAD == 2) copies.land();
+        copies.land();
         if (slice + AHEAD < slice_end) load_async(slice + AHEAD, write);
-        if constexpr (AHEAD == 1) copies.land();
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
