@@ -224,6 +224,11 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("images", "images", "unsigned", True, False),
             Param("packed", "packed_d", "float", False, True),
         ),
+        "backward_weight_wgsource": (
+            Param("u_values", "x", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("staged", "staged_source", "float", False, True),
+        ),
         "backward_weight_wgmma": (
             Param("d_values", "grad", "real", True, True),
             Param("u_values", "x", "real", True, True),
@@ -329,6 +334,11 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("d_values", "x", "real", True, True),
             Param("images", "images", "unsigned", True, False),
             Param("packed", "packed_d", "float", False, True),
+        ),
+        "backward_weight_wgsource": (
+            Param("u_values", "grad", "real", True, True),
+            Param("images", "images", "unsigned", True, False),
+            Param("staged", "staged_source", "float", False, True),
         ),
         "backward_weight_wgmma": (
             Param("d_values", "x", "real", True, True),
@@ -499,6 +509,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r1_backward_weight",
             "backward_weight_direct": "conv_r1_backward_weight_direct",
             "backward_weight_wgpack": "conv_r1_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r1_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r1_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r1_backward_weight_reduce",
             "backward_bias": "conv_r1_backward_bias",
@@ -535,6 +546,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r2_backward_weight",
             "backward_weight_direct": "conv_r2_backward_weight_direct",
             "backward_weight_wgpack": "conv_r2_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r2_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r2_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r2_backward_weight_reduce",
             "backward_bias": "conv_r2_backward_bias",
@@ -572,6 +584,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r3_backward_weight",
             "backward_weight_direct": "conv_r3_backward_weight_direct",
             "backward_weight_wgpack": "conv_r3_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r3_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r3_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r3_backward_weight_reduce",
             "backward_bias": "conv_r3_backward_bias",
@@ -610,6 +623,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r4_backward_weight",
             "backward_weight_direct": "conv_r4_backward_weight_direct",
             "backward_weight_wgpack": "conv_r4_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r4_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r4_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r4_backward_weight_reduce",
             "backward_bias": "conv_r4_backward_bias",
@@ -649,6 +663,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r5_backward_weight",
             "backward_weight_direct": "conv_r5_backward_weight_direct",
             "backward_weight_wgpack": "conv_r5_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r5_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r5_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r5_backward_weight_reduce",
             "backward_bias": "conv_r5_backward_bias",
@@ -689,6 +704,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r6_backward_weight",
             "backward_weight_direct": "conv_r6_backward_weight_direct",
             "backward_weight_wgpack": "conv_r6_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r6_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r6_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r6_backward_weight_reduce",
             "backward_bias": "conv_r6_backward_bias",
@@ -730,6 +746,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r7_backward_weight",
             "backward_weight_direct": "conv_r7_backward_weight_direct",
             "backward_weight_wgpack": "conv_r7_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r7_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r7_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r7_backward_weight_reduce",
             "backward_bias": "conv_r7_backward_bias",
@@ -772,6 +789,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_r8_backward_weight",
             "backward_weight_direct": "conv_r8_backward_weight_direct",
             "backward_weight_wgpack": "conv_r8_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_r8_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_r8_backward_weight_wgmma",
             "backward_weight_reduce": "conv_r8_backward_weight_reduce",
             "backward_bias": "conv_r8_backward_bias",
@@ -815,6 +833,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r1_backward_weight",
             "backward_weight_direct": "conv_transpose_r1_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r1_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r1_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r1_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
             "backward_bias": "conv_transpose_r1_backward_bias",
@@ -851,6 +870,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r2_backward_weight",
             "backward_weight_direct": "conv_transpose_r2_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r2_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r2_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r2_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
             "backward_bias": "conv_transpose_r2_backward_bias",
@@ -888,6 +908,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r3_backward_weight",
             "backward_weight_direct": "conv_transpose_r3_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r3_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r3_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r3_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
             "backward_bias": "conv_transpose_r3_backward_bias",
@@ -926,6 +947,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r4_backward_weight",
             "backward_weight_direct": "conv_transpose_r4_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r4_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r4_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r4_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
             "backward_bias": "conv_transpose_r4_backward_bias",
@@ -965,6 +987,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r5_backward_weight",
             "backward_weight_direct": "conv_transpose_r5_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r5_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r5_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r5_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
             "backward_bias": "conv_transpose_r5_backward_bias",
@@ -1005,6 +1028,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r6_backward_weight",
             "backward_weight_direct": "conv_transpose_r6_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r6_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r6_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r6_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
             "backward_bias": "conv_transpose_r6_backward_bias",
@@ -1046,6 +1070,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r7_backward_weight",
             "backward_weight_direct": "conv_transpose_r7_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r7_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r7_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r7_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
             "backward_bias": "conv_transpose_r7_backward_bias",
@@ -1088,6 +1113,7 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight": "conv_transpose_r8_backward_weight",
             "backward_weight_direct": "conv_transpose_r8_backward_weight_direct",
             "backward_weight_wgpack": "conv_transpose_r8_backward_weight_wgpack",
+            "backward_weight_wgsource": "conv_transpose_r8_backward_weight_wgsource",
             "backward_weight_wgmma": "conv_transpose_r8_backward_weight_wgmma",
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
             "backward_bias": "conv_transpose_r8_backward_bias",
@@ -1418,6 +1444,12 @@ def wgmma_operand_bytes(mma_mode: int) -> int:
     """Bytes of an element of a `_wgmma` kernel's operands: 16-bit elements (HALF_MMA_MODE) as they are, else TF32
     values in floats."""
     return 2 if mma_mode == HALF_MMA_MODE else 4
+
+
+def wgmma_staged_source_floats(images: int, groups: int, cells: int, channels: int) -> int:
+    """The channels-last U the 16-bit weight gradient's `_wgmma` reads (its `_wgsource` output), in floats:
+    S[image][group][cell][channel], a group's `channels` rounded up to whole blocks of WG_BK 16-bit elements."""
+    return images * groups * cells * -(-channels // WG_BK) * WG_BK * 2 // 4
 
 
 def wgmma_stage_bytes(wg_n: int, a_bytes: int, mma_mode: int, k: int) -> int:

@@ -89,10 +89,11 @@ DIRECT_BOX_FIELD = "DIRECT_BOX"
 # a work item; the stage's <PREFIX>_SPLIT is then its blocks per group (partial sums its reduce kernel adds up).
 DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
 # A conv-shaped stage's `_wgmma` kernel (templates/cuda/_wgmma_conv.cu.j2): the TF32 modes on Hopper's
-# warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
-# `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:
-# blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared memory, WG_MIN_BLOCKS blocks an SM
-# asked of ptxas (its registers a thread capped to fit them). WG_NS: the N extents it is printed for.
+# warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its `_wgpack`
+# kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels,
+# its slices (WG_K of the reduction: blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared
+# memory, WG_MIN_BLOCKS blocks an SM asked of ptxas (its registers a thread capped to fit them). WG_NS: the N
+# extents it is printed for.
 WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K")
 WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one swizzled row per dst channel, 128 bytes of TF32 values or 64 of 16-bit
@@ -214,7 +215,7 @@ class Stage:
     def gemm(self) -> str | None:
         """The GEMM stage this kernel belongs to (itself, or the one it reduces), if any."""
         base = self.name
-        for suffix in ("_reduce", "_pack", "_direct", "_wgmma", "_wgpack"):
+        for suffix in ("_reduce", "_pack", "_direct", "_wgmma", "_wgpack", "_wgsource"):
             base = base.removesuffix(suffix)
         return base if base in GEMM_STAGES else None
 
@@ -253,6 +254,15 @@ def _wgpack(stage: str, layout: ConvRow) -> Stage:
                  "P[plane, g, n block, slice, dst, src % 32] = the weight's element that A(dst, (src, k)) of the "
                  "stage reads, rounded to TF32 (plane 0) and, in 3xTF32, the rest rounded (plane 1); zero past the "
                  "channels: a slice of one n block is WG_N rows of 128 bytes.", layout)
+
+
+def _wgsource(stage: Stage, source: Param) -> Stage:
+    """`source` of the weight gradient (its U) laid out channels-last for its `_wgmma` kernel on 16-bit elements
+    (launched before it there; the kernel then reads this copy in its place)."""
+    return Stage(f"{stage.name}_wgsource", (source, IMAGES, _out("staged", "staged_source", "float")),
+                 f"S[n, g, cell, c] = {source.name}'s element (image n, channel c of group g), channels rounded up to "
+                 "whole blocks of 32 with zeros: a block of one cell's channels is 64 contiguous bytes, which the "
+                 "16-bit `_wgmma` copies 16 bytes at a time.", stage.layout)
 
 
 def _wgmma(stage: Stage) -> Stage:
@@ -326,6 +336,7 @@ _CONV_STAGES = (
     _CONV_WEIGHT_STAGE,
     _direct(_CONV_WEIGHT_STAGE),
     _weight_wgpack(_CONV_WEIGHT_STAGE),
+    _wgsource(_CONV_WEIGHT_STAGE, _CONV_WEIGHT_STAGE.params[1]),
     _weight_wgmma(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
@@ -363,6 +374,7 @@ _CONV_TRANSPOSE_STAGES = (
     _TRANSPOSE_WEIGHT_STAGE,
     _direct(_TRANSPOSE_WEIGHT_STAGE),
     _weight_wgpack(_TRANSPOSE_WEIGHT_STAGE),
+    _wgsource(_TRANSPOSE_WEIGHT_STAGE, _TRANSPOSE_WEIGHT_STAGE.params[1]),
     _weight_wgmma(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,

@@ -124,7 +124,7 @@ def circular_defines(rank: int) -> tuple[str, ...]:
 def _kind(stage: Stage) -> str:
     if stage.name.endswith("_pack"):
         return "pack"
-    if stage.name.endswith(("_wgmma", "_wgpack")):
+    if stage.name.endswith(("_wgmma", "_wgpack", "_wgsource")):
         kind = stage.name.rsplit("_", 1)[1]
         return f"weight_{kind}" if isinstance(stage.layout, WeightRow) else kind
     if stage.name.endswith("_direct"):

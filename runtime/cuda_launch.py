@@ -66,6 +66,8 @@ from convgen.wgmma_tiles import (
     wgmma_grid,
     wgmma_pack_threads,
     wgmma_packed_floats,
+    wgmma_source_floats,
+    wgmma_source_threads,
 )
 
 __all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
@@ -112,6 +114,8 @@ class Plan:
     argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
     # Stage -> floats of its packed weight where not the weight's size (a `_wgpack` kernel's output).
     packed_elements: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Stage -> floats of its source laid out channels-last (a `_wgsource` kernel's output, which the stage reads).
+    source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
     arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
 
 
@@ -192,6 +196,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     launches: dict[str, Launch] = {}
     splits: dict[str, int] = {}
     packed_elements: dict[str, int] = {}
+    source_elements: dict[str, int] = {}
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
     # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
@@ -229,7 +234,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
             if direct and count:
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
             elif wgmma and count:
-                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements)
+                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
+                             source_elements)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
@@ -243,12 +249,14 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
                 splits[stage] = weight.parts
             elif wgmma and count:
-                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements)
+                _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
+                             source_elements)
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
     arch = WGMMA_ARCH if any(launch.kernel.endswith("_wgmma") for launch in launches.values() if launch.grid) else ""
-    return _checked(geom, Plan(values, launches, splits, packed_elements=packed_elements, arch=arch))
+    return _checked(geom, Plan(values, launches, splits, packed_elements=packed_elements,
+                               source_elements=source_elements, arch=arch))
 
 
 def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
@@ -264,13 +272,17 @@ def _wgmma_operands(shape: GemmShape, dtype: str) -> GemmShape:
 
 
 def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
-                 packed_elements: dict[str, int]) -> None:
-    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack`: of `shape`, the real batch's (the
-    packed D of the weight gradient has every image); conv-shaped stages split nothing."""
+                 packed_elements: dict[str, int], source_elements: dict[str, int]) -> None:
+    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (the 16-bit weight gradient: and its
+    `_wgsource`): of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
+    stages split nothing."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_floats(shape, tile)
     launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
+    if shape.mma == HALF_MMA_MODE and not shape.conv:  # 16-bit: U channels-last
+        source_elements[stage] = wgmma_source_floats(shape)
+        launches[f"{stage}_wgsource"] = Launch(_blocks(wgmma_source_threads(shape)))
     launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)
     splits[stage] = tile.split
 

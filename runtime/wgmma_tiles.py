@@ -16,6 +16,7 @@ from convgen.generated.contract import (
     wgmma_operand_bytes,
     wgmma_planes,
     wgmma_shared_bytes,
+    wgmma_staged_source_floats,
     wgmma_weight_shared_bytes,
 )
 
@@ -140,6 +141,17 @@ def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
     blocks = -(-shape.source_c // WG_BK) * shape.k_size  # WG_BK source channels at one window offset each
     slices = -(-blocks // (tile.k // WG_BK))
     return wgmma_planes(shape.mma) * shape.groups * -(-shape.m // tile.n) * slices * tile.n * tile.k
+
+
+def wgmma_source_threads(shape) -> int:
+    """Threads of a 16-bit stage's `_wgsource` launch: a warp per 32 cells and block of WG_BK channels of its source
+    (the weight gradient's: U), its cells and channels rounded up to them."""
+    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.source_n // 32) * 32
+
+
+def wgmma_source_floats(shape) -> int:
+    """The size in floats of a 16-bit stage's channels-last source or U (its `_wgsource` output)."""
+    return wgmma_staged_source_floats(shape.images, shape.groups, shape.source_n, shape.source_c)
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:

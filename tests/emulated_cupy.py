@@ -106,6 +106,7 @@ inline unsigned dynamic_shared_bytes() { return emulated_current->dynamic_bytes;
     std::abort();
 }
 inline void __syncthreads() { emulated_current->barrier->arrive_and_wait(); }
+inline void __syncwarp() { emulated_current->warps[threadIdx.x / 32].barrier->arrive_and_wait(); }
 inline int __syncthreads_or(int predicate)
 {
     emulated_block& block = *emulated_current;
@@ -211,17 +212,22 @@ template <unsigned N> inline void wgmma_wait() {}  // the products below are don
 template <unsigned R> inline void fence_accumulators(float (&)[R]) {}
 // The `bytes` bits at byte `offset` of row n of an operand (B's, or 16-bit A's) through its wgmma descriptor:
 // K-major rows of 128 bytes (layout 1) or 64 (layout 2) from its start, 8-row groups its stride byte offset
-// apart, a value's address bits 4-6 (4-5) XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. Any other
-// layout or stride stops the process.
-inline unsigned emulated_operand_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes)
+// apart, a value's address bits 4-6 (4-5) XORed with bits 7-9 (7-8): the 128-byte (64-byte) swizzle. MN-major
+// (a 16-bit A with trans-a 1, the 128-byte swizzle): rows of 128 bytes are k, each holding 64 consecutive values
+// of M, 8-k groups the stride byte offset apart (the PTX ISA's canonical MN-major layout, one atom along M). Any
+// other layout or stride stops the process.
+inline unsigned emulated_operand_bits(unsigned long long b, unsigned n, unsigned offset, unsigned bytes,
+                                      bool mn_major = false)
 {
     const unsigned start = static_cast<unsigned>(b & 0x3FFF) << 4, stride = static_cast<unsigned>(b >> 32 & 0x3FFF) << 4;
     const unsigned layout = static_cast<unsigned>(b >> 62), row_bytes = layout == 1 ? 128 : layout == 2 ? 64 : 0;
-    if (row_bytes == 0 || stride != 8 * row_bytes) {
+    if (row_bytes == 0 || stride != 8 * row_bytes || mn_major && (row_bytes != 128 || bytes != 2 || n >= 64)) {
         std::fprintf(stderr, "emulated wgmma: descriptor layout %u, stride byte offset %u\n", layout, stride);
         std::abort();
     }
-    const unsigned address = start + stride * (n / 8) + row_bytes * (n % 8) + offset;
+    const unsigned k = offset / bytes;
+    const unsigned address = mn_major ? start + stride * (k / 8) + row_bytes * (k % 8) + bytes * n
+                                      : start + stride * (n / 8) + row_bytes * (n % 8) + offset;
     unsigned bits = 0;
     std::memcpy(&bits, dynamic_shared() + (address ^ (address >> 7 & (row_bytes / 16 - 1)) << 4), bytes);
     return bits;
@@ -318,13 +324,17 @@ inline void mma_16bit(float& c0, float& c1, float& c2, float& c3, const unsigned
 }
 
 // wgmma.mma_async.m64n{2R}k16.f32.{bf16,f16} with A from shared memory too: this thread's rows g and g + 8 of its
-// warp's 16 read through A's descriptor as B's rows are, the 16-bit values decoded by emulated_half.
-template <unsigned R> inline void wgmma_16bit(float (&d)[R], unsigned long long a, unsigned long long b)
+// warp's 16 read through A's descriptor, K-major as B's rows are or with A_MN_MAJOR (trans-a 1) MN-major, the
+// 16-bit values decoded by emulated_half.
+template <unsigned A_MN_MAJOR = 0, unsigned R>
+inline void wgmma_16bit(float (&d)[R], unsigned long long a, unsigned long long b)
 {
     const unsigned row = threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4;
     double rows[2][16];
     for (unsigned h = 0; h < 2; ++h) {
-        for (unsigned k = 0; k < 16; ++k) rows[h][k] = emulated_half(emulated_operand_bits(a, row + 8 * h, 2 * k, 2));
+        for (unsigned k = 0; k < 16; ++k) {
+            rows[h][k] = emulated_half(emulated_operand_bits(a, row + 8 * h, 2 * k, 2, A_MN_MAJOR != 0));
+        }
     }
     emulated_wgmma(d, rows, b, 2, emulated_half);
 }

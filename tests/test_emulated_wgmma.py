@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 
+import half_support
 import numpy as np
 import pytest
 import reference
@@ -90,8 +91,8 @@ HALF_GEOMETRIES = [*WGMMA_GEOMETRIES, Geometry.build(Family.CONV, 128, 128, (6, 
 @pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "conv_n128"])
 def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
     """16-bit elements multiply as themselves (k16; slices of 64 in the 128-byte swizzle up to an N of 64, of 32 in
-    the 64-byte one beyond): every stage within issue 11's 1e-2 of the float64 CPU tape on the same values, and a
-    second run gives the same bits."""
+    the 64-byte one beyond; the weight gradient's A MN-major from U laid out channels-last by its `_wgsource`): every
+    stage within issue 11's 1e-2 of the float64 CPU tape on the same values, and a second run gives the same bits."""
     launches = plan(geom, dtype=dtype, precision="medium").launches
     assert [launches[stage].kernel for stage in WGMMA_STAGES] == [f"{s}_wgmma" for s in WGMMA_STAGES]
     slice_k = 64 if geom.out_c // geom.groups <= 64 else 32
@@ -104,3 +105,25 @@ def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
     first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype) -> None:
+    """As for float32 above, in 16 bits (the weight gradient's rare path reads U as its `_wgsource` laid it out,
+    channels-last, 32 channels here): exactly the cells the CPU tape makes non-finite on the same values are, with
+    the same signs."""
+    geom = WGMMA_GEOMETRIES[0]
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit non-finite", dtype), geom, dtype)
+    weight, bias, x = (a.copy() for a in inputs)
+    inf, nan = half_support.stored(np.array([np.inf, np.nan], np.float32), dtype)
+    weight[1, 3, 0, 0], weight[4, 5, 2, 1], x[0, 1, 4, 4] = inf, nan, inf
+    grad = grad.copy()
+    grad[1, 2, 0, 0] = -inf if dtype == "float16" else inf ^ np.uint16(0x8000)
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})(dtype, "medium")
+    wide = [half_support.widened(a, dtype) for a in (weight, bias, x)]
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide,
+                                                  half_support.widened(grad, dtype))
+    got = run_backend(backend, geom, (weight, bias, x), grad)
+    for result, ref in zip(got, [ref_output, *ref_grads], strict=True):
+        assert_same_non_finite(half_support.widened(result, dtype), np.asarray(ref), 1e-2)

@@ -1048,17 +1048,18 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[16], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n32k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
-// (trans-a and trans-b 0).
+// d += a b, m64n32k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, b K-major, a K-major or
+// with A_MN_MAJOR MN-major (trans-a 1: rows of 64 values of M, one k each).
+template <unsigned A_MN_MAJOR = 0>
 __device__ __forceinline__ void wgmma_16bit(float (&d)[16], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                 "%16, %17, 1, 1, 1, 0, 0;"
+                 "%16, %17, 1, 1, 1, %18, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(a), "l"(b));
+                 : "l"(a), "l"(b), "n"(A_MN_MAJOR));
 }
 #endif
 // d += a b, m64n64k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1077,21 +1078,22 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[32], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n64k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
-// (trans-a and trans-b 0).
+// d += a b, m64n64k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, b K-major, a K-major or
+// with A_MN_MAJOR MN-major (trans-a 1: rows of 64 values of M, one k each).
+template <unsigned A_MN_MAJOR = 0>
 __device__ __forceinline__ void wgmma_16bit(float (&d)[32], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, 1, 1, 1, 0, 0;"
+                 "%32, %33, 1, 1, 1, %34, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
                    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
                    "+f"(d[30]), "+f"(d[31])
-                 : "l"(a), "l"(b));
+                 : "l"(a), "l"(b), "n"(A_MN_MAJOR));
 }
 #endif
 // d += a b, m64n128k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1117,8 +1119,9 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[64], const unsigned (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n128k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
-// (trans-a and trans-b 0).
+// d += a b, m64n128k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, b K-major, a K-major or
+// with A_MN_MAJOR MN-major (trans-a 1: rows of 64 values of M, one k each).
+template <unsigned A_MN_MAJOR = 0>
 __device__ __forceinline__ void wgmma_16bit(float (&d)[64], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
@@ -1126,7 +1129,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[64], unsigned long long a
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, 1, 1, 1, 0, 0;"
+                 "%64, %65, 1, 1, 1, %66, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -1138,7 +1141,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[64], unsigned long long a
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
                    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
                    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(a), "l"(b));
+                 : "l"(a), "l"(b), "n"(A_MN_MAJOR));
 }
 #endif
 // d += a b, m64n256k8: a the warp's TF32 A fragment (mma.sync's m16n8k8 layout), b a swizzled_operand.
@@ -1179,8 +1182,9 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[128], const unsigned (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 #if ELEMENT_BYTES == 2
-// d += a b, m64n256k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, both K-major
-// (trans-a and trans-b 0).
+// d += a b, m64n256k16 of the 16-bit element type (MMA16_TYPE): a and b swizzled_operands, b K-major, a K-major or
+// with A_MN_MAJOR MN-major (trans-a 1: rows of 64 values of M, one k each).
+template <unsigned A_MN_MAJOR = 0>
 __device__ __forceinline__ void wgmma_16bit(float (&d)[128], unsigned long long a, unsigned long long b)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32." MMA16_TYPE "." MMA16_TYPE " {"
@@ -1192,7 +1196,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[128], unsigned long long 
                  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
                  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
                  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "%128, %129, 1, 1, 1, 0, 0;"
+                 "%128, %129, 1, 1, 1, %130, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -1215,7 +1219,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[128], unsigned long long 
                    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
                    "+f"(d[126]), "+f"(d[127])
-                 : "l"(a), "l"(b));
+                 : "l"(a), "l"(b), "n"(A_MN_MAJOR));
 }
 #endif
 #endif
@@ -1907,27 +1911,30 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r2_forward_wgmma(
         acc[r] = m < M && MMA != 2 ? load_element(bias + group * M + m) : 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
+    constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
+    constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
         copies.land();
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
-        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        fence_async_shared();  // the tensor cores read what cp.async (and the landed stores) wrote
         __syncthreads();
         const unsigned stage_offset = read * STAGE_BYTES;
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
-            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
-                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
+                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
@@ -2961,27 +2968,30 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r2_backward_input_wgmma(
         acc[r] = 0.f;
     }
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
+    constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
+    constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
         copies.land();
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
-        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        fence_async_shared();  // the tensor cores read what cp.async (and the landed stores) wrote
         __syncthreads();
         const unsigned stage_offset = read * STAGE_BYTES;
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
-            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
-                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
+                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
@@ -3551,6 +3561,51 @@ extern "C" __global__ void conv_r2_backward_weight_wgpack(
 #endif
 }
 
+// S[n, g, cell, c] = u_values's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
+// zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+extern "C" __global__ void conv_r2_backward_weight_wgsource(
+    const real* __restrict__ u_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+#if BWW_WGMMA && ELEMENT_BYTES == 2 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr unsigned SRC_C = IN_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
+    constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 31) / 32, BLOCKS = SOURCE_ROW / 32;
+    static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
+    __shared__ __align__(16) real tile[BLOCK / 32][32][40];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
+    const unsigned cell0 = work % CELL_TILES * 32, block = work / CELL_TILES % BLOCKS;
+    const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
+    const bool inside = cell0 + lane < CELLS;
+    const real* __restrict__ from = u_values + (image_group * SRC_C + 32 * block) * CELLS + cell0 + lane;
+#pragma unroll
+    for (unsigned unit = 0; unit < 4; ++unit) {
+        unsigned pairs[4];
+#pragma unroll
+        for (unsigned q = 0; q < 4; ++q) {
+            const unsigned c = 8 * unit + 2 * q;  // of the block
+            const bool low_ok = inside && (SRC_C % 32 == 0 || 32 * block + c < SRC_C);
+            const bool high_ok = inside && (SRC_C % 32 == 0 || 32 * block + c + 1 < SRC_C);
+            pairs[q] = element_pair(low_ok ? load_stored(from + (size_t)c * CELLS) : real{0},
+                                    high_ok ? load_stored(from + (size_t)(c + 1) * CELLS) : real{0});
+        }
+        *reinterpret_cast<uint4*>(&tile[warp][lane][8 * unit]) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+    __syncwarp();
+    real* const staged_rows = reinterpret_cast<real*>(staged) + image_group * CELLS * SOURCE_ROW + 32 * block;
+#pragma unroll
+    for (unsigned pass = 0; pass < 4; ++pass) {
+        const unsigned row = 8 * pass + lane / 4, unit = lane % 4;
+        if (cell0 + row < CELLS) {
+            *reinterpret_cast<uint4*>(staged_rows + (size_t)(cell0 + row) * SOURCE_ROW + 8 * unit) =
+                *reinterpret_cast<const uint4*>(&tile[warp][row][8 * unit]);
+        }
+    }
+#endif
+}
+
 // The same sums as the weight-gradient GEMM in the TF32 modes, with warpgroup mma (sm_90a): the rows (window offset, U
 // channel) of dW are wgmma's M (U's values rounded in registers), the packed D its N x K operand in shared memory, the
 // cells of every image split across blocks whose parts the reduce kernel adds; a block whose sums end non-finite
@@ -3577,7 +3632,10 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
     constexpr unsigned REGS = WG_N / 2, U_C = IN_C / GROUPS;  // U_C: U's channels of a group
     static_assert(ROWS == 128 && BK == 32 && BWW_WG_K == BK, "eight warps stage four 32-row groups, a lane a cell");
     constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
-    constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: B's swizzle
+    // U's channels of an (image, group) as read: 16-bit elements read U channels-last as the stage's `_wgsource` laid
+    // it out, [cell][UC_ROWS].
+    constexpr unsigned U_GROUP_C = MMA == 2 ? UC_ROWS : U_C;
+    constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: MN-major, 128-byte
     constexpr unsigned COLUMNS = U_C * K_SIZE, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * sizeof(real) + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
@@ -3596,7 +3654,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
     const real* const packed_rows =
         reinterpret_cast<const real*>(packed) + ((size_t)group * D_ROWS + n_block * WG_N) * D_COLUMNS;
     d_values += (size_t)group * M * OUT_SIZE;
-    u_values += (size_t)group * U_C * IN_SIZE;
+    u_values += (size_t)group * U_GROUP_C * IN_SIZE;
     typedef typename gemm_output<(SPLIT > 1)>::type Out;  // the parts' float sums, or dW itself
     Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)split * GROUPS + group) * M * COLUMNS;
     unsigned char* const shared = dynamic_shared();
@@ -3605,17 +3663,18 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
     const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + warp % 4 * 16;  // the warp's first fragment row
 
-    // The window offset of each 32-row group this thread stages (rows 32 j + warp + 8 i), less the padding,
-    // and its U channel in the first of them.
-    bool group_ok[4];
-    unsigned group_channel[4];
-    pos_t shift0[4];
-    pos_t shift1[4];
+    // The window offset of each 32-row group this thread stages (rows 32 j + warp + 8 i; 16-bit: rows 32 (tid / 64)
+    // ..), less the padding, and its U channel in the first of them.
+    constexpr unsigned ROW_GROUPS = MMA == 2 ? 1 : 4;
+    bool group_ok[ROW_GROUPS];
+    unsigned group_channel[ROW_GROUPS];
+    pos_t shift0[ROW_GROUPS];
+    pos_t shift1[ROW_GROUPS];
 #pragma unroll
-    for (unsigned j = 0; j < 4; ++j) {
-        const unsigned first = row0 + 32 * j, kappa = first / UC_ROWS;
+    for (unsigned j = 0; j < ROW_GROUPS; ++j) {
+        const unsigned first = row0 + 32 * (MMA == 2 ? tid / 64 : j), kappa = first / UC_ROWS;
         group_ok[j] = kappa < K_SIZE;
-        group_channel[j] = first % UC_ROWS + warp;
+        group_channel[j] = first % UC_ROWS + (MMA == 2 ? 0 : warp);
         unsigned rest = (group_ok[j] ? kappa : 0u);
         const pos_t k1 = (pos_t)(rest % nonzero(K1));
         rest /= nonzero(K1);
@@ -3628,7 +3687,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
-    slice_copies<16, 8 * A_ROW> copies;  // of A: U's values, four channels 8 apart at each of four window offsets
+    slice_copies<16, 8 * A_ROW> copies;  // of A's TF32 values: four channels 8 apart at each of four window offsets
     auto load_async = [&](unsigned slice, unsigned buffer) {
         const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
@@ -3647,18 +3706,37 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
                 }
             }
         }
-        const unsigned cell = cell0 + lane;
-        const real* __restrict__ u_image = u_values + (size_t)image * IN_C * IN_SIZE;
-        // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
-        // 16-bit: the lane's 16-byte unit swizzled by its rows' pair (warp / 2 in every row warp + 8 i)
-        const unsigned a_column = MMA == 2 ? (lane / 8 ^ warp / 2 % 4) * 8 + lane % 8 : lane;
-        copies.start(reinterpret_cast<real*>(stage + PLANES * B_BYTES) + warp * A_ROW + a_column);
+        const unsigned cell = cell0 + (MMA == 2 ? tid / 2 % 32 : lane);  // 16-bit: two threads a cell
+        const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * IN_SIZE;
         unsigned rest = cell;
         const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
         rest /= nonzero(OUT1);
         const pos_t d0 = (pos_t)rest;
+        if constexpr (MMA == 2) {
+            // The cell's 32 channels of row group j, 16 bytes a copy: this thread's half (16 h channels), units
+            // 4 (j % 2) + 2 h + q of the cell's 128-byte row of its warpgroup's A, XORed with the row % 8. A warp's
+            // copies are whole 32-byte sectors of 16 cells.
+            bool ok = group_ok[0] && cell < OUT_SIZE;
+            unsigned offset = 0;
+            const pos_t j0 = d0 * S0 + shift0[0];
+            ok = ok && j0 >= 0 && j0 < IN0;
+            offset = offset * IN0 + (unsigned)j0;
+            const pos_t j1 = d1 * S1 + shift1[0];
+            ok = ok && j1 >= 0 && j1 < IN1;
+            offset = offset * IN1 + (unsigned)j1;
+            const unsigned h = tid % 2, j = tid / 64, row = tid / 2 % 32;
+            const real* __restrict__ channels = u_image + (size_t)(ok ? offset : 0u) * UC_ROWS + group_channel[0];
+            unsigned char* const a_row = stage + PLANES * B_BYTES + j / 2 * (BK * 128) + row * 128;
 #pragma unroll
-        for (unsigned j = 0; j < 4; ++j) {
+            for (unsigned q = 0; q < 2; ++q) {
+                copy_async16(a_row + 16 * ((4 * (j % 2) + 2 * h + q) ^ row % 8), channels + 16 * h + 8 * q, ok);
+            }
+            return;
+        }
+        // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
+        copies.start(reinterpret_cast<real*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane);
+#pragma unroll
+        for (unsigned j = 0; j < ROW_GROUPS; ++j) {
             bool ok = group_ok[j] && cell < OUT_SIZE;
             unsigned offset = 0;
             const pos_t j0 = d0 * S0 + shift0[j];
@@ -3683,31 +3761,31 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
 #if ELEMENT_BYTES == 2
-    constexpr unsigned AHEAD = 2;  // slices whose copies are in flight
-    static_assert(WG_STAGES == AHEAD + 2, "buffers: the slices ahead, this one and the one whose products may run");
+    constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
+    constexpr unsigned A_MN_MAJOR = 1, A_ROW_BYTES = 128, A_WARPGROUP_BYTES = BK * 128, A_K16_BYTES = 16 * 128;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
-        copies.land();
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * 64 * B_ROW_BYTES;  // the warpgroup's 64
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
         wait_copies<AHEAD - 1>();
-        fence_async_shared();  // the tensor cores read what cp.async and the landed stores wrote
+        fence_async_shared();  // the tensor cores read what cp.async (and the landed stores) wrote
         __syncthreads();
         const unsigned stage_offset = read * STAGE_BYTES;
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into the rows
-            wgmma_16bit(acc, swizzled_operand<B_ROW_BYTES>(a_rows + stage_offset + 32 * kk),
-                        swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
+                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
         if (slice + AHEAD < slice_end) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3802,7 +3880,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
         for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
             const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
             const real* __restrict__ d_row = d_values + ((size_t)image * GROUPS * M + m) * OUT_SIZE;
-            const real* __restrict__ u_row = u_values + ((size_t)image * IN_C + channel) * IN_SIZE;
+            const real* __restrict__ u_row = MMA == 2
+                ? u_values + (size_t)image * GROUPS * UC_ROWS * IN_SIZE + channel
+                : u_values + ((size_t)image * IN_C + channel) * IN_SIZE;
             for (unsigned cell = cell0; cell < cell0 + BK && cell < OUT_SIZE; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
@@ -3817,7 +3897,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
                 const pos_t j1 = d1 * S1 + k1 * D1 - P1;
                 ok = ok && j1 >= 0 && j1 < IN1;
                 offset = offset * IN1 + (unsigned)j1;
-                if (ok) sum = fmaf(load_element(d_row + cell), load_element(u_row + offset), sum);
+                const size_t at = MMA == 2 ? (size_t)offset * UC_ROWS : offset;  // 16-bit: channels-last
+                if (ok) sum = fmaf(load_element(d_row + cell), load_element(u_row + at), sum);
             }
         }
         return sum;
