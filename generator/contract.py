@@ -89,11 +89,10 @@ DIRECT_BOX_FIELD = "DIRECT_BOX"
 # a work item; the stage's <PREFIX>_SPLIT is then its blocks per group (partial sums its reduce kernel adds up).
 DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
 # A conv-shaped stage's `_wgmma` kernel (templates/cuda/_wgmma_conv.cu.j2): the TF32 modes on Hopper's
-# warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its `_wgpack`
-# kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels,
-# its slices (WG_K of the reduction: blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared
-# memory, WG_MIN_BLOCKS blocks an SM asked of ptxas (its registers a thread capped to fit them). WG_NS: the N
-# extents it is printed for.
+# warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
+# `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:
+# blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared memory, WG_MIN_BLOCKS blocks an SM
+# asked of ptxas (its registers a thread capped to fit them). WG_NS: the N extents it is printed for.
 WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K")
 WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one swizzled row per dst channel, 128 bytes of TF32 values or 64 of 16-bit

@@ -358,8 +358,8 @@ class CupyBackend:
         """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
         its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
-        before the output is allocated, so that the GPU has work while the host allocates; a 16-bit `_wgmma` stage
-        reads its source as its `_wgsource` lays it out (source_elements), in place of the source."""
+        before the output is allocated, so that the GPU has work while the host allocates; the 16-bit weight
+        gradient reads U as its `_wgsource` lays it out (source_elements), in U's place."""
         if f"{stage}_pack" in compiled.launches:
             elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
             if elements is None:
@@ -371,7 +371,7 @@ class CupyBackend:
                 values = {**values, role: self._scratch((elements,), "float32")}
                 self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
-        if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
+        if source_elements is not None:  # the 16-bit `_wgmma` weight gradient reads U channels-last
             source_role = STAGES[compiled.family][f"{stage}_wgsource"][0].role
             staged = self._scratch((source_elements,), "float32")
             self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": staged})

@@ -114,7 +114,8 @@ class Plan:
     argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
     # Stage -> floats of its packed weight where not the weight's size (a `_wgpack` kernel's output).
     packed_elements: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Stage -> floats of its source laid out channels-last (a `_wgsource` kernel's output, which the stage reads).
+    # Stage -> floats of its U laid out channels-last (the 16-bit weight gradient's `_wgsource` output, read in U's
+    # place).
     source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
     arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
 

@@ -144,14 +144,14 @@ def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
 
 
 def wgmma_source_threads(shape) -> int:
-    """Threads of a 16-bit stage's `_wgsource` launch: a warp per 32 cells and block of WG_BK channels of its source
-    (the weight gradient's: U), its cells and channels rounded up to them."""
-    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.source_n // 32) * 32
+    """Threads of the 16-bit weight gradient's `_wgsource` launch: a warp per 32 cells and block of WG_BK channels of
+    U, its cells and channels rounded up to them."""
+    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.u_cells // 32) * 32
 
 
 def wgmma_source_floats(shape) -> int:
-    """The size in floats of a 16-bit stage's channels-last source or U (its `_wgsource` output)."""
-    return wgmma_staged_source_floats(shape.images, shape.groups, shape.source_n, shape.source_c)
+    """The size in floats of the 16-bit weight gradient's channels-last U (its `_wgsource` output)."""
+    return wgmma_staged_source_floats(shape.images, shape.groups, shape.u_cells, shape.source_c)
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:
