@@ -255,11 +255,12 @@ def _wgpack(stage: str, layout: ConvRow) -> Stage:
                  "channels: a slice of one n block is WG_N rows of 128 bytes.", layout)
 
 
-def _wgsource(stage: Stage, source: Param) -> Stage:
-    """`source` of the weight gradient (its U) laid out channels-last for its `_wgmma` kernel on 16-bit elements
-    (launched before it there; the kernel then reads this copy in its place)."""
-    return Stage(f"{stage.name}_wgsource", (source, IMAGES, _out("staged", "staged_source", "float")),
-                 f"S[n, g, cell, c] = {source.name}'s element (image n, channel c of group g), channels rounded up to "
+def _weight_wgsource(stage: Stage) -> Stage:
+    """U of the weight gradient laid out channels-last for its `_wgmma` kernel on 16-bit elements (launched before it
+    there; the kernel then reads this copy in U's place)."""
+    u_values = stage.params[1]
+    return Stage(f"{stage.name}_wgsource", (u_values, IMAGES, _out("staged", "staged_source", "float")),
+                 "S[n, g, cell, c] = U's element (image n, channel c of group g), channels rounded up to "
                  "whole blocks of 32 with zeros: a block of one cell's channels is 64 contiguous bytes, which the "
                  "16-bit `_wgmma` copies 16 bytes at a time.", stage.layout)
 
@@ -335,7 +336,7 @@ _CONV_STAGES = (
     _CONV_WEIGHT_STAGE,
     _direct(_CONV_WEIGHT_STAGE),
     _weight_wgpack(_CONV_WEIGHT_STAGE),
-    _wgsource(_CONV_WEIGHT_STAGE, _CONV_WEIGHT_STAGE.params[1]),
+    _weight_wgsource(_CONV_WEIGHT_STAGE),
     _weight_wgmma(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
@@ -373,7 +374,7 @@ _CONV_TRANSPOSE_STAGES = (
     _TRANSPOSE_WEIGHT_STAGE,
     _direct(_TRANSPOSE_WEIGHT_STAGE),
     _weight_wgpack(_TRANSPOSE_WEIGHT_STAGE),
-    _wgsource(_TRANSPOSE_WEIGHT_STAGE, _TRANSPOSE_WEIGHT_STAGE.params[1]),
+    _weight_wgsource(_TRANSPOSE_WEIGHT_STAGE),
     _weight_wgmma(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,

@@ -101,6 +101,12 @@ def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple
 _OUTPUT_ROLES: dict[Family, dict[str, str]] = {
     family: {stage: next(p.role for p in params if not p.const) for stage, params in stages.items()}
     for family, stages in STAGES.items()}
+# Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the weight gradient's U), which the
+# stage then reads from its output instead: worked out once.
+_RESTAGED_ROLES: dict[Family, dict[str, str]] = {
+    family: {stage.removesuffix("_wgsource"): params[0].role for stage, params in stages.items()
+             if stage.endswith("_wgsource")}
+    for family, stages in STAGES.items()}
 
 
 class _Compiled:
@@ -372,10 +378,9 @@ class CupyBackend:
                 self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
         if source_elements is not None:  # the 16-bit `_wgmma` weight gradient reads U channels-last
-            source_role = STAGES[compiled.family][f"{stage}_wgsource"][0].role
             staged = self._scratch((source_elements,), "float32")
             self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": staged})
-            values = {**values, source_role: staged}
+            values = {**values, _RESTAGED_ROLES[compiled.family][stage]: staged}
         return self._into_output(compiled, stage, values, output_shape)
 
     def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],

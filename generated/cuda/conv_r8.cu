@@ -2258,7 +2258,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r8_forward_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
@@ -4116,7 +4116,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r8_backward_input_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
@@ -4960,8 +4960,8 @@ extern "C" __global__ void conv_r8_backward_weight_wgpack(
 #endif
 }
 
-// S[n, g, cell, c] = u_values's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
-// zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+// S[n, g, cell, c] = U's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
+// a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
 extern "C" __global__ void conv_r8_backward_weight_wgsource(
     const real* __restrict__ u_values,
     const unsigned images,
@@ -5177,7 +5177,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r8_backward_weight_wgmma(
             const pos_t j7 = d7 * S7 + shift7[0];
             ok = ok && j7 >= 0 && j7 < IN7;
             offset = offset * IN7 + (unsigned)j7;
-            const unsigned h = tid % 2, j = tid / 64, row = tid / 2 % 32;
+            const unsigned h = tid % 2, j = tid / 64, row = cell - cell0;
             const real* __restrict__ channels = u_image + (size_t)(ok ? offset : 0u) * UC_ROWS + group_channel[0];
             unsigned char* const a_row = stage + PLANES * B_BYTES + j / 2 * (BK * 128) + row * 128;
 #pragma unroll

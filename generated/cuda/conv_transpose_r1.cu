@@ -1988,7 +1988,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r1_forward_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
@@ -2783,7 +2783,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r1_backward_input_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
@@ -3335,8 +3335,8 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_wgpack(
 #endif
 }
 
-// S[n, g, cell, c] = u_values's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
-// zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+// S[n, g, cell, c] = U's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
+// a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
 extern "C" __global__ void conv_transpose_r1_backward_weight_wgsource(
     const real* __restrict__ u_values,
     const unsigned images,
@@ -3489,7 +3489,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
             const pos_t j0 = d0 * S0 + shift0[0];
             ok = ok && j0 >= 0 && j0 < OUT0;
             offset = offset * OUT0 + (unsigned)j0;
-            const unsigned h = tid % 2, j = tid / 64, row = tid / 2 % 32;
+            const unsigned h = tid % 2, j = tid / 64, row = cell - cell0;
             const real* __restrict__ channels = u_image + (size_t)(ok ? offset : 0u) * UC_ROWS + group_channel[0];
             unsigned char* const a_row = stage + PLANES * B_BYTES + j / 2 * (BK * 128) + row * 128;
 #pragma unroll
