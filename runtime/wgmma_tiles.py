@@ -86,9 +86,6 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
         two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
-        # 3xTF32 up to an N of 64 took 117-131 registers at rank 2 (its forward's bias, from 120 before the batch's
-        # cells became one run): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
-        two = two or shape.mma == 3 and n <= 64
         wide = not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=2 * WG_BK if wide else WG_BK)
     else:
@@ -120,11 +117,11 @@ def _weight_row_blocks(shape, rows: int) -> int:
 
 
 def wgmma_grid(shape, tile: WgmmaTile) -> int:
-    """Blocks of a `_wgmma` launch: (group, n block, tile of the batch's cells, images x cells in one run); the weight
-    gradient's (group, split, row block, n block)."""
+    """Blocks of a `_wgmma` launch: (image, group, n block, cell tile); the weight gradient's (group, split, row
+    block, n block)."""
     if not shape.conv:
         return shape.groups * tile.split * _weight_row_blocks(shape, tile.cells) * -(-shape.m // tile.n)
-    return shape.groups * -(-shape.m // tile.n) * -(-shape.images * shape.n // tile.cells)
+    return shape.images * shape.groups * -(-shape.m // tile.n) * -(-shape.n // tile.cells)
 
 
 def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:

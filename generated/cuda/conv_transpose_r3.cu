@@ -2120,6 +2120,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
+    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
@@ -2129,22 +2130,15 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     constexpr pos_t DG0 = D0;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG1 = D1;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG2 = D2;  // one phase: window offset k = r, source cell d + P - r*D
-    // Block -> (group, n block, cell tile), cell tile fastest. The batch's cells are one run of images * N (the
-    // GEMM's columns), cut into tiles that may span two images, so no image ends in a part-empty tile: N32 56² takes
-    // 784 blocks, not 800 (25 of them half empty), three waves of two blocks an SM on the H200's 132 SMs, not four.
-    const unsigned cell_tiles = (images * N + WG_CELLS - 1) / WG_CELLS, tiles_per_group = N_BLOCKS * cell_tiles;
-    const unsigned group = GROUPS == 1 ? 0u : blockIdx.x / tiles_per_group;
-    const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % tiles_per_group;
-    const unsigned n0 = block_rest % cell_tiles * WG_CELLS, n_block = block_rest / cell_tiles, m0 = n_block * WG_N;
+    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
+    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
+    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
         reinterpret_cast<const real*>(packed) + ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
-    // This group's source and dest channels in the image of a batch cell (the image is batch cell / N). A cell's
-    // source is found from the tile's first image by a 32-bit offset (within the source tensor), which kept the 3xTF32
-    // forward at 120 registers, two blocks an SM (a pointer a thread took it to 130).
-    source += ((size_t)(n0 / N) * GROUPS + group) * SRC_C * IN_SIZE;
-    auto image_offset = [&](unsigned cell) { return (cell / N - n0 / N) * GROUPS * SRC_C * IN_SIZE; };
-    auto image_dest = [&](unsigned cell) { return dest + ((size_t)(cell / N) * GROUPS + group) * M * N; };
+    real* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
     unsigned char* const shared = dynamic_shared();
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
@@ -2154,17 +2148,13 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
 
     // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
     // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
-    // A cell past the batch reads nothing (its copies are zeros) from the last image's channels.
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
     pos_t base2[1];
-    unsigned cell_offset;  // of the cell's image from the tile's first
     {
-        const unsigned batch_cell = n0 + tid % WG_CELLS;
-        column_ok[0] = batch_cell < images * N;
-        cell_offset = image_offset(column_ok[0] ? batch_cell : images * N - 1);
-        const unsigned cell = batch_cell % N;
+        const unsigned cell = n0 + tid % WG_CELLS;
+        column_ok[0] = cell < N;
         unsigned rest = cell;
         const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
         rest /= nonzero(OUT2);
@@ -2226,8 +2216,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
             ok = ok && j2 >= 0 && j2 < IN2;
             offset = offset * IN2 + (unsigned)j2;
 
-            const real* __restrict__ column =
-                source + (size_t)(c0 + first_channel) * IN_SIZE + (cell_offset + (ok ? offset : 0u));
+            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * IN_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -2369,14 +2358,12 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned batch_cell, unsigned m) {
+    auto fma_sum = [&](unsigned cell, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
         pos_t base2[1];
-        const real* __restrict__ cell_values = source + image_offset(batch_cell);
         {
-            const unsigned cell = batch_cell % N;
             unsigned rest = cell;
             const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
             rest /= nonzero(OUT2);
@@ -2411,7 +2398,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(cell_values + (size_t)c * IN_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(source + (size_t)c * IN_SIZE + offset), sum);
                 }
             }
         }
@@ -2421,15 +2408,12 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
     const bool rare = __syncthreads_or(!finite);
-    // The thread's two cells (fragment rows g and g + 8) and where their outputs go.
-    const unsigned batch_cells[2] = {n0 + warp_row + g, n0 + warp_row + g + 8};
-    real* const outs[2] = {image_dest(batch_cells[0]) + batch_cells[0] % N, image_dest(batch_cells[1]) + batch_cells[1] % N};
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned half = r % 4 / 2, m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (batch_cells[half] >= images * N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(batch_cells[half], m);
-        put(outs[half] + (size_t)m * N, acc[r]);
+        const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
+        if (cell >= N || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, m);
+        put(out + (size_t)m * N + cell, acc[r]);
     }
 #endif
 }
@@ -3063,27 +3047,21 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
+    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
     // 17% faster on 128).
     constexpr bool COPIES_UNDER_PRODUCTS = MMA != 3 || WG_N > 64;
-    // Block -> (group, n block, cell tile), cell tile fastest. The batch's cells are one run of images * N (the
-    // GEMM's columns), cut into tiles that may span two images, so no image ends in a part-empty tile: N32 56² takes
-    // 784 blocks, not 800 (25 of them half empty), three waves of two blocks an SM on the H200's 132 SMs, not four.
-    const unsigned cell_tiles = (images * N + WG_CELLS - 1) / WG_CELLS, tiles_per_group = N_BLOCKS * cell_tiles;
-    const unsigned group = GROUPS == 1 ? 0u : blockIdx.x / tiles_per_group;
-    const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % tiles_per_group;
-    const unsigned n0 = block_rest % cell_tiles * WG_CELLS, n_block = block_rest / cell_tiles, m0 = n_block * WG_N;
+    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
+    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
+    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
+    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
         reinterpret_cast<const real*>(packed) + ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
-    // This group's source and dest channels in the image of a batch cell (the image is batch cell / N). A cell's
-    // source is found from the tile's first image by a 32-bit offset (within the source tensor), which kept the 3xTF32
-    // forward at 120 registers, two blocks an SM (a pointer a thread took it to 130).
-    source += ((size_t)(n0 / N) * GROUPS + group) * SRC_C * OUT_SIZE;
-    auto image_offset = [&](unsigned cell) { return (cell / N - n0 / N) * GROUPS * SRC_C * OUT_SIZE; };
-    auto image_dest = [&](unsigned cell) { return dest + ((size_t)(cell / N) * GROUPS + group) * M * N; };
+    real* __restrict__ out = dest + ((size_t)image * GROUPS + group) * M * N;
     // The slices from the first 1024-byte boundary of the dynamic shared memory (the swizzle atom's).
     unsigned char* const shared = dynamic_shared();
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
@@ -3093,17 +3071,13 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
 
     // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
     // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
-    // A cell past the batch reads nothing (its copies are zeros) from the last image's channels.
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
     pos_t base2[1];
-    unsigned cell_offset;  // of the cell's image from the tile's first
     {
-        const unsigned batch_cell = n0 + tid % WG_CELLS;
-        column_ok[0] = batch_cell < images * N;
-        cell_offset = image_offset(column_ok[0] ? batch_cell : images * N - 1);
-        const unsigned cell = batch_cell % N;
+        const unsigned cell = n0 + tid % WG_CELLS;
+        column_ok[0] = cell < N;
         unsigned rest = cell;
         const pos_t d2 = (pos_t)(rest % nonzero(IN2));
         rest /= nonzero(IN2);
@@ -3165,8 +3139,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
             ok = ok && j2 >= 0 && j2 < OUT2;
             offset = offset * OUT2 + (unsigned)j2;
 
-            const real* __restrict__ column =
-                source + (size_t)(c0 + first_channel) * OUT_SIZE + (cell_offset + (ok ? offset : 0u));
+            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * OUT_SIZE + (ok ? offset : 0u);
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -3300,14 +3273,12 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned batch_cell, unsigned m) {
+    auto fma_sum = [&](unsigned cell, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
         pos_t base2[1];
-        const real* __restrict__ cell_values = source + image_offset(batch_cell);
         {
-            const unsigned cell = batch_cell % N;
             unsigned rest = cell;
             const pos_t d2 = (pos_t)(rest % nonzero(IN2));
             rest /= nonzero(IN2);
@@ -3342,7 +3313,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(cell_values + (size_t)c * OUT_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(source + (size_t)c * OUT_SIZE + offset), sum);
                 }
             }
         }
@@ -3352,15 +3323,12 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
     const bool rare = __syncthreads_or(!finite);
-    // The thread's two cells (fragment rows g and g + 8) and where their outputs go.
-    const unsigned batch_cells[2] = {n0 + warp_row + g, n0 + warp_row + g + 8};
-    real* const outs[2] = {image_dest(batch_cells[0]) + batch_cells[0] % N, image_dest(batch_cells[1]) + batch_cells[1] % N};
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned half = r % 4 / 2, m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (batch_cells[half] >= images * N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(batch_cells[half], m);
-        put(outs[half] + (size_t)m * N, acc[r]);
+        const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
+        if (cell >= N || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, m);
+        put(out + (size_t)m * N + cell, acc[r]);
     }
 #endif
 }
