@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Host time of a training step on a batched conv case, convgen.torch against torch's own op: why bench.py's
+"call" times can trail the kernels (the GPU waits for the host).
+
+A step is the forward and `torch.autograd.backward` with the upstream gradient, the inputs' gradients cleared
+first, as bench.py's fwd+bwd call makes it. Per dtype and library: `issue`, the median host time until a step
+returns, each started on an idle GPU; `wall`, until its kernels are done. Then a cProfile of `--calls` convgen
+steps: where its host time goes. float32 runs convgen in `--precision` and torch with TF32 as that precision
+says ("highest": off). torch's conv4d is bench.py's loop of conv3d.
+
+    python3 benchmarks/step_host.py [--case conv2d_64_56_n32] [--dtypes bfloat16,float32] [--precision medium]
+                                    [--calls 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import convgen.torch as adapter
+import torch
+from suite.cases import BATCHED_CASES, CASES_BY_NAME, Case
+from suite.contestants import torch_op
+from suite.host import profile_summary
+
+
+def steps(case: Case, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+    """library -> one training step of the case on CUDA tensors of `dtype`."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def tensor(shape: tuple[int, ...], grad: bool = True) -> torch.Tensor:
+        value = torch.randn(shape, device="cuda", generator=generator).to(dtype)
+        return value.requires_grad_(grad)
+
+    inputs = (tensor(case.input_shape), tensor(case.weight_shape), tensor((case.out_c,)))
+    upstream = tensor(case.output_shape, grad=False)
+    ops = {"convgen.torch": lambda x, w, b: adapter.conv(x, w, b, case.strides, case.paddings),
+           "torch": torch_op(case)}
+
+    def step_of(op: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        def step() -> None:
+            for value in inputs:
+                value.grad = None
+            torch.autograd.backward(op(*inputs), upstream)
+        return step
+
+    return {name: step_of(op) for name, op in ops.items()}
+
+
+def host_times(step: Callable[[], None], calls: int) -> tuple[float, float]:
+    """Median µs of (issue, wall) over `calls` steps, each from an idle GPU."""
+    for _ in range(20):  # compiles, caches, the allocator's blocks
+        step()
+    issue, wall = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        returned = time.perf_counter()
+        torch.cuda.synchronize()
+        issue.append((returned - start) * 1e6)
+        wall.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(issue), statistics.median(wall)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    conv_cases = [case.name for case in BATCHED_CASES if case.is_conv]
+    parser.add_argument("--case", choices=conv_cases, default="conv2d_64_56_n32")
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated torch dtypes")
+    parser.add_argument("--precision", choices=("highest", "high", "medium"), default="medium",
+                        help="convgen's float32 precision (torch: TF32 unless highest)")
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("step_host.py times CUDA steps: no CUDA device")
+    case = CASES_BY_NAME[args.case]
+    adapter.set_float32_precision(args.precision)
+    torch.backends.cudnn.allow_tf32 = args.precision != "highest"
+    print(f"{case.title}: host µs a training step (median of {args.calls}, each from an idle GPU)")
+    profiles = {}
+    for name in args.dtypes.split(","):
+        dtype = getattr(torch, name)
+        for library, step in steps(case, dtype).items():
+            issue, wall = host_times(step, args.calls)
+            print(f"{name:<9} {library:<14} issue {issue:8.1f}  wall {wall:8.1f}")
+            if library == "convgen.torch":
+                profiles[name] = profile_summary(step, args.calls, torch.cuda.synchronize)["text"]
+    for name, text in profiles.items():
+        print(f"\n== cProfile of {args.calls} convgen.torch steps, {name}\n{text}")
+
+
+if __name__ == "__main__":
+    main()
