@@ -8,11 +8,11 @@ ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and th
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from convgen.backend import precision_refusal
@@ -29,7 +29,7 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
-GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
+GENERATED_CUDA = importlib.resources.files("convgen.generated") / "cuda"  # the package's own, installed or editable
 DTYPES = tuple(ELEMENT_DEFINES)  # the element types every source compiles in
 NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
 
