@@ -8,15 +8,12 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 from convgen.backend import precision_refusal
-from convgen.cuda_launch import ELEMENT_DEFINES, NVRTC_OPTIONS, plan, representative_geometry
+from convgen.cuda_launch import CUDA_SOURCES, ELEMENT_DEFINES, NVRTC_OPTIONS, plan, representative_geometry
 from convgen.generated.contract import KERNELS
 from convgen.geometry import Family, Geometry
-
-GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 
 
 def _usage_error(message: str) -> None:
@@ -92,7 +89,7 @@ def source_text(geom: Geometry, dtype: str = "float32", precision: str = "highes
         *(f"#define {name} {value}" for name, value in defines.items()),
         "",
     ]
-    return "\n".join(lines) + (GENERATED_CUDA / entry.source).read_text(encoding="utf-8")
+    return "\n".join(lines) + (CUDA_SOURCES / entry.source).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

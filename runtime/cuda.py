@@ -8,7 +8,6 @@ CuPy is imported when the backend is constructed, so `import convgen.cuda` works
 
 from __future__ import annotations
 
-import importlib.resources
 import math
 import operator
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from convgen.backend import BackendError, OutOfMemory
 from convgen.circular import CircularPlan, circular_plan, fits_padded
 from convgen.cuda_launch import (
     BLOCK,
+    CUDA_SOURCES,
     H200,
     Hardware,
     Plan,
@@ -296,7 +296,7 @@ class CupyBackend:
         """Stage -> function of one generated source compiled with `options`, once per device."""
         functions = self._modules.get((source_name, options, device))
         if functions is None:
-            source = (importlib.resources.files("convgen.generated") / "cuda" / source_name).read_text()
+            source = (CUDA_SOURCES / source_name).read_text()
             try:
                 module = self._xp.RawModule(code=source, options=options)
                 functions = {stage: module.get_function(symbol) for stage, symbol in symbols.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.resources
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,9 +71,9 @@ from convgen.wgmma_tiles import (
     wgmma_source_threads,
 )
 
-__all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS", "PACK_MIN_MACS",
-           "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch", "Plan", "TileChooser",
-           "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
+__all__ = ["BIAS_CELLS_PER_BLOCK", "BLOCK", "CUDA_SOURCES", "ELEMENT_DEFINES", "GEMM_STAGES", "H200", "NVRTC_OPTIONS",
+           "PACK_MIN_MACS", "PRECISIONS", "SPLIT_WORKSPACE_BYTES", "GemmShape", "GemmTile", "Hardware", "Launch",
+           "Plan", "TileChooser", "argmax_dtype", "batch_bucket", "ceil_div", "choose_tile", "gemm_cost", "gemm_shapes",
            "nvrtc_options", "opted_in_shared", "packs_weight", "plan", "pool_cells_per_thread",
            "representative_geometry", "representative_wgmma_geometry", "scalar_dtype", "tile_candidates"]
 
@@ -90,6 +91,8 @@ def scalar_dtype(dtype: str) -> str:
 # C++17 for constexpr helpers; no fast math, so expf/logf keep full float32 accuracy. CuPy adds
 # -arch for the device it compiles on.
 NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+# The generated CUDA sources (KERNELS' `source` names), read from the installed package, editable or not.
+CUDA_SOURCES = importlib.resources.files("convgen.generated") / "cuda"
 
 TileChooser = Callable[[GemmShape, Hardware], GemmTile]
 

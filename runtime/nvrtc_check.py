@@ -8,7 +8,6 @@ ptxas. Backs `convgen compile` and the compile tests. Needs cuda-bindings and th
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import re
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 from convgen.backend import precision_refusal
 from convgen.circular import circular_plan, representative_circular_geometry
 from convgen.cuda_launch import (
+    CUDA_SOURCES,
     ELEMENT_DEFINES,
     H200,
     WGMMA_ARCH,
@@ -29,7 +29,6 @@ from convgen.cuda_launch import (
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
-GENERATED_CUDA = importlib.resources.files("convgen.generated") / "cuda"  # the package's own, installed or editable
 DTYPES = tuple(ELEMENT_DEFINES)  # the element types every source compiles in
 NVRTC_EXTRA = "pip install 'convgen[test]'"  # cuda-bindings and nvidia-cuda-nvrtc-cu12
 
@@ -156,7 +155,7 @@ def _compile(geom: Geometry, source: str, defines: tuple[str, ...], arch: str, d
              precision: str = "highest") -> SourceReport:
     family, rank = geom.family, geom.rank
     nvrtc_module = nvrtc()
-    code = (GENERATED_CUDA / source).read_bytes()
+    code = (CUDA_SOURCES / source).read_bytes()
     options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *defines]
     start = time.perf_counter()
     _, program = nvrtc_module.nvrtcCreateProgram(code, source.encode(), 0, [], [])
