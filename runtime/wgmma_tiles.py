@@ -86,6 +86,9 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
         two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
+        # 3xTF32 up to an N of 64 where tiles span images took 116-154 registers at rank 2 (the forward's 154, 120
+        # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
+        two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
         wide = not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=2 * WG_BK if wide else WG_BK)
     else:
@@ -116,12 +119,20 @@ def _weight_row_blocks(shape, rows: int) -> int:
     return -(-shape.k_size * -(-shape.source_c // 32) * 32 // rows)
 
 
+def tiles_span_images(shape, cells: int) -> bool:
+    """Whether a conv-shaped `_wgmma` kernel with tiles of `cells` cuts them over the batch's cells as one run
+    (images x cells), where an image's cells are not whole tiles: the kernel's TILES_SPAN_IMAGES."""
+    return shape.n % cells != 0
+
+
 def wgmma_grid(shape, tile: WgmmaTile) -> int:
-    """Blocks of a `_wgmma` launch: (image, group, n block, cell tile); the weight gradient's (group, split, row
-    block, n block)."""
+    """Blocks of a `_wgmma` launch: (image, group, n block, cell tile), or (group, n block, tile of the batch's cells)
+    where tiles span images; the weight gradient's (group, split, row block, n block)."""
     if not shape.conv:
         return shape.groups * tile.split * _weight_row_blocks(shape, tile.cells) * -(-shape.m // tile.n)
-    return shape.images * shape.groups * -(-shape.m // tile.n) * -(-shape.n // tile.cells)
+    if tiles_span_images(shape, tile.cells):
+        return shape.groups * -(-shape.m // tile.n) * -(-shape.images * shape.n // tile.cells)
+    return shape.images * shape.groups * -(-shape.m // tile.n) * (shape.n // tile.cells)
 
 
 def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:

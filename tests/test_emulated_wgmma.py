@@ -26,11 +26,13 @@ from test_emulated_kernels import assert_same_non_finite, emulated_tape, imports
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
 
 WGMMA_STAGES = ("forward", "backward_input", "backward_weight")
-# Every conv stage of each runs its `_wgmma` kernel: a conv whose 192 cells an image end in a part tile of 128 and
-# whose weight gradient splits its slices across blocks, and a grouped, dilated stride-1 transpose.
+# Every conv stage of each runs its `_wgmma` kernel: a conv whose 192 cells an image are not whole tiles of 128 (its
+# tiles span images) and whose weight gradient splits its slices across blocks, a grouped, dilated stride-1
+# transpose (20 cells an image: a tile spans up to eight), and a conv whose images are whole tiles.
 WGMMA_GEOMETRIES = [
     Geometry.build(Family.CONV, 32, 40, (16, 12), (3, 3), (1, 1), (1, 1), batch=3),
     Geometry.build(Family.CONV_TRANSPOSE, 64, 64, (5, 4), (3, 2), (1, 1), (1, 0), dilation=(1, 2), groups=2, batch=2),
+    Geometry.build(Family.CONV, 32, 40, (16, 8), (3, 3), (1, 1), (1, 1), batch=2),
 ]
 
 
@@ -49,7 +51,7 @@ def test_the_geometries_plan_wgmma_for_every_conv_stage() -> None:
     assert plan(WGMMA_GEOMETRIES[0], precision="medium").defines["BWW_SPLIT"] > 1  # parts and their reduce
 
 
-@pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=["conv", "transpose"])
+@pytest.mark.parametrize("geom", WGMMA_GEOMETRIES, ids=["conv", "transpose", "whole tiles"])
 def test_wgmma_kernels_keep_the_tensor_core_bounds(geom) -> None:
     """Forward, input and weight gradient on wgmma, "high" and "medium", against the float64 reference: TF32
     within its bound and above float32's error (the tensor cores ran), 3xTF32 within 2× of the FMA path's."""
@@ -82,13 +84,13 @@ def test_wgmma_blocks_with_non_finite_sums_take_the_rare_path(precision) -> None
         assert_same_non_finite(np.asarray(got), ref, 1e-2)
 
 
-# 16-bit conv-shaped stages take slices of two blocks of k up to an N of 64 (both geometries above), one beyond: a
+# 16-bit conv-shaped stages take slices of two blocks of k up to an N of 64 (the geometries above), one beyond: a
 # conv of 128 channels whose blocks at the nine window offsets come four a channel run.
 HALF_GEOMETRIES = [*WGMMA_GEOMETRIES, Geometry.build(Family.CONV, 128, 128, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)]
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "conv_n128"])
+@pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "whole tiles", "conv_n128"])
 def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
     """16-bit elements multiply as themselves (k16; slices of 64 in the 128-byte swizzle up to an N of 64, of 32 in
     the 64-byte one beyond; the weight gradient's A MN-major from U laid out channels-last by its `_wgsource`): every

@@ -70,6 +70,26 @@ def test_wgmma_n_follows_the_dst_channels_of_a_group():
     assert forward(64, groups=2) == (32, 4 * 2 * 8)
 
 
+def test_conv_shaped_wgmma_tiles_span_images_only_where_images_are_not_whole_tiles():
+    """Tiles of 128 cells: where an image's cells are not whole tiles, they run over images x cells, so an image's
+    last tile takes the next image's first cells; groups and channel blocks multiply the tiles. Whole tiles are cut
+    image by image."""
+    def grid(in_c, out_c, spatial, batch, precision="medium", groups=1):
+        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=batch, groups=groups)
+        launches = plan(geom, precision=precision).launches
+        return launches["forward"].grid, launches["backward_input"].grid
+
+    # 32 images of 56 x 56 = 3136 cells: 100352 cells, 784 tiles (25 an image, 800, were they cut image by image).
+    assert grid(64, 64, (56, 56), 32) == grid(64, 64, (56, 56), 32, "high") == (784, 784)
+    # 3 images of 16 x 12: 576 cells, 5 tiles (the last half full); 2 groups of 32 channels, or N 128 and 256.
+    assert grid(64, 64, (16, 12), 3) == (5, 5)
+    assert grid(64, 64, (16, 12), 3, groups=2) == (2 * 5, 2 * 5)
+    assert grid(64, 256, (16, 12), 3, "high") == (2 * 5, 5)
+    # 8 images of 128 x 128: 128 whole tiles each.
+    assert grid(128, 128, (128, 128), 8) == (8 * 128, 8 * 128)
+    assert grid(64, 64, (16, 8), 3, groups=2) == (3 * 2, 3 * 2)
+
+
 def test_the_weight_gradient_splits_its_cells_across_the_sms():
     """Rows of 32 U channels (rounded up) at each window offset, 128 a block; N over D's channels; parts enough for
     two blocks an SM in TF32 and in 3xTF32 up to 64 channels (whose blocks ask ptxas for two an SM), one in 3xTF32
@@ -85,7 +105,9 @@ def test_the_weight_gradient_splits_its_cells_across_the_sms():
     assert weight(64, 64, (56, 56), 32) == ("backward_weight_wgmma", 64, 52, 5 * 52, 32 * 64 * 98 * 32)
     assert weight(64, 64, (56, 56), 32, "high")[2:4] == (52, 5 * 52)
     high = plan(Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32), precision="high")
-    assert (high.defines["BWW_WG_MIN_BLOCKS"], high.defines["FWD_WG_MIN_BLOCKS"]) == (2, 1)
+    assert (high.defines["BWW_WG_MIN_BLOCKS"], high.defines["FWD_WG_MIN_BLOCKS"]) == (2, 2)  # tiles span images
+    whole = plan(Geometry.build(Family.CONV, 64, 64, (64, 64), (3, 3), (1, 1), (1, 1), batch=4), precision="high")
+    assert whole.defines["FWD_WG_MIN_BLOCKS"] == 1
     # 16 U channels take 32 rows each (9 x 32: 3 blocks); 40 D channels an N of 64; parts from the batch's bucket
     # (4 images of 10 x 10: 16 slices, 2 parts), the packed D from its 3 images.
     assert weight(16, 40, (10, 10), 3) == ("backward_weight_wgmma", 64, 2, 3 * 2, 3 * 64 * 128)

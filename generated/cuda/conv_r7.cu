@@ -2048,16 +2048,30 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
-    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
     // 17% faster on 128).
     constexpr bool COPIES_UNDER_PRODUCTS = MMA != 3 || WG_N > 64;
-    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
-    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
-    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * IN_SIZE;
+    unsigned image, group, n_block, n0;
+    if constexpr (TILES_SPAN_IMAGES) {
+        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
+        const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
+        const unsigned first = block_rest % tiles * WG_CELLS;
+        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+    } else {
+        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
+        image = image_group / GROUPS, group = image_group % GROUPS;
+        n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
+    }
+    // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
@@ -2080,9 +2094,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
     pos_t base4[1];
     pos_t base5[1];
     pos_t base6[1];
+    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned cell = n0 + tid % WG_CELLS;
-        column_ok[0] = cell < N;
+        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
+        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d6 = (pos_t)(rest % nonzero(OUT6));
         rest /= nonzero(OUT6);
@@ -2176,7 +2192,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
             ok = ok && j6 >= 0 && j6 < IN6;
             offset = offset * IN6 + (unsigned)j6;
 
-            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * IN_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column =
+                source + (size_t)(c0 + first_channel) * IN_SIZE + (image_offset + (ok ? offset : 0u));
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -2318,7 +2335,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned cell, unsigned m) {
+    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
@@ -2327,7 +2344,9 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
         pos_t base4[1];
         pos_t base5[1];
         pos_t base6[1];
+        const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
+            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d6 = (pos_t)(rest % nonzero(OUT6));
             rest /= nonzero(OUT6);
@@ -2394,7 +2413,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(source + (size_t)c * IN_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(cell_source + (size_t)c * IN_SIZE + offset), sum);
                 }
             }
         }
@@ -2407,9 +2426,10 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r7_forward_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (cell >= N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, m);
-        put(out + (size_t)m * N + cell, acc[r]);
+        const unsigned step = image_step(cell);
+        if (!in_batch(cell, step) || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, step, m);
+        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
     }
 #endif
 }
@@ -3766,7 +3786,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
-    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
@@ -3780,10 +3799,25 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
     constexpr pos_t DG4 = D4;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG5 = D5;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG6 = D6;  // one phase: window offset k = r, source cell d + P - r*D
-    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
-    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
-    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * OUT_SIZE;
+    unsigned image, group, n_block, n0;
+    if constexpr (TILES_SPAN_IMAGES) {
+        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
+        const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
+        const unsigned first = block_rest % tiles * WG_CELLS;
+        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+    } else {
+        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
+        image = image_group / GROUPS, group = image_group % GROUPS;
+        n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
+    }
+    // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
@@ -3806,9 +3840,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
     pos_t base4[1];
     pos_t base5[1];
     pos_t base6[1];
+    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned cell = n0 + tid % WG_CELLS;
-        column_ok[0] = cell < N;
+        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
+        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d6 = (pos_t)(rest % nonzero(IN6));
         rest /= nonzero(IN6);
@@ -3902,7 +3938,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
             ok = ok && j6 >= 0 && j6 < OUT6;
             offset = offset * OUT6 + (unsigned)j6;
 
-            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * OUT_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column =
+                source + (size_t)(c0 + first_channel) * OUT_SIZE + (image_offset + (ok ? offset : 0u));
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -4036,7 +4073,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned cell, unsigned m) {
+    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
@@ -4045,7 +4082,9 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
         pos_t base4[1];
         pos_t base5[1];
         pos_t base6[1];
+        const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
+            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d6 = (pos_t)(rest % nonzero(IN6));
             rest /= nonzero(IN6);
@@ -4112,7 +4151,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(source + (size_t)c * OUT_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(cell_source + (size_t)c * OUT_SIZE + offset), sum);
                 }
             }
         }
@@ -4125,9 +4164,10 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r7_backward_input_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (cell >= N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, m);
-        put(out + (size_t)m * N + cell, acc[r]);
+        const unsigned step = image_step(cell);
+        if (!in_batch(cell, step) || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, step, m);
+        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
     }
 #endif
 }

@@ -2236,7 +2236,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
-    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
@@ -2247,10 +2246,25 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     constexpr pos_t DG1 = D1;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG2 = D2;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG3 = D3;  // one phase: window offset k = r, source cell d + P - r*D
-    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
-    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
-    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * IN_SIZE;
+    unsigned image, group, n_block, n0;
+    if constexpr (TILES_SPAN_IMAGES) {
+        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
+        const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
+        const unsigned first = block_rest % tiles * WG_CELLS;
+        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+    } else {
+        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
+        image = image_group / GROUPS, group = image_group % GROUPS;
+        n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
+    }
+    // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
@@ -2270,9 +2284,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     pos_t base1[1];
     pos_t base2[1];
     pos_t base3[1];
+    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned cell = n0 + tid % WG_CELLS;
-        column_ok[0] = cell < N;
+        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
+        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d3 = (pos_t)(rest % nonzero(OUT3));
         rest /= nonzero(OUT3);
@@ -2342,7 +2358,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
             ok = ok && j3 >= 0 && j3 < IN3;
             offset = offset * IN3 + (unsigned)j3;
 
-            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * IN_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column =
+                source + (size_t)(c0 + first_channel) * IN_SIZE + (image_offset + (ok ? offset : 0u));
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -2484,13 +2501,15 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned cell, unsigned m) {
+    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
         pos_t base2[1];
         pos_t base3[1];
+        const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
+            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d3 = (pos_t)(rest % nonzero(OUT3));
             rest /= nonzero(OUT3);
@@ -2533,7 +2552,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(source + (size_t)c * IN_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(cell_source + (size_t)c * IN_SIZE + offset), sum);
                 }
             }
         }
@@ -2546,9 +2565,10 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (cell >= N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, m);
-        put(out + (size_t)m * N + cell, acc[r]);
+        const unsigned step = image_step(cell);
+        if (!in_batch(cell, step) || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, step, m);
+        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
     }
 #endif
 }
@@ -3228,16 +3248,30 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
     constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
-    constexpr unsigned N_TILES = (N + WG_CELLS - 1) / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
     // 17% faster on 128).
     constexpr bool COPIES_UNDER_PRODUCTS = MMA != 3 || WG_N > 64;
-    const unsigned image_group = blockIdx.x / nonzero(BLOCKS_PER_GROUP);
-    const unsigned image = image_group / GROUPS, group = image_group % GROUPS;
-    unsigned block_rest = blockIdx.x % nonzero(BLOCKS_PER_GROUP);
-    const unsigned n0 = block_rest % N_TILES * WG_CELLS, n_block = block_rest / N_TILES, m0 = n_block * WG_N;
+    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * OUT_SIZE;
+    unsigned image, group, n_block, n0;
+    if constexpr (TILES_SPAN_IMAGES) {
+        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
+        const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
+        const unsigned first = block_rest % tiles * WG_CELLS;
+        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+    } else {
+        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
+        image = image_group / GROUPS, group = image_group % GROUPS;
+        n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
+    }
+    // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
@@ -3257,9 +3291,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     pos_t base1[1];
     pos_t base2[1];
     pos_t base3[1];
+    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned cell = n0 + tid % WG_CELLS;
-        column_ok[0] = cell < N;
+        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
+        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d3 = (pos_t)(rest % nonzero(IN3));
         rest /= nonzero(IN3);
@@ -3329,7 +3365,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
             ok = ok && j3 >= 0 && j3 < OUT3;
             offset = offset * OUT3 + (unsigned)j3;
 
-            const real* __restrict__ column = source + (size_t)(c0 + first_channel) * OUT_SIZE + (ok ? offset : 0u);
+            const real* __restrict__ column =
+                source + (size_t)(c0 + first_channel) * OUT_SIZE + (image_offset + (ok ? offset : 0u));
             real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
                 ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
@@ -3463,13 +3500,15 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned cell, unsigned m) {
+    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
         pos_t base2[1];
         pos_t base3[1];
+        const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
+            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d3 = (pos_t)(rest % nonzero(IN3));
             rest /= nonzero(IN3);
@@ -3512,7 +3551,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(source + (size_t)c * OUT_SIZE + offset), sum);
+                    sum = fmaf(w, load_element(cell_source + (size_t)c * OUT_SIZE + offset), sum);
                 }
             }
         }
@@ -3525,9 +3564,10 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
         const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        if (cell >= N || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, m);
-        put(out + (size_t)m * N + cell, acc[r]);
+        const unsigned step = image_step(cell);
+        if (!in_batch(cell, step) || m >= M) continue;
+        if (rare) acc[r] = fma_sum(cell, step, m);
+        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
     }
 #endif
 }
