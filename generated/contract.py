@@ -93,6 +93,9 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads 
 # The weight gradient's `_wgmma` takes the same fields: _WG_CELLS its rows (window offset, U channel), wgmma's M,
 # _WG_N D's channels, a slice WG_BK cells of D; its reduction is split <PREFIX>_SPLIT ways.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there
+# The kernels read and write their arrays in accesses of up to 16 bytes (float4, double2, cp.async): every array a
+# kernel is given starts at a multiple of this many bytes.
+ARRAY_ALIGNMENT = 16
 # 16-bit elements multiply as themselves (k16) in both, A staged [fragment row][k] like B: rows of WG_BK elements.
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered

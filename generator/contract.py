@@ -100,6 +100,9 @@ WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 re
 # The weight gradient's `_wgmma` kernel (templates/cuda/_wgmma_weight.cu.j2) takes the same fields: WG_CELLS are
 # then its rows (window offset, U channel) of dW, wgmma's M, and WG_N D's channels; a slice is WG_BK cells of D.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there: a fragment's 32 reads hit 32 banks
+# Bytes: the kernels read and write their arrays in accesses of up to 16 bytes (float4, double2, cp.async), so every
+# array they are given starts at a multiple of this.
+ARRAY_ALIGNMENT = 16
 
 
 # <PREFIX>_MMA: how the stage's implicit GEMM multiplies, an MMA_MODE: the geometry's, or FMAs (0) where its tensor

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import jinja2
 from convgen.generator.contract import (
+    ARRAY_ALIGNMENT,
     AXIS_DEFINES,
     BIAS_PREFIX,
     BIAS_STAGE,
@@ -228,6 +229,7 @@ def contract_source(env: jinja2.Environment, families: Iterable[Family], header:
         wg_bk=WG_BK,
         wg_cell_pad=WG_CELL_PAD,
         wg_row_pad=WG_ROW_PAD,
+        array_alignment=ARRAY_ALIGNMENT,
         direct_box_field=repr(DIRECT_BOX_FIELD),
         bias_stage=BIAS_STAGE,
         bias_prefix=BIAS_PREFIX,

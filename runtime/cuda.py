@@ -31,7 +31,15 @@ from convgen.cuda_launch import (
     scalar_dtype,
 )
 from convgen.direct_model import DirectChooser, choose_direct
-from convgen.generated.contract import BIAS_STAGE, CIRCULAR_KERNELS, CIRCULAR_STAGES, KERNELS, STAGES, Param
+from convgen.generated.contract import (
+    ARRAY_ALIGNMENT,
+    BIAS_STAGE,
+    CIRCULAR_KERNELS,
+    CIRCULAR_STAGES,
+    KERNELS,
+    STAGES,
+    Param,
+)
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
 
@@ -100,6 +108,12 @@ def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple
 # one), which _into_output fills per call: worked out once.
 _OUTPUT_ROLES: dict[Family, dict[str, str]] = {
     family: {stage: next(p.role for p in params if not p.const) for stage, params in stages.items()}
+    for family, stages in STAGES.items()}
+# Family -> stage -> the role of the input its `<stage>_wgpack` packs (the weight, or the weight gradient's D), which
+# the stage reads in the packed operand's place where the pack would only copy it (Plan.copied_packs).
+_PACKED_ROLES: dict[Family, dict[str, str]] = {
+    family: {stage.removesuffix("_wgpack"): params[0].role for stage, params in stages.items()
+             if stage.endswith("_wgpack")}
     for family, stages in STAGES.items()}
 # Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the weight gradient's U), which the
 # stage then reads from its output instead: worked out once.
@@ -185,7 +199,8 @@ class CupyBackend:
     # Arrays.
 
     def store(self, value: Any) -> Any:
-        """Device C-contiguous arrays of the tape's dtype are taken as they are; everything else is copied."""
+        """Device C-contiguous arrays of the tape's dtype that start on the kernels' ARRAY_ALIGNMENT are taken as
+        they are; everything else is copied (a view into another array may start anywhere)."""
         cupy = self._xp
         if not isinstance(value, (cupy.ndarray, np.ndarray)) and hasattr(value, "__dlpack__"):
             try:
@@ -194,7 +209,7 @@ class CupyBackend:
                 value = np.asarray(value)  # host memory: copied below
         if isinstance(value, cupy.ndarray):
             if value.dtype == STORAGE_DTYPES[self.dtype] and value.flags.c_contiguous:
-                return value
+                return value if value.data.ptr % ARRAY_ALIGNMENT == 0 else value.copy()
             return cupy.ascontiguousarray(value, dtype=STORAGE_DTYPES[self.dtype])
         return cupy.asarray(np.ascontiguousarray(value, dtype=STORAGE_DTYPES[self.dtype]))
 
@@ -374,8 +389,11 @@ class CupyBackend:
                 values = {**values, "weight": packed}
             else:
                 role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
-                values = {**values, role: self._scratch((elements,), "float32")}
-                self._launch(compiled, f"{stage}_pack", values)
+                if stage in compiled.plan.copied_packs:  # its input is laid out as the pack would write it
+                    values = {**values, role: values[_PACKED_ROLES[compiled.family][stage]]}
+                else:
+                    values = {**values, role: self._scratch((elements,), "float32")}
+                    self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
         if source_elements is not None:  # the 16-bit `_wgmma` weight gradient reads U channels-last
             staged = self._scratch((source_elements,), "float32")

@@ -65,6 +65,7 @@ from convgen.wgmma_tiles import (
     choose_wgmma,
     wgmma_block_shared_bytes,
     wgmma_grid,
+    wgmma_pack_copies,
     wgmma_pack_threads,
     wgmma_packed_floats,
     wgmma_source_floats,
@@ -120,6 +121,9 @@ class Plan:
     # Stage -> floats of its U laid out channels-last (the 16-bit weight gradient's `_wgsource` output, read in U's
     # place).
     source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Stages whose `_wgpack` only copies its input (wgmma_pack_copies): their `_wgmma` reads the input in its place
+    # where it is 16-byte aligned, as the kernel's copies of it are.
+    copied_packs: frozenset[str] = frozenset()
     arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
 
 
@@ -201,6 +205,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     splits: dict[str, int] = {}
     packed_elements: dict[str, int] = {}
     source_elements: dict[str, int] = {}
+    copied_packs: set[str] = set()
     bucketed = geom if geom.batch is None else dataclasses.replace(geom, batch=batch_bucket(geom.batch))
     # The 16-bit mma takes the TF32 mma's tiles (valid for it: its slices are whole k steps of 16, see
     # _tensor_core_mode): the tile model's costs for it are not fitted yet, and on the H200 its own picks
@@ -239,7 +244,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 _direct_stage(stage, stencils[stage], direct, launches, splits)
             elif wgmma and count:
                 _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
-                             source_elements)
+                             source_elements, copied_packs)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
@@ -254,13 +259,13 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 splits[stage] = weight.parts
             elif wgmma and count:
                 _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
-                             source_elements)
+                             source_elements, copied_packs)
     parts = splits[BIAS_STAGE] = values[f"{BIAS_PREFIX}_SPLIT"]
     launches[BIAS_STAGE] = Launch(geom.out_c * parts)
     launches[f"{BIAS_STAGE}_reduce"] = _reduce_launch(geom.out_c, 1, parts)
     arch = WGMMA_ARCH if any(launch.kernel.endswith("_wgmma") for launch in launches.values() if launch.grid) else ""
     return _checked(geom, Plan(values, launches, splits, packed_elements=packed_elements,
-                               source_elements=source_elements, arch=arch))
+                               source_elements=source_elements, copied_packs=frozenset(copied_packs), arch=arch))
 
 
 def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
@@ -276,14 +281,16 @@ def _wgmma_operands(shape: GemmShape, dtype: str) -> GemmShape:
 
 
 def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
-                 packed_elements: dict[str, int], source_elements: dict[str, int]) -> None:
+                 packed_elements: dict[str, int], source_elements: dict[str, int], copied_packs: set[str]) -> None:
     """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (the 16-bit weight gradient: and its
     `_wgsource`): of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
-    stages split nothing."""
+    stages split nothing. The `_wgpack` launch stays where it only copies: the runtime falls back on it."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_floats(shape, tile)
     launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
+    if wgmma_pack_copies(shape, tile):
+        copied_packs.add(stage)
     if shape.mma == HALF_MMA_MODE and not shape.conv:  # 16-bit: U channels-last
         source_elements[stage] = wgmma_source_floats(shape)
         launches[f"{stage}_wgsource"] = Launch(_blocks(wgmma_source_threads(shape)))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.generated.contract import (
+    HALF_MMA_MODE,
     WG_BK,
     WG_NS,
     wgmma_operand_bytes,
@@ -163,6 +164,13 @@ def wgmma_source_threads(shape) -> int:
 def wgmma_source_floats(shape) -> int:
     """The size in floats of the 16-bit weight gradient's channels-last U (its `_wgsource` output)."""
     return wgmma_staged_source_floats(shape.images, shape.groups, shape.u_cells, shape.source_c)
+
+
+def wgmma_pack_copies(shape, tile: WgmmaTile) -> bool:
+    """Whether the stage's `_wgpack` only copies its input: the 16-bit weight gradient's D where its channels are
+    whole N blocks and its cells whole slices, whose P[image][group][D_ROWS][D_COLUMNS] is then D's own layout."""
+    return (not shape.conv and shape.mma == HALF_MMA_MODE and shape.m % tile.n == 0
+            and shape.reduction % WG_BK == 0)
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:

@@ -16,6 +16,7 @@ from convgen.cpu import Tape as CpuTape
 from convgen.cuda import CupyBackend
 from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
+from convgen.generated.contract import ARRAY_ALIGNMENT
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
 from half_support import HALF_DTYPES, draw_half, run_backend
@@ -28,11 +29,12 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA em
 WGMMA_STAGES = ("forward", "backward_input", "backward_weight")
 # Every conv stage of each runs its `_wgmma` kernel: a conv whose 192 cells an image are not whole tiles of 128 (its
 # tiles span images) and whose weight gradient splits its slices across blocks, a grouped, dilated stride-1
-# transpose (20 cells an image: a tile spans up to eight), and a conv whose images are whole tiles.
+# transpose (20 cells an image: a tile spans up to eight), and a conv whose images are whole tiles (and whose 16-bit
+# weight gradient reads D itself: 32 channels, 128 cells).
 WGMMA_GEOMETRIES = [
     Geometry.build(Family.CONV, 32, 40, (16, 12), (3, 3), (1, 1), (1, 1), batch=3),
     Geometry.build(Family.CONV_TRANSPOSE, 64, 64, (5, 4), (3, 2), (1, 1), (1, 0), dilation=(1, 2), groups=2, batch=2),
-    Geometry.build(Family.CONV, 32, 40, (16, 8), (3, 3), (1, 1), (1, 1), batch=2),
+    Geometry.build(Family.CONV, 32, 32, (16, 8), (3, 3), (1, 1), (1, 1), batch=2),
 ]
 
 
@@ -129,3 +131,40 @@ def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype) -> N
     got = run_backend(backend, geom, (weight, bias, x), grad)
     for result, ref in zip(got, [ref_output, *ref_grads], strict=True):
         assert_same_non_finite(half_support.widened(result, dtype), np.asarray(ref), 1e-2)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_the_16_bit_weight_gradient_reads_d_in_place_and_store_aligns_it(dtype) -> None:
+    """Where D's layout is the packed one the weight gradient reads D itself, with no `_wgpack` launch (its bound is
+    test_16_bit_elements_on_wgmma_keep_their_bound's "whole tiles"). That, and the kernels' 16-byte accesses, need
+    every array to start on ARRAY_ALIGNMENT: `store` copies a device array that does not (a view two bytes into its
+    buffer), and the gradients are the same bits as from an aligned copy of the same values."""
+    geom = WGMMA_GEOMETRIES[2]
+    assert plan(geom, dtype=dtype, precision="medium").copied_packs == frozenset({"backward_weight"})
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit copied D", geom, dtype), geom, dtype)
+    launched: list[str] = []
+
+    class Recording(CupyBackend):
+        poison_outputs = True
+
+        def _launch(self, compiled, stage, values):
+            launched.append(stage)
+            super()._launch(compiled, stage, values)
+
+    cupy = emulated_cupy()
+    with imports_as(cupy):  # the backend imports CuPy when it is made
+        backend = Recording(dtype, "medium")
+    offset = cupy.asarray(np.zeros(grad.size + 1, grad.dtype))[1:].reshape(grad.shape)
+    offset[...] = grad
+    assert offset.data.ptr % ARRAY_ALIGNMENT == 2
+    stored = backend.store(offset)
+    assert stored is not offset and stored.data.ptr % ARRAY_ALIGNMENT == 0
+    arrays = tuple(backend.store(a) for a in inputs)
+    _, saved = backend.forward(geom, arrays)
+    results = []
+    for upstream in (backend.store(grad), stored):
+        launched.clear()
+        results.append(backend.backward(geom, arrays, saved, upstream))
+        assert "backward_weight" in launched and "backward_weight_pack" not in launched
+    for aligned, copied in zip(*results, strict=True):
+        np.testing.assert_array_equal(np.asarray(aligned).view(np.uint16), np.asarray(copied).view(np.uint16))

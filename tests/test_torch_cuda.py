@@ -50,6 +50,31 @@ def test_noncontiguous_input() -> None:
         functional_tests.check(case, torch.float32, device="cuda", noncontiguous=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_tensors_that_start_off_the_kernels_alignment(dtype) -> None:
+    """Views one element into their buffers (contiguous, but off the kernels' 16-byte accesses) as the input, the
+    weight and the upstream gradient of a conv whose stages take those accesses (the bias gradient's quads; in bf16
+    the weight gradient reading D in place): the same bits as from aligned copies, and no CUDA error."""
+    def offset(t: torch.Tensor) -> torch.Tensor:
+        view = torch.empty(t.numel() + 1, dtype=dtype, device="cuda")[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16 != 0
+        return view
+
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    x, w, b, seed = (torch.randn(shape, device="cuda", generator=generator).to(dtype)
+                     for shape in ((4, 32, 16, 8), (32, 32, 3, 3), (32,), (4, 32, 16, 8)))
+    runs = []
+    for make in (torch.Tensor.clone, offset):
+        leaves = [make(t).detach().requires_grad_(True) for t in (x, w, b)]
+        y = ct.conv(*leaves, padding=1)
+        y.backward(make(seed))
+        runs.append([y.detach(), *(t.grad for t in leaves)])
+    torch.cuda.synchronize()
+    for aligned, off in zip(*runs, strict=True):
+        assert torch.equal(aligned, off)
+
+
 @pytest.mark.parametrize("padding_mode", ["zeros", "circular"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("needs", library_tests.NEEDS, ids=library_tests.NEEDS_IDS)

@@ -76,3 +76,20 @@ def test_the_current_stream_falls_back_to_torch_cuda_current_stream(monkeypatch)
 def test_the_current_stream_is_torch_raw_handle_where_torch_has_one(monkeypatch) -> None:
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index, raising=False)
     assert devices._current_stream_function()(2) == 1002
+
+
+def test_a_tensor_off_the_kernels_alignment_is_copied_before_a_kernel_reads_it() -> None:
+    """The kernels read their arrays in accesses of up to ARRAY_ALIGNMENT bytes: a contiguous view one float into its
+    buffer comes back as an aligned copy of the same values, an aligned tensor as itself, a non-contiguous one
+    contiguous."""
+    from convgen.generated.contract import ARRAY_ALIGNMENT
+
+    buffer = torch.arange(33, dtype=torch.float32)
+    aligned = buffer[:32].view(4, 8)
+    assert aligned.data_ptr() % ARRAY_ALIGNMENT == 0 and devices._kernel_ready(aligned) is aligned
+    off = buffer[1:].view(4, 8)
+    ready = devices._kernel_ready(off)
+    assert off.data_ptr() % ARRAY_ALIGNMENT == 4 and ready.data_ptr() % ARRAY_ALIGNMENT == 0
+    assert torch.equal(ready, off) and ready.is_contiguous()
+    strided = devices._kernel_ready(aligned.t())
+    assert strided.is_contiguous() and torch.equal(strided, aligned.t())

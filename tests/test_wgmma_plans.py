@@ -216,3 +216,20 @@ def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
     assert [name for name in made.launches if name.endswith("_wgsource")] == ["backward_weight_wgsource"]
     single = plan(geom, precision="medium")
     assert single.source_elements == {} and not any(name.endswith("_wgsource") for name in single.launches)
+
+
+def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
+    """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
+    N blocks and its cells whole slices of 32, so the plan names the stage and the `_wgmma` reads D in its place (the
+    pack launch stays for a D that is not 16-byte aligned). TF32 rounds D as it packs it: never a copy."""
+    def copied(out_c, spatial, dtype="bfloat16", groups=1):
+        geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
+        made = plan(geom, dtype=dtype, precision="medium")
+        assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
+        return made.copied_packs
+
+    assert copied(64, (56, 56)) == copied(64, (56, 56), "float16") == frozenset({"backward_weight"})  # 3136 cells
+    assert copied(128, (16, 8)) == copied(64, (16, 8), groups=2) == frozenset({"backward_weight"})
+    assert copied(40, (16, 8)) == frozenset()  # 40 channels: an N block of 64, zeros past them
+    assert copied(64, (10, 9)) == frozenset()  # 90 cells: slices to 96, zeros past them
+    assert copied(64, (56, 56), "float32") == frozenset()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 _C_CONTIGUOUS = types.SimpleNamespace(c_contiguous=True)
-_DEVICE_MEMORY = types.SimpleNamespace(device_id=0)
+_DEVICE_MEMORY = types.SimpleNamespace(device_id=0, ptr=0)  # an address on every alignment
 
 
 class StandInArray:

@@ -33,6 +33,7 @@ from convgen.backend import BackendError, OutOfMemory
 from convgen.cpu import NumpyBackend
 from convgen.cuda import TENSOR_CORE_CAPABILITY, CupyBackend
 from convgen.cuda_launch import argmax_dtype, scalar_dtype
+from convgen.generated.contract import ARRAY_ALIGNMENT
 from convgen.geometry import Family, Geometry
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -308,19 +309,26 @@ class _CudaRunner:
         backend = self._backend(grad, precision)
 
         def work() -> tuple[torch.Tensor | None, ...]:
-            state = tuple(s.contiguous() for s in saved)
+            state = tuple(_kernel_ready(s) for s in saved)
             state = state if len(state) > 1 else state[0] if state else None
             # The backward reads no bias (its gradient's shape comes from the geometry): a missing one stays None.
-            inputs = tuple(None if t is None else t.contiguous() for t in tensors)
-            return tuple(backend.backward(geom, inputs, state, grad.contiguous(), wanted))
+            inputs = tuple(None if t is None else _kernel_ready(t) for t in tensors)
+            return tuple(backend.backward(geom, inputs, state, _kernel_ready(grad), wanted))
 
         return self._run(op, grad.device, work)
 
 
 def _contiguous(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The forward kernels' inputs: contiguous (a copy of a tensor that is not), a missing bias as zeros
-    (the kernels always add one)."""
+    """The forward kernels' inputs, each as _kernel_ready makes it, and a missing bias as zeros (the kernels always
+    add one)."""
     if geom.family.is_conv and tensors[1] is None:
         weight, _, x = tensors
         tensors = (weight, torch.zeros(geom.out_c, dtype=x.dtype, device=x.device), x)
-    return tuple([t.contiguous() for t in tensors])
+    return tuple([_kernel_ready(t) for t in tensors])
+
+
+def _kernel_ready(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as a kernel may read it: contiguous and starting on ARRAY_ALIGNMENT (a view into a larger
+    tensor may start anywhere; the kernels' widest accesses would fault there), else a copy that is."""
+    tensor = tensor.contiguous()
+    return tensor if tensor.data_ptr() % ARRAY_ALIGNMENT == 0 else tensor.clone()
