@@ -122,7 +122,7 @@ class Plan:
     # place).
     source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
     # Stages whose `_wgpack` only copies its input (wgmma_pack_copies): their `_wgmma` reads the input in its place
-    # where it is 16-byte aligned, as the kernel's copies of it are.
+    # (every array a kernel gets starts on the contract's ARRAY_ALIGNMENT, as the kernel's 16-byte copies need).
     copied_packs: frozenset[str] = frozenset()
     arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
 
@@ -284,7 +284,8 @@ def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[s
                  packed_elements: dict[str, int], source_elements: dict[str, int], copied_packs: set[str]) -> None:
     """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (the 16-bit weight gradient: and its
     `_wgsource`): of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
-    stages split nothing. The `_wgpack` launch stays where it only copies: the runtime falls back on it."""
+    stages split nothing. Where the `_wgpack` only copies its input (copied_packs) the runtime passes the input
+    instead and does not launch it."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
     packed_elements[stage] = wgmma_packed_floats(shape, tile)

@@ -221,7 +221,7 @@ def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
     """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
     N blocks and its cells whole slices of 32, so the plan names the stage and the `_wgmma` reads D in its place (the
-    pack launch stays for a D that is not 16-byte aligned). TF32 rounds D as it packs it: never a copy."""
+    pack kernel stays in the plan, not launched for such a stage). TF32 rounds D as it packs it: never a copy."""
     def copied(out_c, spatial, dtype="bfloat16", groups=1):
         geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
         made = plan(geom, dtype=dtype, precision="medium")
