@@ -381,7 +381,10 @@ class CupyBackend:
         its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
         before the output is allocated, so that the GPU has work while the host allocates; the 16-bit weight
         gradient reads U as its `_wgsource` lays it out (source_elements), in U's place."""
-        if f"{stage}_pack" in compiled.launches:
+        if stage in compiled.plan.copied_packs:  # its input is laid out as its `_wgpack` would write it
+            family = compiled.family
+            values = {**values, _OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[_PACKED_ROLES[family][stage]]}
+        elif f"{stage}_pack" in compiled.launches:
             elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
             if elements is None:
                 packed = self._like(values["weight"])
@@ -389,11 +392,8 @@ class CupyBackend:
                 values = {**values, "weight": packed}
             else:
                 role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
-                if stage in compiled.plan.copied_packs:  # its input is laid out as the pack would write it
-                    values = {**values, role: values[_PACKED_ROLES[compiled.family][stage]]}
-                else:
-                    values = {**values, role: self._scratch((elements,), "float32")}
-                    self._launch(compiled, f"{stage}_pack", values)
+                values = {**values, role: self._scratch((elements,), "float32")}
+                self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
         if source_elements is not None:  # the 16-bit `_wgmma` weight gradient reads U channels-last
             staged = self._scratch((source_elements,), "float32")

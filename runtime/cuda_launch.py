@@ -121,8 +121,9 @@ class Plan:
     # Stage -> floats of its U laid out channels-last (the 16-bit weight gradient's `_wgsource` output, read in U's
     # place).
     source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Stages whose `_wgpack` only copies its input (wgmma_pack_copies): their `_wgmma` reads the input in its place
-    # (every array a kernel gets starts on the contract's ARRAY_ALIGNMENT, as the kernel's 16-byte copies need).
+    # Stages whose `_wgpack` would only copy its input (wgmma_pack_copies; their pack launches nothing): their `_wgmma`
+    # reads the input in its place (every array a kernel gets starts on the contract's ARRAY_ALIGNMENT, as the
+    # kernel's 16-byte copies need).
     copied_packs: frozenset[str] = frozenset()
     arch: str = ""  # the architecture the source must compile for ("sm_90a" for `_wgmma` kernels), else any
 
@@ -284,14 +285,16 @@ def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[s
                  packed_elements: dict[str, int], source_elements: dict[str, int], copied_packs: set[str]) -> None:
     """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (the 16-bit weight gradient: and its
     `_wgsource`): of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
-    stages split nothing. Where the `_wgpack` only copies its input (copied_packs) the runtime passes the input
-    instead and does not launch it."""
+    stages split nothing. Where the `_wgpack` would only copy its input (copied_packs) it has nothing to do: the
+    runtime passes the input in the packed operand's place."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
                              kernel=f"{stage}_wgmma")
-    packed_elements[stage] = wgmma_packed_floats(shape, tile)
-    launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
     if wgmma_pack_copies(shape, tile):
         copied_packs.add(stage)
+        launches[f"{stage}_pack"] = Launch(0, kernel=f"{stage}_wgpack")
+    else:
+        packed_elements[stage] = wgmma_packed_floats(shape, tile)
+        launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
     if shape.mma == HALF_MMA_MODE and not shape.conv:  # 16-bit: U channels-last
         source_elements[stage] = wgmma_source_floats(shape)
         launches[f"{stage}_wgsource"] = Launch(_blocks(wgmma_source_threads(shape)))

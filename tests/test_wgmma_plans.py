@@ -190,7 +190,7 @@ def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice
         geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), ones, ones, batch=8)
         made = plan(geom, dtype=dtype, precision="medium")
         stage = {"FWD": "forward", "BWI": "backward_input"}.get(prefix, "backward_weight")
-        return wgmma_fields(made, prefix), made.launches[stage].shared_bytes, made.packed_elements[stage]
+        return wgmma_fields(made, prefix), made.launches[stage].shared_bytes, made.packed_elements.get(stage)
 
     # 64 -> 64: 2 blocks x 9 offsets = 9 slices of 64 rows of 64; four stages of 64 x 128 B and 128 x 128 B.
     assert stage_fields(64, 64, (56, 56)) == ((1, 64, 128, 4, 2, 64), 4 * (8192 + 16384) + 1024, 9 * 64 * 64 // 2)
@@ -220,12 +220,15 @@ def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
 
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
     """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
-    N blocks and its cells whole slices of 32, so the plan names the stage and the `_wgmma` reads D in its place (the
-    pack kernel stays in the plan, not launched for such a stage). TF32 rounds D as it packs it: never a copy."""
+    N blocks and its cells whole slices of 32, so the plan names the stage, its pack launches nothing and has no
+    packed size, and the `_wgmma` reads D in its place. TF32 rounds D as it packs it: never a copy."""
     def copied(out_c, spatial, dtype="bfloat16", groups=1):
         geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
         made = plan(geom, dtype=dtype, precision="medium")
-        assert made.launches["backward_weight_pack"].kernel == "backward_weight_wgpack"
+        pack = made.launches["backward_weight_pack"]
+        assert pack.kernel == "backward_weight_wgpack" and made.launches["backward_weight"].grid > 0
+        in_place = "backward_weight" in made.copied_packs
+        assert (pack.grid == 0, "backward_weight" not in made.packed_elements) == (in_place, in_place)
         return made.copied_packs
 
     assert copied(64, (56, 56)) == copied(64, (56, 56), "float16") == frozenset({"backward_weight"})  # 3136 cells
