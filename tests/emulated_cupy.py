@@ -2,7 +2,7 @@
 
 Arrays are NumPy arrays. `RawModule` compiles the generated source with the host C++ compiler against
 a prelude that gives the kernels what they use of CUDA (threadIdx, blockIdx, __shared__, __syncthreads,
-__syncthreads_or, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
+__syncthreads_or, warp shuffles, __ldg, float4, double2, bit casts) and a trampoline per kernel; a launch runs the
 blocks one after another, each block's threads as OS threads meeting at real barriers. That is enough
 for the GEMM kernels of the conv families, FMAs and tensor cores (the prelude's mma_tf32 and mma_16bit stand
 in for mma.cuh's inline PTX, from the PTX ISA's fragment layouts), and the circular pad and fold kernels, at small
@@ -139,6 +139,14 @@ inline unsigned __ballot_sync(unsigned, int predicate)
         unsigned bits = 0;
         for (unsigned i = 0; i < 32; ++i) bits |= (lanes[i] & 1u) << i;
         return bits;
+    });
+}
+template <class T> inline T __shfl_sync(unsigned, T value, unsigned source_lane)
+{
+    return emulated_exchange<T>(value, [&](const unsigned long long* lanes, unsigned) {
+        T out;
+        std::memcpy(&out, &lanes[source_lane % 32], sizeof out);
+        return out;
     });
 }
 template <class T> inline T __shfl_down_sync(unsigned, T value, unsigned offset)

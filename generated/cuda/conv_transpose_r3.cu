@@ -1022,6 +1022,12 @@ template <unsigned ROW_BYTES> __device__ __forceinline__ unsigned long long swiz
     return (unsigned long long)((shared_address & 0x3FFFF) >> 4) | (1ull << 16)
            | ((unsigned long long)(8 * ROW_BYTES >> 4) << 32) | ((ROW_BYTES == 128 ? 1ull : 2ull) << 62);
 }
+// The operand `bytes` further into shared memory: the start address field (bits 0-13) is the address / 16, which
+// stays below 2^14 (shared addresses below 2^18), so the sum carries into no other field.
+__device__ __forceinline__ unsigned long long operand_further(unsigned long long descriptor, unsigned bytes)
+{
+    return (descriptor >> 32 << 32) | ((unsigned)descriptor + bytes / 16);
+}
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives the fences and the products of its own
 // Shared memory written by cp.async, read next by the tensor cores (the async proxy).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -2267,7 +2273,14 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
         copies.land();
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
+    // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
+    // keeps the descriptors in uniform registers, as wgmma takes them.
+    const unsigned warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + warpgroup * A_WARPGROUP_BYTES;
+    // A slice's descriptors are the first stage's moved on by its offset (operand_further): an add each, not the masks
+    // and shifts of a new one.
+    const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
+    const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
@@ -2278,8 +2291,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
         wgmma_fence();
 #pragma unroll
         for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
-                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
+                                    operand_further(b_first, stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
@@ -3209,7 +3222,14 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
         copies.land();
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
+    // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
+    // keeps the descriptors in uniform registers, as wgmma takes them.
+    const unsigned warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + warpgroup * A_WARPGROUP_BYTES;
+    // A slice's descriptors are the first stage's moved on by its offset (operand_further): an add each, not the masks
+    // and shifts of a new one.
+    const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
+    const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = 0u; slice < SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
@@ -3220,8 +3240,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
         wgmma_fence();
 #pragma unroll
         for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
-                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
+                                    operand_further(b_first, stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
@@ -4057,7 +4077,14 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
         commit_copies();
     }
-    const unsigned a_rows = slices_address + PLANES * B_BYTES + tid / 128 * A_WARPGROUP_BYTES;  // the warpgroup's 64
+    // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
+    // keeps the descriptors in uniform registers, as wgmma takes them.
+    const unsigned warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
+    const unsigned a_rows = slices_address + PLANES * B_BYTES + warpgroup * A_WARPGROUP_BYTES;
+    // A slice's descriptors are the first stage's moved on by its offset (operand_further): an add each, not the masks
+    // and shifts of a new one.
+    const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
+    const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
         wait_copies<AHEAD - 1>();
@@ -4068,8 +4095,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
         wgmma_fence();
 #pragma unroll
         for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, swizzled_operand<A_ROW_BYTES>(a_rows + stage_offset + A_K16_BYTES * kk),
-                                    swizzled_operand<B_ROW_BYTES>(slices_address + stage_offset + 32 * kk));
+            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
+                                    operand_further(b_first, stage_offset + 32 * kk));
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
