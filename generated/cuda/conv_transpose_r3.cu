@@ -517,6 +517,24 @@ __device__ __forceinline__ void store2(real* p, scalar a, scalar b)
 }
 // One result to global memory: a split stage's partial buffer keeps the scalar.
 __device__ __forceinline__ void put(real* p, scalar x) { *p = narrowed(x); }
+// A finite value narrowed, in one cvt where the GPU has it (sm_80 on): for finite values it rounds to nearest even
+// as narrowed does, overflowing to inf alike; only the NaN they make differs.
+__device__ __forceinline__ real narrowed_finite(scalar x)
+{
+#if !defined(CONVGEN_EMULATED) && __CUDA_ARCH__ >= 800
+    unsigned short bits;
+#if ELEMENT_BF16
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+#endif
+    return real{bits};
+#else
+    return narrowed(x);
+#endif
+}
+#else
+__device__ __forceinline__ real narrowed_finite(scalar x) { return x; }
 #endif
 // Two consecutive elements at an aligned address (float: one 8-byte access), and one element.
 __device__ __forceinline__ void store2(float* p, float a, float b)
@@ -2439,14 +2457,52 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r3_forward_wgmma(
     bool finite = true;
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
-    const bool rare = __syncthreads_or(!finite);
+    const bool rare = __syncthreads_or(!finite);  // also: every thread is done with the slices' shared memory
+    // Accumulator r's output (its tile cell, images past the block's, channel), and whether it is one.
+    auto place = [&](unsigned r, unsigned& cell, unsigned& step, unsigned& m) {
+        cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(cell);
+        return in_batch(cell, step) && m < M;
+    };
+    auto output = [&](unsigned cell, unsigned step, unsigned m) {
+        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
+    };
+    if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+#pragma unroll 1
+        for (unsigned r = 0; r < REGS; ++r) {
+            unsigned cell, step, m;
+            if (place(r, cell, step, m)) put(output(cell, step, m), fma_sum(cell, step, m));
+        }
+        return;
+    }
+    // 16-bit results leave 16 bytes a store where no row's vector crosses an image (N a multiple of its cells, and so
+    // every tile's first cell) and the output is 16-byte aligned: through shared memory, rows [m][cell] padded by 16
+    // bytes so that a fragment's four m rows fall in different banks, the values finite so that each narrows in one
+    // cvt. Stored one by one they took about 18 instructions each, 2-byte stores in half sectors (H200, bf16 N32
+    // 64->64 forward 51.2 -> 44.1 µs). float32's stores fill whole sectors as they are: staged, TF32 ran 3-6% slower.
+    constexpr unsigned VECTOR = 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
+    constexpr unsigned OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
+    constexpr bool STAGED_STORES = ELEMENT_BYTES == 2 && N % VECTOR == 0;
+    static_assert(!STAGED_STORES || WG_N * OUT_ROW_BYTES <= WG_STAGES * STAGE_BYTES, "the tile fits in the slices");
+    if (STAGED_STORES && reinterpret_cast<size_t>(out) % 16 == 0) {
+#pragma unroll
+        for (unsigned r = 0; r < REGS; ++r) {
+            const unsigned cell = warp_row + g + (r % 4 >= 2 ? 8 : 0), m = r / 4 * 8 + 2 * t + r % 2;
+            reinterpret_cast<real*>(slices + m * OUT_ROW_BYTES)[cell] = narrowed_finite(acc[r]);
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < WG_N * ROW_VECTORS; i += THREADS) {
+            const unsigned m = m0 + i / ROW_VECTORS, cell = n0 + i % ROW_VECTORS * VECTOR, step = image_step(cell);
+            if (m < M && in_batch(cell, step)) {
+                *reinterpret_cast<uint4*>(output(cell, step, m)) =
+                    *reinterpret_cast<const uint4*>(slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * 16);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        const unsigned step = image_step(cell);
-        if (!in_batch(cell, step) || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, step, m);
-        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
+        unsigned cell, step, m;
+        if (place(r, cell, step, m)) put(output(cell, step, m), acc[r]);
     }
 #endif
 }
@@ -3381,14 +3437,52 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r3_backward_input_wgmma(
     bool finite = true;
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
-    const bool rare = __syncthreads_or(!finite);
+    const bool rare = __syncthreads_or(!finite);  // also: every thread is done with the slices' shared memory
+    // Accumulator r's output (its tile cell, images past the block's, channel), and whether it is one.
+    auto place = [&](unsigned r, unsigned& cell, unsigned& step, unsigned& m) {
+        cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(cell);
+        return in_batch(cell, step) && m < M;
+    };
+    auto output = [&](unsigned cell, unsigned step, unsigned m) {
+        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
+    };
+    if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+#pragma unroll 1
+        for (unsigned r = 0; r < REGS; ++r) {
+            unsigned cell, step, m;
+            if (place(r, cell, step, m)) put(output(cell, step, m), fma_sum(cell, step, m));
+        }
+        return;
+    }
+    // 16-bit results leave 16 bytes a store where no row's vector crosses an image (N a multiple of its cells, and so
+    // every tile's first cell) and the output is 16-byte aligned: through shared memory, rows [m][cell] padded by 16
+    // bytes so that a fragment's four m rows fall in different banks, the values finite so that each narrows in one
+    // cvt. Stored one by one they took about 18 instructions each, 2-byte stores in half sectors (H200, bf16 N32
+    // 64->64 forward 51.2 -> 44.1 µs). float32's stores fill whole sectors as they are: staged, TF32 ran 3-6% slower.
+    constexpr unsigned VECTOR = 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
+    constexpr unsigned OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
+    constexpr bool STAGED_STORES = ELEMENT_BYTES == 2 && N % VECTOR == 0;
+    static_assert(!STAGED_STORES || WG_N * OUT_ROW_BYTES <= WG_STAGES * STAGE_BYTES, "the tile fits in the slices");
+    if (STAGED_STORES && reinterpret_cast<size_t>(out) % 16 == 0) {
+#pragma unroll
+        for (unsigned r = 0; r < REGS; ++r) {
+            const unsigned cell = warp_row + g + (r % 4 >= 2 ? 8 : 0), m = r / 4 * 8 + 2 * t + r % 2;
+            reinterpret_cast<real*>(slices + m * OUT_ROW_BYTES)[cell] = narrowed_finite(acc[r]);
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < WG_N * ROW_VECTORS; i += THREADS) {
+            const unsigned m = m0 + i / ROW_VECTORS, cell = n0 + i % ROW_VECTORS * VECTOR, step = image_step(cell);
+            if (m < M && in_batch(cell, step)) {
+                *reinterpret_cast<uint4*>(output(cell, step, m)) =
+                    *reinterpret_cast<const uint4*>(slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * 16);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2;
-        const unsigned step = image_step(cell);
-        if (!in_batch(cell, step) || m >= M) continue;
-        if (rare) acc[r] = fma_sum(cell, step, m);
-        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);
+        unsigned cell, step, m;
+        if (place(r, cell, step, m)) put(output(cell, step, m), acc[r]);
     }
 #endif
 }
@@ -4228,14 +4322,27 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
     const bool rare = __syncthreads_or(!finite);
+    // Accumulator r's output (window offset, U channel, D channel), and whether it is one.
+    auto place = [&](unsigned r, unsigned& kappa, unsigned& channel, unsigned& m) {
+        const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
+        m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2, kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
+        return kappa < K_SIZE && channel < U_C && m < M;
+    };
+    auto output = [&](unsigned kappa, unsigned channel, unsigned m) {
+        return out + (size_t)m * COLUMNS + channel * K_SIZE + kappa;
+    };
+    if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+#pragma unroll 1
+        for (unsigned r = 0; r < REGS; ++r) {
+            unsigned kappa, channel, m;
+            if (place(r, kappa, channel, m)) put(output(kappa, channel, m), fma_sum(kappa, channel, m));
+        }
+        return;
+    }
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) {
-        const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
-        const unsigned m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2;
-        const unsigned kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
-        if (kappa >= K_SIZE || channel >= U_C || m >= M) continue;
-        if (rare) acc[r] = fma_sum(kappa, channel, m);
-        put(out + (size_t)m * COLUMNS + channel * K_SIZE + kappa, acc[r]);
+        unsigned kappa, channel, m;
+        if (place(r, kappa, channel, m)) put(output(kappa, channel, m), acc[r]);
     }
 #endif
 }

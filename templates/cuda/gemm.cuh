@@ -135,6 +135,24 @@ __device__ __forceinline__ void store2(real* p, scalar a, scalar b)
 }
 // One result to global memory: a split stage's partial buffer keeps the scalar.
 __device__ __forceinline__ void put(real* p, scalar x) { *p = narrowed(x); }
+// A finite value narrowed, in one cvt where the GPU has it (sm_80 on): for finite values it rounds to nearest even
+// as narrowed does, overflowing to inf alike; only the NaN they make differs.
+__device__ __forceinline__ real narrowed_finite(scalar x)
+{
+#if !defined(CONVGEN_EMULATED) && __CUDA_ARCH__ >= 800
+    unsigned short bits;
+#if ELEMENT_BF16
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+#endif
+    return real{bits};
+#else
+    return narrowed(x);
+#endif
+}
+#else
+__device__ __forceinline__ real narrowed_finite(scalar x) { return x; }
 #endif
 // Two consecutive elements at an aligned address (float: one 8-byte access), and one element.
 __device__ __forceinline__ void store2(float* p, float a, float b)
