@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
-from convgen.cuda_launch import plan
+from convgen.cuda_launch import CUDA_SOURCES, nvrtc_options, plan
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
 from cuda_support import RANKS, PoisonBackend, _has_gpu, host, tensor_core_geometry
@@ -96,3 +96,32 @@ def test_16_bit_on_wgmma_within_the_bound_at_every_rank(family: Family, rank: in
     first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
+
+
+NARROWING_CHECK = r"""
+extern "C" __global__ void narrowing_mismatches(unsigned long long* mismatches)
+{
+    // 4096 float bit patterns a thread: the finite ones whose narrowed_finite differs from narrowed.
+    const unsigned first = (blockIdx.x * blockDim.x + threadIdx.x) * 4096u;
+    unsigned count = 0;
+    for (unsigned i = 0; i < 4096u; ++i) {
+        const float x = __uint_as_float(first + i);
+        if (isfinite(x) && narrowed_finite(x).bits != narrowed(x).bits) ++count;
+    }
+    if (count != 0) atomicAdd(mismatches, (unsigned long long)count);
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_one_cvt_narrows_every_finite_float_to_the_bits_of_the_integer_rounding(dtype: str) -> None:
+    """The 16-bit wgmma kernels' staged stores narrow their (finite) results in one cvt (`narrowed_finite`), every
+    other store by `narrowed`'s integer rounding, which the CPU emulation runs too: on the GPU both give the same 16
+    bits for each of the 2^32 float patterns that is finite (inf and NaN skipped: narrowed_finite never sees them)."""
+    geom = Geometry.build(Family.CONV, 1, 1, (4,), (3,), (1,), (1,))
+    source = (CUDA_SOURCES / "conv_r1.cu").read_text() + NARROWING_CHECK
+    module = cupy.RawModule(code=source, options=nvrtc_options(plan(geom, dtype=dtype)))
+    mismatches = cupy.zeros(1, dtype=cupy.uint64)
+    threads = 256
+    module.get_function("narrowing_mismatches")(((1 << 32) // 4096 // threads,), (threads,), (mismatches,))
+    assert int(mismatches.get()[0]) == 0
