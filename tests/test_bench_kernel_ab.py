@@ -21,8 +21,8 @@ from suite.stand_in import imports_as
 GENERATED_CUDA = Path(__file__).resolve().parents[1] / "generated" / "cuda"
 # Every conv stage on its `_wgmma` kernel in "medium" (tests/test_emulated_wgmma.py), small enough to emulate.
 GEOMETRY = Geometry.build(Family.CONV, 32, 32, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)
-# The wgmma forward's store, then the input gradient's.
-FORWARD_STORE = "        put(out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N), acc[r]);\n"
+# The wgmma forward's float32 store, then the input gradient's.
+FORWARD_STORE = "        if (place(r, cell, step, m)) put(output(cell, step, m), acc[r]);\n"
 
 
 def stages_on(sources: Path | None) -> dict:
