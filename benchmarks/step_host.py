@@ -22,31 +22,39 @@ from collections.abc import Callable
 import convgen.torch as adapter
 import torch
 from suite.cases import BATCHED_CASES, CASES_BY_NAME, Case
-from suite.contestants import torch_op
+from suite.contestants import CHANNELS_LAST_FORMAT, torch_op
 from suite.host import profile_summary
 
 
-def steps(case: Case, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
-    """library -> one training step of the case on CUDA tensors of `dtype`."""
+def steps(case: Case, dtype: torch.dtype, torch_channels_last: bool = False) -> dict[str, Callable[[], None]]:
+    """library -> one training step of the case on CUDA tensors of `dtype`; with `torch_channels_last`, torch's own
+    2-D and 3-D tensors are channels-last copies of the same values (bench.py's torch_bf16_cl)."""
     generator = torch.Generator(device="cuda").manual_seed(0)
 
     def tensor(shape: tuple[int, ...], grad: bool = True) -> torch.Tensor:
         value = torch.randn(shape, device="cuda", generator=generator).to(dtype)
         return value.requires_grad_(grad)
 
+    def channels_last(value: torch.Tensor) -> torch.Tensor:
+        if not torch_channels_last or case.rank not in CHANNELS_LAST_FORMAT or value.dim() != case.rank + 2:
+            return value
+        memory_format = getattr(torch, CHANNELS_LAST_FORMAT[case.rank])
+        return value.detach().contiguous(memory_format=memory_format).requires_grad_(value.requires_grad)
+
     inputs = (tensor(case.input_shape), tensor(case.weight_shape), tensor((case.out_c,)))
     upstream = tensor(case.output_shape, grad=False)
-    ops = {"convgen.torch": lambda x, w, b: adapter.conv(x, w, b, case.strides, case.paddings),
-           "torch": torch_op(case)}
+    ops = {"convgen.torch": (lambda x, w, b: adapter.conv(x, w, b, case.strides, case.paddings), inputs, upstream),
+           "torch": (torch_op(case), tuple(map(channels_last, inputs)), channels_last(upstream))}
 
-    def step_of(op: Callable[..., torch.Tensor]) -> Callable[[], None]:
+    def step_of(op: Callable[..., torch.Tensor], leaves: tuple[torch.Tensor, ...],
+                gradient: torch.Tensor) -> Callable[[], None]:
         def step() -> None:
-            for value in inputs:
+            for value in leaves:
                 value.grad = None
-            torch.autograd.backward(op(*inputs), upstream)
+            torch.autograd.backward(op(*leaves), gradient)
         return step
 
-    return {name: step_of(op) for name, op in ops.items()}
+    return {name: step_of(*parts) for name, parts in ops.items()}
 
 
 def host_times(step: Callable[[], None], calls: int) -> tuple[float, float]:

@@ -22,37 +22,10 @@ from collections.abc import Callable
 
 import convgen.torch as adapter
 import torch
-from suite.cases import BATCHED_CASES, CASES_BY_NAME, Case
-from suite.contestants import CHANNELS_LAST_FORMAT, torch_op
+from step_host import steps
+from suite.cases import BATCHED_CASES, CASES_BY_NAME
 
 WARM_STEPS = 10  # compiles, caches, the allocator's blocks
-
-
-def step_of(case: Case, dtype: torch.dtype, library: str) -> Callable[[], None]:
-    """One training step of the case on CUDA tensors of `dtype`, by convgen.torch or by torch."""
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    channels_last = library == "torch" and dtype != torch.float32 and case.rank in CHANNELS_LAST_FORMAT
-    memory_format = getattr(torch, CHANNELS_LAST_FORMAT[case.rank]) if channels_last else torch.contiguous_format
-
-    def tensor(shape: tuple[int, ...], grad: bool = True) -> torch.Tensor:
-        value = torch.randn(shape, device="cuda", generator=generator).to(dtype)
-        if value.dim() == case.rank + 2:
-            value = value.contiguous(memory_format=memory_format)
-        return value.requires_grad_(grad)
-
-    inputs = (tensor(case.input_shape), tensor(case.weight_shape), tensor((case.out_c,)))
-    upstream = tensor(case.output_shape, grad=False)
-    if library == "torch":
-        op = torch_op(case)
-    else:
-        def op(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return adapter.conv(x, w, b, case.strides, case.paddings)
-
-    def step() -> None:
-        for value in inputs:
-            value.grad = None
-        torch.autograd.backward(op(*inputs), upstream)
-    return step
 
 
 def kernel_times(step: Callable[[], None], steps: int) -> list[tuple[str, float, float]]:
@@ -100,8 +73,8 @@ def main() -> None:
         case = CASES_BY_NAME[case_name]
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
-            for library in ("convgen.torch", "torch"):
-                rows = kernel_times(step_of(case, dtype, library), args.steps)
+            for library, step in steps(case, dtype, torch_channels_last=dtype != torch.float32).items():
+                rows = kernel_times(step, args.steps)
                 total = sum(count * time for _, count, time in rows)
                 print(f"{case.title} {dtype_name} {library}: {total:.1f} µs of kernels a step")
                 for name, count, time in rows:
