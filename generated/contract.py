@@ -96,6 +96,9 @@ WG_ROW_PAD = 4  # floats after each staged row of U's values there
 # The kernels read and write their arrays in accesses of up to 16 bytes (float4, double2, cp.async): every array a
 # kernel is given starts at a multiple of this many bytes.
 ARRAY_ALIGNMENT = 16
+# A split stage's reduce kernel sums four elements a thread where its output (an image's, for the conv-shaped
+# stages) is a multiple of four elements and at least this many, else one.
+SPLIT_SUM_QUAD_COUNT = 131072
 # 16-bit elements multiply as themselves (k16) in both, A staged [fragment row][k] like B: rows of WG_BK elements.
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered

@@ -156,9 +156,9 @@ def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
 
 
 def wgmma_source_threads(shape) -> int:
-    """Threads of the 16-bit weight gradient's `_wgsource` launch: a warp per 32 cells and block of WG_BK channels of
+    """Threads of the 16-bit weight gradient's `_wgsource` launch: a warp per 64 cells and block of WG_BK channels of
     U, its cells and channels rounded up to them."""
-    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.u_cells // 32) * 32
+    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.u_cells // 64) * 32
 
 
 def wgmma_source_floats(shape) -> int:

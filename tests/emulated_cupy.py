@@ -63,6 +63,14 @@ inline double2 make_double2(double x, double y) { return {x, y}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+// Byte i of the result is byte (s >> 4 i) & 7 of y:x (x the low four).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    const unsigned long long both = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (unsigned i = 0; i < 4; ++i) r |= (unsigned)(both >> 8 * (s >> 4 * i & 7) & 0xFF) << 8 * i;
+    return r;
+}
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }  // CUDA's integer min
 template <class To, class From> inline To emulated_bits(From value)
 {

@@ -87,12 +87,16 @@ def test_wgmma_blocks_with_non_finite_sums_take_the_rare_path(precision) -> None
 
 
 # 16-bit conv-shaped stages take slices of two blocks of k up to an N of 64 (the geometries above), one beyond: a
-# conv of 128 channels whose blocks at the nine window offsets come four a channel run.
-HALF_GEOMETRIES = [*WGMMA_GEOMETRIES, Geometry.build(Family.CONV, 128, 128, (6, 5), (3, 3), (1, 1), (1, 1), batch=2)]
+# conv of 128 channels whose blocks at the nine window offsets come four a channel run. And a conv of 35 cells an
+# image: its `_wgsource` reads U's cells two by two in two loads (an odd count: no 4-byte load is aligned), its bias
+# gradient one cell a load.
+HALF_GEOMETRIES = [*WGMMA_GEOMETRIES, Geometry.build(Family.CONV, 128, 128, (6, 5), (3, 3), (1, 1), (1, 1), batch=2),
+                   Geometry.build(Family.CONV, 32, 32, (7, 5), (3, 3), (1, 1), (1, 1), batch=3)]
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "whole tiles", "conv_n128"])
+@pytest.mark.parametrize("geom", HALF_GEOMETRIES, ids=["conv", "transpose", "whole tiles", "conv_n128",
+                                          "odd cells"])
 def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
     """16-bit elements multiply as themselves (k16; slices of 64 in the 128-byte swizzle up to an N of 64, of 32 in
     the 64-byte one beyond; the weight gradient's A MN-major from U laid out channels-last by its `_wgsource`): every

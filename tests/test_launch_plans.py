@@ -83,6 +83,20 @@ def test_the_bias_gradient_splits_its_cells_only_when_channels_leave_sms_idle():
             assert plan(replace(geom, batch=geom.batch - 1)).defines["BIAS_SPLIT"] == parts
 
 
+def test_a_reduce_sums_quads_only_where_they_leave_no_sm_idle():
+    """A thread per quad of elements from SPLIT_SUM_QUAD_COUNT elements an output on, else a thread per element: bf16
+    N32 64->64's dW (36864 elements, its parts summed by 36 blocks as quads) runs 144 blocks, N8 128->128's (147456)
+    stays in quads, 144 blocks either way; the bias's 64 sums are a thread each."""
+    assert contract.SPLIT_SUM_QUAD_COUNT == 131072
+    many = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    wide = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
+    for geom, dw in ((many, 36864), (wide, 147456)):
+        made = plan(geom, dtype="bfloat16", precision="medium")
+        assert made.splits["backward_weight"] > 1 and geom.out_c * geom.in_c * 9 == dw
+        assert made.launches["backward_weight_reduce"].grid == 144
+    assert plan(many).launches["backward_bias_reduce"].grid == 1
+
+
 def test_the_default_chooser_takes_the_cheapest_candidate():
     geom = Geometry.build(*SIZES[2])
     for shape in gemm_shapes(geom).values():

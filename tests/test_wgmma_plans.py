@@ -206,13 +206,13 @@ def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice
 def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
     """The 16-bit weight gradient's `_wgsource` launch and scratch: U's cells of every image and group (x's 90, or the
     transpose's upstream gradient's 132), a group's channels rounded up to whole blocks of 32 (48 -> 64, 72 -> 96), in
-    floats of two elements; a warp per 32 cells and 32 channels. The conv-shaped stages and float32 read their
+    floats of two elements; a warp per 64 cells and 32 channels. The conv-shaped stages and float32 read their
     operands as they are."""
     geom = Geometry.build(family, 96, 144, (10, 9), (3, 3), (1, 1), (0, 0), groups=2, batch=3)
     made = plan(geom, dtype="bfloat16", precision="medium")
     assert made.launches["backward_weight"].kernel == "backward_weight_wgmma"
     assert made.source_elements == {"backward_weight": 3 * 2 * u_cells * u_c // 2}
-    assert made.launches["backward_weight_wgsource"].grid == -(-3 * 2 * u_c // 32 * -(-u_cells // 32) * 32 // 256)
+    assert made.launches["backward_weight_wgsource"].grid == -(-3 * 2 * u_c // 32 * -(-u_cells // 64) * 32 // 256)
     assert [name for name in made.launches if name.endswith("_wgsource")] == ["backward_weight_wgsource"]
     single = plan(geom, precision="medium")
     assert single.source_elements == {} and not any(name.endswith("_wgsource") for name in single.launches)

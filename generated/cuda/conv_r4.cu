@@ -144,6 +144,7 @@ __device__ __forceinline__ constexpr unsigned nonzero(unsigned long long n) { re
 constexpr unsigned SHARED_ROW_PAD = 4;  // elements after each staged row (contract)
 constexpr unsigned SHARED_BUFFERS = 2;  // staged slices of A and of B (contract)
 constexpr unsigned STATIC_SHARED_BYTES = 49152;  // beyond it, slices in dynamic shared memory (contract)
+constexpr unsigned long long SPLIT_SUM_QUAD_COUNT = 131072;  // a reduce's quads from (contract)
 constexpr unsigned COLUMN_POINTER_ROW_STEP = 2;  // farthest B rows read from one pointer (contract)
 
 // The tensor-core slices of the implicit-GEMM kernels (MMA_MODE 1 and 3: TF32; 2: 16-bit elements;
@@ -505,6 +506,16 @@ __device__ __forceinline__ void ldg4(const real* p, size_t i, real (&v)[4])
     const uint2 q = __ldg(reinterpret_cast<const uint2*>(p) + i);
     v[0] = real{(unsigned short)q.x}, v[1] = real{(unsigned short)(q.x >> 16)};
     v[2] = real{(unsigned short)q.y}, v[3] = real{(unsigned short)(q.y >> 16)};
+}
+// Eight 16-bit elements at a 16-byte aligned address, in one access.
+__device__ __forceinline__ void ldg8(const real* p, real (&v)[8])
+{
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+    const unsigned words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (unsigned i = 0; i < 4; ++i) {
+        v[2 * i] = real{(unsigned short)words[i]}, v[2 * i + 1] = real{(unsigned short)(words[i] >> 16)};
+    }
 }
 // Two elements in one word, `low` in its low half (the order of consecutive k in an mma fragment register).
 __device__ __forceinline__ unsigned element_pair(real low, real high) { return low.bits | (unsigned)high.bits << 16; }
@@ -946,42 +957,44 @@ __device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, 
 }
 
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
-// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]). V elements a thread, as the launch
+// plan counts: four where COUNT is a multiple of four and at least SPLIT_SUM_QUAD_COUNT, else one.
 template <unsigned long long COUNT, unsigned SPLIT>
 __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
+    constexpr unsigned V = COUNT % 4 == 0 && COUNT >= SPLIT_SUM_QUAD_COUNT ? 4 : 1;
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
-    if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
-        if (i >= count / 4) return;
-        // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
-        // (SPLIT 52) latency-bound on the H200.
-        constexpr unsigned BATCH = 16;
-        scalar sum[4] = {0, 0, 0, 0};
-        for (unsigned first = 0; first < SPLIT; first += BATCH) {
-            scalar v[BATCH][4];
+    if (i >= count / V) return;
+    // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
+    // (SPLIT 52) latency-bound on the H200.
+    constexpr unsigned BATCH = 16;
+    scalar sum[V] = {};
+    for (unsigned first = 0; first < SPLIT; first += BATCH) {
+        scalar v[BATCH][V];
 #pragma unroll
-            for (unsigned b = 0; b < BATCH; ++b) {
-                if (first + b < SPLIT) ldg4(partial + (first + b) * count, i, v[b]);
-            }
-#pragma unroll
-            for (unsigned b = 0; b < BATCH; ++b) {
-                if (first + b < SPLIT) {
-#pragma unroll
-                    for (unsigned j = 0; j < 4; ++j) sum[j] = first + b == 0 ? v[b][j] : sum[j] + v[b][j];
+        for (unsigned b = 0; b < BATCH; ++b) {
+            if (first + b < SPLIT) {
+                if constexpr (V == 4) {
+                    ldg4(partial + (first + b) * count, i, v[b]);
+                } else {
+                    v[b][0] = __ldg(partial + (first + b) * count + i);
                 }
             }
         }
+#pragma unroll
+        for (unsigned b = 0; b < BATCH; ++b) {
+            if (first + b < SPLIT) {
+#pragma unroll
+                for (unsigned j = 0; j < V; ++j) sum[j] = first + b == 0 ? v[b][j] : sum[j] + v[b][j];
+            }
+        }
+    }
+    if constexpr (V == 4) {
         store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
-        if (i >= count) return;
-        scalar sum = __ldg(partial + i);
-#pragma unroll 4
-        for (unsigned s = 1; s < SPLIT; ++s) {
-            sum += __ldg(partial + s * count + i);
-        }
-        put(dest + i, sum);
+        put(dest + i, sum[0]);
     }
 }
 
@@ -4190,37 +4203,47 @@ extern "C" __global__ void conv_r4_backward_weight_wgsource(
 {
 #if BWW_WGMMA && ELEMENT_BYTES == 2 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr unsigned SRC_C = IN_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
-    constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 31) / 32, BLOCKS = SOURCE_ROW / 32;
+    constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
     static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
-    __shared__ __align__(16) real tile[BLOCK / 32][32][40];
+    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
     if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
-    const unsigned cell0 = work % CELL_TILES * 32, block = work / CELL_TILES % BLOCKS;
+    const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
     const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
-    const bool inside = cell0 + lane < CELLS;
-    const real* __restrict__ from = u_values + (image_group * SRC_C + 32 * block) * CELLS + cell0 + lane;
+    const unsigned cell = cell0 + 2 * lane;  // the lane's first cell
+    const real* __restrict__ from = u_values + (image_group * SRC_C + 32 * block) * CELLS + cell;
+    // Channel c of the block at the lane's two cells, the first in the low half (zeros past the cells and channels).
+    auto cell_pair = [&](unsigned c) -> unsigned {
+        if (SRC_C % 32 != 0 && 32 * block + c >= SRC_C) return 0u;
+        const real* __restrict__ p = from + (size_t)c * CELLS;
+        if constexpr (CELLS % 2 == 0) {  // 4-byte aligned: the array's start is, and so is an even element
+            return cell < CELLS ? __ldg(reinterpret_cast<const unsigned*>(p)) : 0u;
+        } else {
+            const real second = cell + 1 < CELLS ? load_stored(p + 1) : real{0};
+            return element_pair(cell < CELLS ? load_stored(p) : real{0}, second);
+        }
+    };
 #pragma unroll
     for (unsigned unit = 0; unit < 4; ++unit) {
-        unsigned pairs[4];
+        unsigned first[4], second[4];  // channels (c, c + 1) of the first cell, and of the second
 #pragma unroll
         for (unsigned q = 0; q < 4; ++q) {
-            const unsigned c = 8 * unit + 2 * q;  // of the block
-            const bool low_ok = inside && (SRC_C % 32 == 0 || 32 * block + c < SRC_C);
-            const bool high_ok = inside && (SRC_C % 32 == 0 || 32 * block + c + 1 < SRC_C);
-            pairs[q] = element_pair(low_ok ? load_stored(from + (size_t)c * CELLS) : real{0},
-                                    high_ok ? load_stored(from + (size_t)(c + 1) * CELLS) : real{0});
+            const unsigned c = 8 * unit + 2 * q, low = cell_pair(c), high = cell_pair(c + 1);
+            first[q] = __byte_perm(low, high, 0x5410), second[q] = __byte_perm(low, high, 0x7632);
         }
-        *reinterpret_cast<uint4*>(&tile[warp][lane][8 * unit]) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        *reinterpret_cast<uint4*>(&tile[warp][lane][8 * unit]) = make_uint4(first[0], first[1], first[2], first[3]);
+        *reinterpret_cast<uint4*>(&tile[warp][32 + lane][8 * unit]) =
+            make_uint4(second[0], second[1], second[2], second[3]);
     }
     __syncwarp();
     real* const staged_rows = reinterpret_cast<real*>(staged) + image_group * CELLS * SOURCE_ROW + 32 * block;
 #pragma unroll
-    for (unsigned pass = 0; pass < 4; ++pass) {
-        const unsigned row = 8 * pass + lane / 4, unit = lane % 4;
-        if (cell0 + row < CELLS) {
-            *reinterpret_cast<uint4*>(staged_rows + (size_t)(cell0 + row) * SOURCE_ROW + 8 * unit) =
-                *reinterpret_cast<const uint4*>(&tile[warp][row][8 * unit]);
+    for (unsigned pass = 0; pass < 8; ++pass) {
+        const unsigned at = 8 * pass + lane / 4, unit = lane % 4;  // at: the cell, from cell0
+        if (cell0 + at < CELLS) {
+            *reinterpret_cast<uint4*>(staged_rows + (size_t)(cell0 + at) * SOURCE_ROW + 8 * unit) =
+                *reinterpret_cast<const uint4*>(&tile[warp][at % 2 * 32 + at / 2][8 * unit]);
         }
     }
 #endif
@@ -4612,15 +4635,23 @@ extern "C" __global__ void conv_r4_backward_bias(
     const unsigned images,
     real* __restrict__ bias_grad)
 {
-    constexpr unsigned PER_PART = ((OUT_SIZE + BIAS_SPLIT - 1) / BIAS_SPLIT + 3) / 4 * 4;  // whole quads
-    constexpr unsigned WIDTH = OUT_SIZE % 4 == 0 ? 4 : 1;  // cells a load takes: channels start 16-byte aligned
+    // Cells a load takes: a channel's cells then start 16-byte aligned (8-byte with four 16-bit elements).
+    constexpr unsigned WIDTH = ELEMENT_BYTES == 2 && OUT_SIZE % 8 == 0 ? 8 : OUT_SIZE % 4 == 0 ? 4 : 1;
+    constexpr unsigned PER_PART = ((OUT_SIZE + BIAS_SPLIT - 1) / BIAS_SPLIT + 7) / 8 * 8;  // whole loads
     const unsigned channel = blockIdx.x % OUT_C, part = blockIdx.x / OUT_C;
     const unsigned first = part * PER_PART, end = first + PER_PART < OUT_SIZE ? first + PER_PART : OUT_SIZE;
     const unsigned loads = first < end ? (end - first) / WIDTH : 0, count = images * loads;
     auto value = [&](unsigned i) -> scalar {  // element i of the run: load (i % loads) of image i / loads
         const unsigned image = i / loads, cell = first + i % loads * WIDTH;
         const real* __restrict__ p = grad + ((size_t)image * OUT_C + channel) * OUT_SIZE + cell;
-        if constexpr (WIDTH == 4) {
+        if constexpr (WIDTH == 8) {
+#if ELEMENT_BYTES == 2  // ldg8 exists for 16-bit elements only, the only ones WIDTH 8 is for
+            real v[8];
+            ldg8(p, v);
+            return ((widened(v[0]) + widened(v[1])) + (widened(v[2]) + widened(v[3]))) +
+                   ((widened(v[4]) + widened(v[5])) + (widened(v[6]) + widened(v[7])));
+#endif
+        } else if constexpr (WIDTH == 4) {
             real v[4];
             ldg4(p, 0, v);
             return (widened(v[0]) + widened(v[1])) + (widened(v[2]) + widened(v[3]));

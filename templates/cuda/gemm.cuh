@@ -122,6 +122,16 @@ __device__ __forceinline__ void ldg4(const real* p, size_t i, real (&v)[4])
     v[0] = real{(unsigned short)q.x}, v[1] = real{(unsigned short)(q.x >> 16)};
     v[2] = real{(unsigned short)q.y}, v[3] = real{(unsigned short)(q.y >> 16)};
 }
+// Eight 16-bit elements at a 16-byte aligned address, in one access.
+__device__ __forceinline__ void ldg8(const real* p, real (&v)[8])
+{
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+    const unsigned words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (unsigned i = 0; i < 4; ++i) {
+        v[2 * i] = real{(unsigned short)words[i]}, v[2 * i + 1] = real{(unsigned short)(words[i] >> 16)};
+    }
+}
 // Two elements in one word, `low` in its low half (the order of consecutive k in an mma fragment register).
 __device__ __forceinline__ unsigned element_pair(real low, real high) { return low.bits | (unsigned)high.bits << 16; }
 __device__ __forceinline__ unsigned narrowed_pair(scalar a, scalar b) { return element_pair(narrowed(a), narrowed(b)); }
@@ -562,41 +572,43 @@ __device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, 
 }
 
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
-// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]).
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]). V elements a thread, as the launch
+// plan counts: four where COUNT is a multiple of four and at least SPLIT_SUM_QUAD_COUNT, else one.
 template <unsigned long long COUNT, unsigned SPLIT>
 __device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
                                           unsigned images)
 {
+    constexpr unsigned V = COUNT % 4 == 0 && COUNT >= SPLIT_SUM_QUAD_COUNT ? 4 : 1;
     const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
-    if constexpr (COUNT % 4 == 0) {  // four elements a thread (the launch plan counts on it)
-        if (i >= count / 4) return;
-        // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
-        // (SPLIT 52) latency-bound on the H200.
-        constexpr unsigned BATCH = 16;
-        scalar sum[4] = {0, 0, 0, 0};
-        for (unsigned first = 0; first < SPLIT; first += BATCH) {
-            scalar v[BATCH][4];
+    if (i >= count / V) return;
+    // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
+    // (SPLIT 52) latency-bound on the H200.
+    constexpr unsigned BATCH = 16;
+    scalar sum[V] = {};
+    for (unsigned first = 0; first < SPLIT; first += BATCH) {
+        scalar v[BATCH][V];
 #pragma unroll
-            for (unsigned b = 0; b < BATCH; ++b) {
-                if (first + b < SPLIT) ldg4(partial + (first + b) * count, i, v[b]);
-            }
-#pragma unroll
-            for (unsigned b = 0; b < BATCH; ++b) {
-                if (first + b < SPLIT) {
-#pragma unroll
-                    for (unsigned j = 0; j < 4; ++j) sum[j] = first + b == 0 ? v[b][j] : sum[j] + v[b][j];
+        for (unsigned b = 0; b < BATCH; ++b) {
+            if (first + b < SPLIT) {
+                if constexpr (V == 4) {
+                    ldg4(partial + (first + b) * count, i, v[b]);
+                } else {
+                    v[b][0] = __ldg(partial + (first + b) * count + i);
                 }
             }
         }
+#pragma unroll
+        for (unsigned b = 0; b < BATCH; ++b) {
+            if (first + b < SPLIT) {
+#pragma unroll
+                for (unsigned j = 0; j < V; ++j) sum[j] = first + b == 0 ? v[b][j] : sum[j] + v[b][j];
+            }
+        }
+    }
+    if constexpr (V == 4) {
         store4(dest + 4 * i, sum[0], sum[1], sum[2], sum[3]);
     } else {
-        if (i >= count) return;
-        scalar sum = __ldg(partial + i);
-#pragma unroll 4
-        for (unsigned s = 1; s < SPLIT; ++s) {
-            sum += __ldg(partial + s * count + i);
-        }
-        put(dest + i, sum);
+        put(dest + i, sum[0]);
     }
 }
