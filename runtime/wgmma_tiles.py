@@ -46,6 +46,7 @@ WGMMA_16BIT_UNCAPPED_MAX_RANK = 2
 # of 128 they do not (one block an SM: N8 128->128 bf16 forward 146 -> 185 µs; three stages, two blocks: 151), while
 # N32 64->64 went 58.6 -> 55.6, conv3d 32->32 146 -> 136 and conv1d 45.3 -> 41.3 (H200, benchmarks/NOTES.md).
 WGMMA_16BIT_WIDE_MAX_N = 64
+# The 16-bit weight gradient likewise up to the same N: slices of 64 of D's cells, B's rows of 128 bytes.
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class WgmmaTile:
     stages: int  # slices in shared memory, stages - 1 of them in flight
     split: int = 1  # the weight gradient: parts of its reduction, one a block (the stage's SPLIT)
     min_blocks: int = 1  # blocks an SM its registers must allow (the stage's WG_MIN_BLOCKS)
-    k: int = WG_BK  # a slice's share of the reduction (the stage's WG_K): 16-bit conv-shaped stages may take 2 WG_BK
+    k: int = WG_BK  # a slice's share of the reduction (the stage's WG_K): 16-bit stages up to an N of 64 take 2 WG_BK
 
     @property
     def threads(self) -> int:
@@ -94,7 +95,8 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=2 * WG_BK if wide else WG_BK)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
-        slices = shape.images * -(-shape.reduction // WG_BK)
+        k = 2 * WG_BK if not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N else WG_BK
+        slices = shape.images * -(-shape.reduction // k)
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
         # twice over (ptxas, sm_90a). 3xTF32 up to 64 channels and rank 7 (2-D: 154 uncapped, capped none spilled in
         # the main loop; rank 8 spills). TF32 at an N of 128 at ranks 2 and 3: N8 128->128 took 130 in float32 and
@@ -105,7 +107,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         min_blocks = 2 if two else 1
         per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
-        tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks, k)
     return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
 
 
@@ -146,9 +148,9 @@ def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:
 def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
     """Elements of the stage's packed weight (its `_wgpack` output): planes x groups x n blocks x slices x N x the
     slice's k (blocks of WG_BK source channels at one window offset, one or two a slice); the weight gradient's packed
-    D: planes x images x groups x D's channels and cells rounded up to N and WG_BK."""
+    D: planes x images x groups x D's channels and cells rounded up to N and the slice's k."""
     if not shape.conv:
-        cells = -(-shape.reduction // WG_BK) * WG_BK
+        cells = -(-shape.reduction // tile.k) * tile.k
         return wgmma_planes(shape.mma) * shape.images * shape.groups * -(-shape.m // tile.n) * tile.n * cells
     blocks = -(-shape.source_c // WG_BK) * shape.k_size  # WG_BK source channels at one window offset each
     slices = -(-blocks // (tile.k // WG_BK))
@@ -170,7 +172,7 @@ def wgmma_pack_copies(shape, tile: WgmmaTile) -> bool:
     """Whether the stage's `_wgpack` only copies its input: the 16-bit weight gradient's D where its channels are
     whole N blocks and its cells whole slices, whose P[image][group][D_ROWS][D_COLUMNS] is then D's own layout."""
     return (not shape.conv and shape.mma == HALF_MMA_MODE and shape.m % tile.n == 0
-            and shape.reduction % WG_BK == 0)
+            and shape.reduction % tile.k == 0)
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:

@@ -182,7 +182,8 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
 
 def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice():
     """Slices of 64 (two blocks of 32 source channels, each at its own window offset; rows of 128 bytes) where four
-    stages of them fit two blocks an SM; at an N of 128, float32 and the weight gradient, 32. The packed weight
+    stages of them fit two blocks an SM; at an N of 128 and float32, 32. The 16-bit weight gradient likewise: slices
+    of 64 of D's cells up to an N of 64, else 32. The packed weight
     holds whole slices (its size in floats: two 16-bit elements a float): an odd count of blocks ends on a slice of
     zeros past the last one."""
     def stage_fields(in_c, out_c, spatial, dtype="bfloat16", prefix="FWD"):
@@ -199,7 +200,8 @@ def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice
     assert stage_fields(32, 32, (8, 8, 8)) == ((1, 32, 128, 4, 2, 64), 4 * (4096 + 16384) + 1024, 14 * 32 * 64 // 2)
     # An N of 128: 36 slices of 32 (rows of 64 bytes).
     assert stage_fields(128, 128, (32, 32)) == ((1, 128, 128, 4, 1, 32), 4 * (8192 + 8192) + 1024, 36 * 128 * 32 // 2)
-    assert stage_fields(64, 64, (56, 56), "float32")[0][5] == stage_fields(64, 64, (56, 56), prefix="BWW")[0][5] == 32
+    assert stage_fields(64, 64, (56, 56), "float32")[0][5] == stage_fields(128, 128, (32, 32), prefix="BWW")[0][5] == 32
+    assert stage_fields(64, 64, (56, 56), prefix="BWW")[0][5] == 64
 
 
 @pytest.mark.parametrize(("family", "u_c", "u_cells"), [(Family.CONV, 64, 90), (Family.CONV_TRANSPOSE, 96, 132)])
@@ -220,7 +222,7 @@ def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
 
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
     """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
-    N blocks and its cells whole slices of 32, so the plan names the stage, its pack launches nothing and has no
+    N blocks and its cells whole slices (of 64 cells up to an N of 64, else 32), so the plan names the stage, its pack launches nothing and has no
     packed size, and the `_wgmma` reads D in its place. TF32 rounds D as it packs it: never a copy."""
     def copied(out_c, spatial, dtype="bfloat16", groups=1):
         geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
@@ -234,5 +236,6 @@ def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it(
     assert copied(64, (56, 56)) == copied(64, (56, 56), "float16") == frozenset({"backward_weight"})  # 3136 cells
     assert copied(128, (16, 8)) == copied(64, (16, 8), groups=2) == frozenset({"backward_weight"})
     assert copied(40, (16, 8)) == frozenset()  # 40 channels: an N block of 64, zeros past them
-    assert copied(64, (10, 9)) == frozenset()  # 90 cells: slices to 96, zeros past them
+    assert copied(64, (10, 9)) == frozenset()  # 90 cells: slices to 128, zeros past them
+    assert copied(64, (12, 8)) == frozenset() and copied(128, (12, 8)) == frozenset({"backward_weight"})  # 96 cells
     assert copied(64, (56, 56), "float32") == frozenset()

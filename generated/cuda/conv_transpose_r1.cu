@@ -3474,7 +3474,8 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_wgpack(
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = IN_C / GROUPS;  // D's channels of a group
-    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + WG_BK - 1) / WG_BK * WG_BK;
+    constexpr unsigned SLICE = BWW_WG_K;  // D's cells a slice
+    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + SLICE - 1) / SLICE * SLICE;
     static_assert(D_COLUMNS % 4 == 0, "whole quads of cells");
     const size_t plane_elements = (size_t)images * GROUPS * D_ROWS * D_COLUMNS;
     const size_t i = 4 * ((size_t)blockIdx.x * BLOCK + threadIdx.x);  // the quad's first element in plane 0
@@ -3577,11 +3578,13 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
     static_assert((MMA == 1 || MMA == 2 || MMA == 3) && ELEMENT_BYTES != 8, "wgmma: TF32 modes or 16-bit elements");
     constexpr unsigned WG_N = BWW_WG_N, PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned M = IN_C / GROUPS;  // D's channels of a group
-    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + WG_BK - 1) / WG_BK * WG_BK;
-    constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = WG_BK;
+    constexpr unsigned SLICE = BWW_WG_K;  // D's cells a slice
+    constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (IN_SIZE + SLICE - 1) / SLICE * SLICE;
+    constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = BWW_WG_K;
     constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
     constexpr unsigned REGS = WG_N / 2, U_C = OUT_C / GROUPS;  // U_C: U's channels of a group
-    static_assert(ROWS == 128 && BK == 32 && BWW_WG_K == BK, "eight warps stage four 32-row groups, a lane a cell");
+    // TF32: eight warps stage four 32-row groups, a lane a cell; 16-bit slices may take 64 cells (rows of 128 bytes).
+    static_assert(ROWS == 128 && (BK == WG_BK || MMA == 2 && BK == 2 * WG_BK), "the rows and cells a block stages");
     constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
     // U's channels of an (image, group) as read: 16-bit elements read U channels-last as the stage's `_wgsource` laid
     // it out, [cell][UC_ROWS].
@@ -3653,28 +3656,35 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r1_backward_weight_wgmma
                 }
             }
         }
-        const unsigned cell = cell0 + (MMA == 2 ? tid / 2 % 32 : lane);  // 16-bit: two threads a cell
         const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * OUT_SIZE;
-        unsigned rest = cell;
-        const pos_t d0 = (pos_t)rest;
         if constexpr (MMA == 2) {
-            // The cell's 32 channels of row group j, 16 bytes a copy: this thread's half (16 h channels), units
-            // 4 (j % 2) + 2 h + q of the cell's 128-byte row of its warpgroup's A, XORed with the row % 8. A warp's
-            // copies are whole 32-byte sectors of 16 cells.
-            bool ok = group_ok[0] && cell < IN_SIZE;
-            unsigned offset = 0;
-            const pos_t j0 = d0 * S0 + shift0[0];
-            ok = ok && j0 >= 0 && j0 < OUT0;
-            offset = offset * OUT0 + (unsigned)j0;
-            const unsigned h = tid % 2, j = tid / 64, row = cell - cell0;
-            const real* __restrict__ channels = u_image + (size_t)(ok ? offset : 0u) * UC_ROWS + group_channel[0];
-            unsigned char* const a_row = stage + PLANES * B_BYTES + j / 2 * (BK * 128) + row * 128;
+            // Two threads a cell, a cell of each 32 of the slice: its 32 channels of row group j, 16 bytes a copy, this
+            // thread's half (16 h channels), units 4 (j % 2) + 2 h + q of the cell's 128-byte row of its warpgroup's
+            // A, XORed with the row % 8. A warp's copies are whole 32-byte sectors of 16 cells.
+            const unsigned h = tid % 2, j = tid / 64;
+            unsigned char* const a_rows = stage + PLANES * B_BYTES + j / 2 * (BK * 128);
 #pragma unroll
-            for (unsigned q = 0; q < 2; ++q) {
-                copy_async16(a_row + 16 * ((4 * (j % 2) + 2 * h + q) ^ row % 8), channels + 16 * h + 8 * q, ok);
+            for (unsigned half = 0; half < BK / 32; ++half) {
+                const unsigned row = 32 * half + tid / 2 % 32, cell = cell0 + row;
+                unsigned rest = cell;
+                const pos_t d0 = (pos_t)rest;
+                bool ok = group_ok[0] && cell < IN_SIZE;
+                unsigned offset = 0;
+                const pos_t j0 = d0 * S0 + shift0[0];
+                ok = ok && j0 >= 0 && j0 < OUT0;
+                offset = offset * OUT0 + (unsigned)j0;
+                const real* __restrict__ channels = u_image + (size_t)(ok ? offset : 0u) * UC_ROWS + group_channel[0];
+#pragma unroll
+                for (unsigned q = 0; q < 2; ++q) {
+                    copy_async16(a_rows + row * 128 + 16 * ((4 * (j % 2) + 2 * h + q) ^ row % 8),
+                                 channels + 16 * h + 8 * q, ok);
+                }
             }
             return;
         }
+        const unsigned cell = cell0 + lane;
+        unsigned rest = cell;
+        const pos_t d0 = (pos_t)rest;
         // Rows 32 j + warp + 8 i: copy 4 j + i lands 8 rows after the one before.
         copies.start(reinterpret_cast<real*>(stage + PLANES * B_BYTES) + warp * A_ROW + lane);
 #pragma unroll
