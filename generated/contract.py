@@ -91,7 +91,7 @@ WG_NS: tuple[int, ...] = (32, 64, 128, 256)
 WG_BK = 32
 WG_CELL_PAD = 8  # floats after each staged row of dst cells, so fragment reads miss each other's banks
 # The weight gradient's `_wgmma` takes the same fields: _WG_CELLS its rows (window offset, U channel), wgmma's M,
-# _WG_N D's channels, a slice WG_BK cells of D; its reduction is split <PREFIX>_SPLIT ways.
+# _WG_N D's channels, a slice _WG_K cells of D; its reduction is split <PREFIX>_SPLIT ways.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there
 # The kernels read and write their arrays in accesses of up to 16 bytes (float4, double2, cp.async): every array a
 # kernel is given starts at a multiple of this many bytes.

@@ -98,7 +98,7 @@ WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one swizzled row per dst channel, 128 bytes of TF32 values or 64 of 16-bit
 WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 reads hit 32 banks
 # The weight gradient's `_wgmma` kernel (templates/cuda/_wgmma_weight.cu.j2) takes the same fields: WG_CELLS are
-# then its rows (window offset, U channel) of dW, wgmma's M, and WG_N D's channels; a slice is WG_BK cells of D.
+# then its rows (window offset, U channel) of dW, wgmma's M, and WG_N D's channels; a slice is WG_K cells of D.
 WG_ROW_PAD = 4  # floats after each staged row of U's values there: a fragment's 32 reads hit 32 banks
 # A split stage's reduce kernel sums four elements a thread where its output (an image's, for the conv-shaped stages)
 # is a multiple of four elements and at least this many, else one: 128 blocks of 256 threads, about an H200's SMs.
