@@ -99,6 +99,13 @@ ARRAY_ALIGNMENT = 16
 # A split stage's reduce kernel sums four elements a thread where its output (an image's, for the conv-shaped
 # stages) is a multiple of four elements and at least this many, else one.
 SPLIT_SUM_QUAD_COUNT = 131072
+
+
+def split_sum_vector(count: int) -> int:
+    """Elements a thread of a split stage's reduce kernel sums, for an output of `count` elements (split_sum)."""
+    return 4 if count % 4 == 0 and count >= SPLIT_SUM_QUAD_COUNT else 1
+
+
 # 16-bit elements multiply as themselves (k16) in both, A staged [fragment row][k] like B: rows of WG_BK elements.
 SHARED_ROW_PAD = 4  # elements after each staged row of As and Bs
 SHARED_BUFFERS = 2  # As and Bs of a register-staged main loop are double-buffered

@@ -37,11 +37,11 @@ from convgen.generated.contract import (
     KERNELS,
     PACKED_FIELD,
     PRECISION_MMA_MODES,
-    SPLIT_SUM_QUAD_COUNT,
     STAGE_MMA_FIELD,
     TILE_FIELDS,
     WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
+    split_sum_vector,
 )
 from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_calibration import PACK_MIN_MACS
@@ -312,9 +312,8 @@ def opted_in_shared(geometry_plan: Plan, hardware: Hardware) -> dict[str, int]:
 
 def _reduce_launch(count: int, outputs: int, split: int) -> Launch:
     """The second pass of a stage split `split` ways over `outputs` outputs of `count` elements: a thread
-    per four elements where each output's count allows (split_sum), else per element; none when nothing is split."""
-    vector = 4 if count % 4 == 0 and count >= SPLIT_SUM_QUAD_COUNT else 1
-    return Launch(_blocks(outputs * count // vector) if count and split > 1 else 0)
+    per split_sum_vector elements (the contract's rule, split_sum's); none when nothing is split."""
+    return Launch(_blocks(outputs * count // split_sum_vector(count)) if count and split > 1 else 0)
 
 
 def _checked(geom: Geometry, geometry_plan: Plan) -> Plan:

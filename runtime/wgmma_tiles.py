@@ -45,8 +45,8 @@ WGMMA_16BIT_UNCAPPED_MAX_RANK = 2
 # wait a slice serve four k16 products instead of two. Four stages of them still fit two blocks an SM there; at an N
 # of 128 they do not (one block an SM: N8 128->128 bf16 forward 146 -> 185 µs; three stages, two blocks: 151), while
 # N32 64->64 went 58.6 -> 55.6, conv3d 32->32 146 -> 136 and conv1d 45.3 -> 41.3 (H200, benchmarks/NOTES.md).
+# The 16-bit weight gradient likewise: slices of 64 of D's cells, B's rows of 128 bytes.
 WGMMA_16BIT_WIDE_MAX_N = 64
-# The 16-bit weight gradient likewise up to the same N: slices of 64 of D's cells, B's rows of 128 bytes.
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     stages = WGMMA_STAGES if shape.pipelined else WGMMA_16BIT_STAGES
+    k = 2 * WG_BK if not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N else WG_BK
     if shape.conv:
         # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers. Multiplied as themselves
         # (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
@@ -91,11 +92,9 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # 3xTF32 up to an N of 64 where tiles span images took 116-154 registers at rank 2 (the forward's 154, 120
         # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
         two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
-        wide = not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N
-        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=2 * WG_BK if wide else WG_BK)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k)
     else:
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
-        k = 2 * WG_BK if not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N else WG_BK
         slices = shape.images * -(-shape.reduction // k)
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
         # twice over (ptxas, sm_90a). 3xTF32 up to 64 channels and rank 7 (2-D: 154 uncapped, capped none spilled in
