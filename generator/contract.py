@@ -92,8 +92,10 @@ DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
 # warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
 # `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:
 # blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared memory, WG_MIN_BLOCKS blocks an SM
-# asked of ptxas (its registers a thread capped to fit them). WG_NS: the N extents it is printed for.
-WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K")
+# asked of ptxas (its registers a thread capped to fit them); with WG_CHANNELS_LAST (16-bit elements) it reads its
+# source (the weight gradient's U) as its `_wgsource` kernel laid it out, launched before it. WG_NS: the N extents it
+# is printed for.
+WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K", "WG_CHANNELS_LAST")
 WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one swizzled row per dst channel, 128 bytes of TF32 values or 64 of 16-bit
 WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 reads hit 32 banks
@@ -262,12 +264,13 @@ def _wgpack(stage: str, layout: ConvRow) -> Stage:
                  "channels: a slice of one n block is WG_N rows of 128 bytes.", layout)
 
 
-def _weight_wgsource(stage: Stage) -> Stage:
-    """U of the weight gradient laid out channels-last for its `_wgmma` kernel on 16-bit elements (launched before it
-    there; the kernel then reads this copy in U's place)."""
-    u_values = stage.params[1]
-    return Stage(f"{stage.name}_wgsource", (u_values, IMAGES, _out("staged", "staged_source", "float")),
-                 "S[n, g, cell, c] = U's element (image n, channel c of group g), channels rounded up to "
+def _wgsource(stage: Stage) -> Stage:
+    """The source a 16-bit `_wgmma` kernel reads, laid out channels-last for it (launched before it there; the kernel
+    then reads this copy in the source's place): a conv-shaped stage's source, or the weight gradient's U."""
+    source = stage.params[1] if isinstance(stage.layout, WeightRow) else stage.params[0]
+    return Stage(f"{stage.name}_wgsource", (_in("source_values", source.role), IMAGES,
+                                            _out("staged", "staged_source", "float")),
+                 f"S[n, g, cell, c] = {source.role}'s element (image n, channel c of group g), channels rounded up to "
                  "whole blocks of 32 with zeros: a block of one cell's channels is 64 contiguous bytes, which the "
                  "16-bit `_wgmma` copies 16 bytes at a time.", stage.layout)
 
@@ -332,18 +335,20 @@ _CONV_STAGES = (
     _CONV_FORWARD_STAGE,
     _direct(_CONV_FORWARD_STAGE),
     _wgpack("forward", _CONV_FORWARD),
+    _wgsource(_CONV_FORWARD_STAGE),
     _wgmma(_CONV_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _CONV_BACKWARD_INPUT),
     _CONV_BACKWARD_INPUT_STAGE,
     _direct(_CONV_BACKWARD_INPUT_STAGE),
     _wgpack("backward_input", _CONV_BACKWARD_INPUT),
+    _wgsource(_CONV_BACKWARD_INPUT_STAGE),
     _wgmma(_CONV_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _CONV_WEIGHT_STAGE,
     _direct(_CONV_WEIGHT_STAGE),
     _weight_wgpack(_CONV_WEIGHT_STAGE),
-    _weight_wgsource(_CONV_WEIGHT_STAGE),
+    _wgsource(_CONV_WEIGHT_STAGE),
     _weight_wgmma(_CONV_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,
@@ -370,18 +375,20 @@ _CONV_TRANSPOSE_STAGES = (
     _TRANSPOSE_FORWARD_STAGE,
     _direct(_TRANSPOSE_FORWARD_STAGE),
     _wgpack("forward", _TRANSPOSE_FORWARD),
+    _wgsource(_TRANSPOSE_FORWARD_STAGE),
     _wgmma(_TRANSPOSE_FORWARD_STAGE),
     _reduce("forward", "y", True),
     _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
     _TRANSPOSE_BACKWARD_INPUT_STAGE,
     _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _wgpack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
+    _wgsource(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _wgmma(_TRANSPOSE_BACKWARD_INPUT_STAGE),
     _reduce("backward_input", "grad_x", True),
     _TRANSPOSE_WEIGHT_STAGE,
     _direct(_TRANSPOSE_WEIGHT_STAGE),
     _weight_wgpack(_TRANSPOSE_WEIGHT_STAGE),
-    _weight_wgsource(_TRANSPOSE_WEIGHT_STAGE),
+    _wgsource(_TRANSPOSE_WEIGHT_STAGE),
     _weight_wgmma(_TRANSPOSE_WEIGHT_STAGE),
     _reduce("backward_weight", "grad_weight", False),
     _BIAS_GRAD,

@@ -115,8 +115,8 @@ _PACKED_ROLES: dict[Family, dict[str, str]] = {
     family: {stage.removesuffix("_wgpack"): params[0].role for stage, params in stages.items()
              if stage.endswith("_wgpack")}
     for family, stages in STAGES.items()}
-# Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the weight gradient's U), which the
-# stage then reads from its output instead: worked out once.
+# Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the stage's source, the weight
+# gradient's U), which the stage then reads from its output instead: worked out once.
 _RESTAGED_ROLES: dict[Family, dict[str, str]] = {
     family: {stage.removesuffix("_wgsource"): params[0].role for stage, params in stages.items()
              if stage.endswith("_wgsource")}
@@ -379,8 +379,8 @@ class CupyBackend:
         """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
         its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
-        before the output is allocated, so that the GPU has work while the host allocates; the 16-bit weight
-        gradient reads U as its `_wgsource` lays it out (source_elements), in U's place."""
+        before the output is allocated, so that the GPU has work while the host allocates; a 16-bit `_wgmma` stage
+        reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place."""
         if stage in compiled.plan.copied_packs:  # its input is laid out as its `_wgpack` would write it
             family = compiled.family
             values = {**values, _OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[_PACKED_ROLES[family][stage]]}
@@ -395,7 +395,7 @@ class CupyBackend:
                 values = {**values, role: self._scratch((elements,), "float32")}
                 self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
-        if source_elements is not None:  # the 16-bit `_wgmma` weight gradient reads U channels-last
+        if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
             staged = self._scratch((source_elements,), "float32")
             self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": staged})
             values = {**values, _RESTAGED_ROLES[compiled.family][stage]: staged}

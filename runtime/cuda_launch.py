@@ -119,8 +119,8 @@ class Plan:
     argmax_dtype: str = "uint32"  # max pool: the saved window offsets (uint8 when K <= 255)
     # Stage -> floats of its packed weight where not the weight's size (a `_wgpack` kernel's output).
     packed_elements: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Stage -> floats of its U laid out channels-last (the 16-bit weight gradient's `_wgsource` output, read in U's
-    # place).
+    # Stage -> floats of its source (the weight gradient's U) laid out channels-last (a 16-bit stage's `_wgsource`
+    # output, read in the source's place).
     source_elements: dict[str, int] = dataclasses.field(default_factory=dict)
     # Stages whose `_wgpack` would only copy its input (wgmma_pack_copies; their pack launches nothing): their `_wgmma`
     # reads the input in its place (every array a kernel gets starts on the contract's ARRAY_ALIGNMENT, as the
@@ -272,7 +272,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
 
 def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
     """A conv-shaped stage's `_wgmma` defines: WGMMA 1 and the tile, or 0 (and placeholders) where the GEMM runs."""
-    values = (1, tile.n, tile.cells, tile.stages, tile.min_blocks, tile.k) if tile else (0, 1, 1, 1, 1, 1)
+    values = ((1, tile.n, tile.cells, tile.stages, tile.min_blocks, tile.k, int(tile.channels_last)) if tile
+              else (0, 1, 1, 1, 1, 1, 0))
     return {f"{prefix}_{field}": value for field, value in zip(WGMMA_FIELDS, values, strict=True)}
 
 
@@ -284,8 +285,8 @@ def _wgmma_operands(shape: GemmShape, dtype: str) -> GemmShape:
 
 def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[str, Launch], splits: dict[str, int],
                  packed_elements: dict[str, int], source_elements: dict[str, int], copied_packs: set[str]) -> None:
-    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (the 16-bit weight gradient: and its
-    `_wgsource`): of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
+    """Launches of a stage that runs its `_wgmma` kernel after its `_wgpack` (16-bit elements: and its `_wgsource`):
+    of `shape`, the real batch's (the packed D of the weight gradient has every image); conv-shaped
     stages split nothing. Where the `_wgpack` would only copy its input (copied_packs) it has nothing to do: the
     runtime passes the input in the packed operand's place."""
     launches[stage] = Launch(wgmma_grid(shape, tile), tile.threads, wgmma_block_shared_bytes(shape, tile),
@@ -296,7 +297,7 @@ def _wgmma_stage(stage: str, shape: GemmShape, tile: WgmmaTile, launches: dict[s
     else:
         packed_elements[stage] = wgmma_packed_floats(shape, tile)
         launches[f"{stage}_pack"] = Launch(_blocks(wgmma_pack_threads(shape, tile)), kernel=f"{stage}_wgpack")
-    if shape.mma == HALF_MMA_MODE and not shape.conv:  # 16-bit: U channels-last
+    if tile.channels_last:
         source_elements[stage] = wgmma_source_floats(shape)
         launches[f"{stage}_wgsource"] = Launch(_blocks(wgmma_source_threads(shape)))
     launches[f"{stage}_reduce"] = _reduce_launch(shape.count, shape.outputs, tile.split)

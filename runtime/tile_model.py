@@ -119,7 +119,7 @@ class GemmShape:
     rank: int
     conv: bool
     source_c: int = 0  # conv stages: source channels; the weight stage: U's channels (convgen.wgmma_tiles)
-    u_cells: int = 0  # the weight stage: U's cells (the 16-bit `_wgmma`'s channels-last copy of U)
+    source_cells: int = 0  # cells of the source (the weight stage: of U), which the 16-bit `_wgmma` reads channels-last
     k_size: int = 0  # window cells
     reduction: int = 0  # weight stages: cells of D
     # Gather-form conv stages with a stride > 1 (conv backward_input, transpose forward) run one
@@ -220,17 +220,20 @@ def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[st
     d_c, u_c, d_size, u_size = ((out_c, in_c, out_size, in_size) if geom.family is Family.CONV
                                 else (in_c, out_c, in_size, out_size))
     common = {"rank": rank, "images": images, "groups": groups, "element_bytes": element_bytes, "mma": mma}
-    direct_forward = GemmShape(m=out_c, n=out_size, conv=True, source_c=in_c, k_size=k_size, **common)
-    direct_backward = GemmShape(m=in_c, n=in_size, conv=True, source_c=out_c, k_size=k_size, **common)
+    direct_forward = GemmShape(m=out_c, n=out_size, conv=True, source_c=in_c, source_cells=in_size, k_size=k_size,
+                               **common)
+    direct_backward = GemmShape(m=in_c, n=in_size, conv=True, source_c=out_c, source_cells=out_size, k_size=k_size,
+                                **common)
     if geom.family is Family.CONV:
-        forward, backward_input = direct_forward, _gather_shape(in_c, geom.in_spatial, out_c, geom, common)
+        forward = direct_forward
+        backward_input = _gather_shape(in_c, geom.in_spatial, out_c, out_size, geom, common)
     else:
-        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, geom, common), direct_backward
+        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, in_size, geom, common), direct_backward
     return {
         "forward": forward,
         "backward_input": backward_input,
-        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, source_c=u_c, u_cells=u_size, k_size=k_size,
-                                     reduction=d_size, **common),
+        "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, source_c=u_c, source_cells=u_size,
+                                     k_size=k_size, reduction=d_size, **common),
     }
 
 
@@ -246,7 +249,7 @@ def phase_offsets(k: int, s: int, p: int, d: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Geometry,
+def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, src_cells: int, geom: Geometry,
                   shared: dict[str, int]) -> GemmShape:
     """A gather-form stage (destination cell q collects from source (q + P - k*D) / S where
     divisible), decomposed by stride phase as the template does (gemm_conv_kernel, form gather);
@@ -254,7 +257,7 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, geom: Ge
     k_size = math.prod(geom.kernel)
     phases = math.prod(geom.stride)
     common = {**shared, "m": dst_c, "n": math.prod(dst_spatial), "conv": True, "source_c": src_c,
-              "weight_src_major": True}
+              "source_cells": src_cells, "weight_src_major": True}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))

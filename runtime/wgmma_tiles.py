@@ -20,6 +20,7 @@ from convgen.generated.contract import (
     wgmma_staged_source_floats,
     wgmma_weight_shared_bytes,
 )
+from convgen.geometry import U32_LIMIT
 
 # Two warpgroups a block, 64 dst cells each: on N8 128->128 128² one warpgroup of 128 cells (two m64 tiles a
 # warp) ran 3% slower, two of 128 cells each 10% slower.
@@ -47,6 +48,12 @@ WGMMA_16BIT_UNCAPPED_MAX_RANK = 2
 # N32 64->64 went 58.6 -> 55.6, conv3d 32->32 146 -> 136 and conv1d 45.3 -> 41.3 (H200, benchmarks/NOTES.md).
 # The 16-bit weight gradient likewise: slices of 64 of D's cells, B's rows of 128 bytes.
 WGMMA_16BIT_WIDE_MAX_N = 64
+# 16-bit conv-shaped stages read their source channels-last (a `_wgsource` pass first, then 16-byte copies: the loop's
+# instructions a slice 245 -> 37 on conv3d 32->32) where each source element feeds at least this many products (the
+# window's cells times the dst channels of a group), which pay for the pass. On the H200 (benchmarks/NOTES.md,
+# twenty-seventh session), the stage with its pass against the gather from the channel planes: conv1d 64->64 k5 (320)
+# 1.18x the time, 64->64 3x3 (576) 1.05x, conv3d 32->32 3x3x3 (864) 0.93x, 128->128 3x3 (1152) 0.94x.
+WGMMA_16BIT_CHANNELS_LAST_MIN_USES = 700
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,7 @@ class WgmmaTile:
     split: int = 1  # the weight gradient: parts of its reduction, one a block (the stage's SPLIT)
     min_blocks: int = 1  # blocks an SM its registers must allow (the stage's WG_MIN_BLOCKS)
     k: int = WG_BK  # a slice's share of the reduction (the stage's WG_K): 16-bit stages up to an N of 64 take 2 WG_BK
+    channels_last: bool = False  # 16-bit: the source (U) read as the stage's `_wgsource` lays it out (WG_CHANNELS_LAST)
 
     @property
     def threads(self) -> int:
@@ -82,7 +90,11 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     stages = WGMMA_STAGES if shape.pipelined else WGMMA_16BIT_STAGES
     k = 2 * WG_BK if not shape.pipelined and n <= WGMMA_16BIT_WIDE_MAX_N else WG_BK
+    # 16-bit elements (planned with `pipelined` off): an image's channels-last source is indexed in 32 bits
+    staged_fits = wgmma_staged_source_floats(1, shape.groups, shape.source_cells, shape.source_c) * 2 < U32_LIMIT
     if shape.conv:
+        channels_last = (not shape.pipelined and staged_fits
+                         and shape.k_size * shape.m >= WGMMA_16BIT_CHANNELS_LAST_MIN_USES)
         # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers. Multiplied as themselves
         # (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
         # the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice capped, 154
@@ -92,8 +104,10 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # 3xTF32 up to an N of 64 where tiles span images took 116-154 registers at rank 2 (the forward's 154, 120
         # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
         two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
-        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k, channels_last=channels_last)
     else:
+        if not (shape.pipelined or staged_fits):
+            return None  # 16-bit: the weight gradient reads U channels-last
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // k)
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
@@ -106,7 +120,7 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         min_blocks = 2 if two else 1
         per_sm = max(WGMMA_WEIGHT_BLOCKS_PER_SM[shape.mma], min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
-        tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks, k)
+        tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks, k, channels_last=not shape.pipelined)
     return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
 
 
@@ -157,14 +171,14 @@ def wgmma_packed_elements(shape, tile: WgmmaTile) -> int:
 
 
 def wgmma_source_threads(shape) -> int:
-    """Threads of the 16-bit weight gradient's `_wgsource` launch: a warp per 64 cells and block of WG_BK channels of
-    U, its cells and channels rounded up to them."""
-    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.u_cells // 64) * 32
+    """Threads of a 16-bit stage's `_wgsource` launch: a warp per 64 cells and block of WG_BK channels of its source
+    (the weight gradient's U), its cells and channels rounded up to them."""
+    return shape.images * shape.groups * -(-shape.source_c // WG_BK) * -(-shape.source_cells // 64) * 32
 
 
 def wgmma_source_floats(shape) -> int:
-    """The size in floats of the 16-bit weight gradient's channels-last U (its `_wgsource` output)."""
-    return wgmma_staged_source_floats(shape.images, shape.groups, shape.u_cells, shape.source_c)
+    """The size in floats of a 16-bit stage's channels-last source (its `_wgsource` output)."""
+    return wgmma_staged_source_floats(shape.images, shape.groups, shape.source_cells, shape.source_c)
 
 
 def wgmma_pack_copies(shape, tile: WgmmaTile) -> bool:

@@ -6,6 +6,7 @@ path against the CPU tape's non-finite cells. `pytest -m cuda` runs the same ker
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import half_support
@@ -18,6 +19,7 @@ from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
 from convgen.generated.contract import ARRAY_ALIGNMENT
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import choose_wgmma
 from emulated_cupy import emulated_cupy
 from half_support import HALF_DTYPES, draw_half, run_backend
 from half_support import relative_errors as half_errors
@@ -115,11 +117,44 @@ def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype) -> None:
+def channels_last_chooser(shape, hardware):
+    """choose_wgmma's tiles, the 16-bit conv-shaped stages reading their source channels-last whatever its rule."""
+    tile = choose_wgmma(shape, hardware)
+    return dataclasses.replace(tile, channels_last=True) if tile and shape.conv and not shape.pipelined else tile
+
+
+def channels_last_backend(dtype: str) -> CupyBackend:
+    """A backend on the emulated CuPy whose 16-bit conv-shaped `_wgmma` stages read their source channels-last."""
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        return type("ChannelsLastBackend", (CupyBackend,), {
+            "poison_outputs": True, "wgmma_chooser": staticmethod(channels_last_chooser)})(dtype, "medium")
+
+
+# Channels-last sources (by rule only from 700 products a source element) on geometries that gather by rule: 40
+# channels of the upstream gradient (a block of 32 and one of 8 and zeros), tiles that span images, groups and
+# dilation, odd cell counts.
+@pytest.mark.parametrize("geom", [HALF_GEOMETRIES[i] for i in (0, 1, 4)], ids=["conv", "transpose", "odd cells"])
+def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
+    """The same stages reading their source as their `_wgsource` laid it out (two threads a cell, 16-byte copies):
+    within 1e-2 of the float64 CPU tape, the same bits run after run."""
+    backend = channels_last_backend("bfloat16")
+    made = plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=channels_last_chooser)
+    assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
+    assert made.defines["FWD_WG_K"] == (64 if geom.out_c // geom.groups <= 64 else 32)
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma channels-last", geom), geom, "bfloat16")
+    errors = half_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
+    first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize(("dtype", "channels_last"), [("float16", False), ("bfloat16", False), ("bfloat16", True)])
+def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype, channels_last) -> None:
     """As for float32 above, in 16 bits (the weight gradient's rare path reads U as its `_wgsource` laid it out,
-    channels-last, 32 channels here): exactly the cells the CPU tape makes non-finite on the same values are, with
-    the same signs."""
+    channels-last, 32 channels here; with `channels_last` the conv-shaped stages' too, the upstream gradient's 40
+    channels in rows of 64): exactly the cells the CPU tape makes non-finite on the same values are, with the same
+    signs."""
     geom = WGMMA_GEOMETRIES[0]
     inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit non-finite", dtype), geom, dtype)
     weight, bias, x = (a.copy() for a in inputs)
@@ -127,8 +162,11 @@ def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype) -> N
     weight[1, 3, 0, 0], weight[4, 5, 2, 1], x[0, 1, 4, 4] = inf, nan, inf
     grad = grad.copy()
     grad[1, 2, 0, 0] = -inf if dtype == "float16" else inf ^ np.uint16(0x8000)
-    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
-        backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})(dtype, "medium")
+    if channels_last:
+        backend = channels_last_backend(dtype)
+    else:
+        with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+            backend = type("WgmmaEmulatedBackend", (CupyBackend,), {"poison_outputs": True})(dtype, "medium")
     wide = [half_support.widened(a, dtype) for a in (weight, bias, x)]
     ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide,
                                                   half_support.widened(grad, dtype))

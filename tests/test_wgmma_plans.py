@@ -204,20 +204,40 @@ def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice
     assert stage_fields(64, 64, (56, 56), prefix="BWW")[0][5] == 64
 
 
-@pytest.mark.parametrize(("family", "u_c", "u_cells"), [(Family.CONV, 64, 90), (Family.CONV_TRANSPOSE, 96, 132)])
-def test_the_16_bit_weight_gradient_reads_u_channels_last(family, u_c, u_cells):
-    """The 16-bit weight gradient's `_wgsource` launch and scratch: U's cells of every image and group (x's 90, or the
-    transpose's upstream gradient's 132), a group's channels rounded up to whole blocks of 32 (48 -> 64, 72 -> 96), in
-    floats of two elements; a warp per 64 cells and 32 channels. The conv-shaped stages and float32 read their
-    operands as they are."""
-    geom = Geometry.build(family, 96, 144, (10, 9), (3, 3), (1, 1), (0, 0), groups=2, batch=3)
+# Per stage, the source's channels of a group rounded up to blocks of 32 and its cells: x (48 -> 64 channels, 90
+# cells) and the upstream gradient (72 -> 96 channels; the conv's 42 cells, the transpose's 154).
+_CONV_SOURCES = {"forward": (64, 90), "backward_input": (96, 42), "backward_weight": (64, 90)}
+_TRANSPOSE_SOURCES = {"forward": (64, 90), "backward_input": (96, 154), "backward_weight": (96, 154)}
+
+
+@pytest.mark.parametrize(("family", "sources"), [(Family.CONV, _CONV_SOURCES),
+                                                 (Family.CONV_TRANSPOSE, _TRANSPOSE_SOURCES)])
+def test_16_bit_wgmma_stages_read_their_source_channels_last(family, sources):
+    """Each 16-bit `_wgmma` stage's `_wgsource` launch and scratch (a 5x3 window: 15 x 72 and 15 x 48 products a source
+    element in the conv-shaped stages): its source's cells (the weight gradient's U) of every image and group, a
+    group's channels rounded up to whole blocks of 32, in floats of two elements; a warp per 64 cells and 32 channels.
+    float32 reads its operands as they are."""
+    geom = Geometry.build(family, 96, 144, (10, 9), (5, 3), (1, 1), (0, 0), groups=2, batch=3)
     made = plan(geom, dtype="bfloat16", precision="medium")
-    assert made.launches["backward_weight"].kernel == "backward_weight_wgmma"
-    assert made.source_elements == {"backward_weight": 3 * 2 * u_cells * u_c // 2}
-    assert made.launches["backward_weight_wgsource"].grid == -(-3 * 2 * u_c // 32 * -(-u_cells // 64) * 32 // 256)
-    assert [name for name in made.launches if name.endswith("_wgsource")] == ["backward_weight_wgsource"]
+    assert [made.launches[stage].kernel for stage in sources] == [f"{stage}_wgmma" for stage in sources]
+    assert made.source_elements == {stage: 3 * 2 * cells * channels // 2 for stage, (channels, cells) in sources.items()}
+    for stage, (channels, cells) in sources.items():
+        assert made.launches[f"{stage}_wgsource"].grid == -(-3 * 2 * channels // 32 * -(-cells // 64) * 32 // 256)
+    assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
     single = plan(geom, precision="medium")
     assert single.source_elements == {} and not any(name.endswith("_wgsource") for name in single.launches)
+    assert [single.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("out_c", "channels_last"), [(77, False), (78, True)])
+def test_16_bit_conv_stages_read_channels_last_from_700_products_a_source_element(out_c, channels_last):
+    """A 3x3 forward over 32 channels: 9 x 77 = 693 products a source element gather from the channel planes (no pass),
+    9 x 78 = 702 read the source as the stage's `_wgsource` laid it out."""
+    geom = Geometry.build(Family.CONV, 32, out_c, (12, 12), (3, 3), (1, 1), (1, 1), batch=2)
+    made = plan(geom, dtype="float16", precision="medium")
+    assert made.launches["forward"].kernel == "forward_wgmma"
+    assert made.defines["FWD_WG_CHANNELS_LAST"] == int(channels_last)
+    assert ("forward" in made.source_elements) == ("forward_wgsource" in made.launches) == channels_last
 
 
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
@@ -239,3 +259,16 @@ def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it(
     assert copied(64, (10, 9)) == frozenset()  # 90 cells: slices to 128, zeros past them
     assert copied(64, (12, 8)) == frozenset() and copied(128, (12, 8)) == frozenset({"backward_weight"})  # 96 cells
     assert copied(64, (56, 56), "float32") == frozenset()
+
+
+def test_16_bit_wgmma_stages_need_an_image_s_channels_last_source_to_fit_32_bits():
+    """A 16-bit `_wgmma` stage indexes an image's channels-last source in 32 bits: 16 channels rounded up to 32 over
+    2**27 cells are 2**32 elements (x itself holds 2**31), so that the forward (a 3x3x3 window over 32 dst channels,
+    864 products a source element) gathers from the channel planes instead, and the weight gradient keeps its GEMM;
+    one plane fewer fits."""
+    def stages(depth: int) -> tuple[int, str]:
+        geom = Geometry.build(Family.CONV, 16, 32, (depth, 512, 512), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+        made = plan(geom, dtype="bfloat16", precision="medium")
+        return made.defines["FWD_WG_CHANNELS_LAST"], made.launches["backward_weight"].kernel
+    assert stages(511) == (1, "backward_weight_wgmma")
+    assert stages(512)[0] == 0 and stages(512)[1] != "backward_weight_wgmma"

@@ -18,18 +18,19 @@
     !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
     !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || !defined(FWD_WGMMA) || \
     !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || \
-    !defined(FWD_WG_K) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
-    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
-    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
-    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
-    !defined(BWI_DIRECT_BOX2) || !defined(BWI_DIRECT_BOX3) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || \
-    !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || \
-    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
-    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || \
-    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || !defined(BWW_DIRECT_BOX3) || !defined(BWW_WGMMA) || \
-    !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || \
-    !defined(BWW_WG_K)
+    !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || !defined(BWI_BM) || !defined(BWI_BN) || \
+    !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || \
+    !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || \
+    !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || \
+    !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWI_DIRECT_BOX3) || !defined(BWI_WGMMA) || \
+    !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
+    !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
+    !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
+    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || \
+    !defined(BWW_DIRECT_BOX2) || !defined(BWW_DIRECT_BOX3) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
+    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || \
+    !defined(BWW_WG_CHANNELS_LAST)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -2241,6 +2242,61 @@ extern "C" __global__ void conv_transpose_r4_forward_wgpack(
 #endif
 }
 
+// S[n, g, cell, c] = x's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
+// a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+extern "C" __global__ void conv_transpose_r4_forward_wgsource(
+    const real* __restrict__ source_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+#if FWD_WGMMA && ELEMENT_BYTES == 2 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr unsigned SRC_C = IN_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
+    constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
+    static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
+    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
+    const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
+    const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
+    const unsigned cell = cell0 + 2 * lane;  // the lane's first cell
+    const real* __restrict__ from = source_values + (image_group * SRC_C + 32 * block) * CELLS + cell;
+    // Channel c of the block at the lane's two cells, the first in the low half (zeros past the cells and channels).
+    auto cell_pair = [&](unsigned c) -> unsigned {
+        if (SRC_C % 32 != 0 && 32 * block + c >= SRC_C) return 0u;
+        const real* __restrict__ p = from + (size_t)c * CELLS;
+        if constexpr (CELLS % 2 == 0) {  // 4-byte aligned: the array's start is, and so is an even element
+            return cell < CELLS ? __ldg(reinterpret_cast<const unsigned*>(p)) : 0u;
+        } else {
+            const real second = cell + 1 < CELLS ? load_stored(p + 1) : real{0};
+            return element_pair(cell < CELLS ? load_stored(p) : real{0}, second);
+        }
+    };
+#pragma unroll
+    for (unsigned unit = 0; unit < 4; ++unit) {
+        unsigned first[4], second[4];  // channels (c, c + 1) of the first cell, and of the second
+#pragma unroll
+        for (unsigned q = 0; q < 4; ++q) {
+            const unsigned c = 8 * unit + 2 * q, low = cell_pair(c), high = cell_pair(c + 1);
+            first[q] = __byte_perm(low, high, 0x5410), second[q] = __byte_perm(low, high, 0x7632);
+        }
+        *reinterpret_cast<uint4*>(&tile[warp][lane][8 * unit]) = make_uint4(first[0], first[1], first[2], first[3]);
+        *reinterpret_cast<uint4*>(&tile[warp][32 + lane][8 * unit]) =
+            make_uint4(second[0], second[1], second[2], second[3]);
+    }
+    __syncwarp();
+    real* const staged_rows = reinterpret_cast<real*>(staged) + image_group * CELLS * SOURCE_ROW + 32 * block;
+#pragma unroll
+    for (unsigned pass = 0; pass < 8; ++pass) {
+        const unsigned at = 8 * pass + lane / 4, unit = lane % 4;  // at: the cell, from cell0
+        if (cell0 + at < CELLS) {
+            *reinterpret_cast<uint4*>(staged_rows + (size_t)(cell0 + at) * SOURCE_ROW + 8 * unit) =
+                *reinterpret_cast<const uint4*>(&tile[warp][at % 2 * 32 + at / 2][8 * unit]);
+        }
+    }
+#endif
+}
+
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
@@ -2266,6 +2322,11 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
+    // A group's source channels as read: with CHANNELS_LAST (16-bit elements) [cell][GROUP_C], as the stage's
+    // `_wgsource` laid the source out (whole blocks of WG_BK, zeros past the channels), else [channel][cell].
+    constexpr bool CHANNELS_LAST = FWD_WG_CHANNELS_LAST;
+    static_assert(!CHANNELS_LAST || MMA == 2, "a channels-last source: 16-bit elements");
+    constexpr unsigned GROUP_C = CHANNELS_LAST ? (SRC_C + WG_BK - 1) / WG_BK * WG_BK : SRC_C;
     constexpr unsigned WG_CELLS = FWD_WG_CELLS, WG_STAGES = FWD_WG_STAGES, N = OUT_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
@@ -2284,7 +2345,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     constexpr pos_t DG2 = D2;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG3 = D3;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
-    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * IN_SIZE;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * GROUP_C * IN_SIZE;
     unsigned image, group, n_block, n0;
     if constexpr (TILES_SPAN_IMAGES) {
         const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
@@ -2302,7 +2363,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
     auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
     const unsigned m0 = n_block * WG_N;
-    source += ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
+    source += ((size_t)image * GROUPS + group) * GROUP_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
         reinterpret_cast<const real*>(packed) + ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
@@ -2314,8 +2375,12 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
-    // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
-    // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
+    // This thread's cell (one column of every slice) and its part of the cell's copies: TF32, source channels part,
+    // part + 2, ... of the slice's block; 16-bit elements gathered, BK / 2 consecutive channels, half of the cell's row
+    // (its own block of the slice's two, or half of one); CHANNELS_LAST, two threads a cell, the 16 bytes `part` of
+    // each 32 of the cell's row, so that each copy of a warp fills whole 32-byte sectors of 16 cells (a thread per
+    // cell and block copying 16 of every 64 bytes read each sector twice: on the H200 conv3d's forward took 1.6x).
+    const unsigned a_cell = CHANNELS_LAST ? tid / 2 : tid % WG_CELLS, part = CHANNELS_LAST ? tid % 2 : tid / WG_CELLS;
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
@@ -2323,8 +2388,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     pos_t base3[1];
     unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
-        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        const unsigned step = image_step(n0 + a_cell), cell = n0 + a_cell - step * N;
+        column_ok[0] = in_batch(n0 + a_cell, step);
         image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d3 = (pos_t)(rest % nonzero(OUT3));
@@ -2339,30 +2404,19 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
         base2[0] = P2 + d2;
         base3[0] = P3 + d3;
     }
-    const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
-    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2, SLICE_BLOCKS = BK / WG_BK;
-    const unsigned first_channel = MMA == 2 ? b_row % (2 / SLICE_BLOCKS) * (BK / 2) : b_row;
+    constexpr unsigned SLICE_BLOCKS = BK / WG_BK;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
-    // 16-bit: units u = UNITS b_row + q of the cell's row, stored at u ^ the row's swizzle (as B's rows)
+    // 16-bit: unit u (16 bytes) of the cell's row is stored at u ^ the row's swizzle (as B's rows); gathered, this
+    // thread's units UNITS part + q at a_first_unit + (q ^ a_unit_xor)
     constexpr unsigned UNITS = B_CHUNKS / 2;
     const unsigned a_swizzle = a_cell * B_ROW_BYTES / 128 % B_CHUNKS;
-    const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
-    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
+    const unsigned a_first_unit = UNITS * part ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
+    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A gathered: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + b_row;  // this thread's block of k
-        const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
-        unsigned rest = kappa;
-        const pos_t r3 = (pos_t)(rest % nonzero(K3));
-        rest /= nonzero(K3);
-        const pos_t r2 = (pos_t)(rest % nonzero(K2));
-        rest /= nonzero(K2);
-        const pos_t r1 = (pos_t)(rest % nonzero(K1));
-        rest /= nonzero(K1);
-        const pos_t r0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const real* __restrict__ rows = packed_rows + (size_t)chunk * WG_N * BK;
         {
@@ -2379,7 +2433,55 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
                 }
             }
         }
-        for (unsigned col = 0; col < 1; ++col) {
+        real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
+        const unsigned col = 0;
+        if constexpr (CHANNELS_LAST) {  // 16 bytes a copy, no registers (the channels past SRC_C are zeros there)
+#pragma unroll
+            for (unsigned b = 0; b < SLICE_BLOCKS; ++b) {  // the slice's blocks of k, 64 bytes of the row each
+                const unsigned block = SLICE_BLOCKS * chunk + b;
+                const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
+                unsigned rest = kappa;
+                const pos_t r3 = (pos_t)(rest % nonzero(K3));
+                rest /= nonzero(K3);
+                const pos_t r2 = (pos_t)(rest % nonzero(K2));
+                rest /= nonzero(K2);
+                const pos_t r1 = (pos_t)(rest % nonzero(K1));
+                rest /= nonzero(K1);
+                const pos_t r0 = (pos_t)rest;
+                bool ok = column_ok[col];
+                unsigned offset = 0;
+                const pos_t j0 = base0[col] - r0 * DG0;
+                ok = ok && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                const pos_t j1 = base1[col] - r1 * DG1;
+                ok = ok && j1 >= 0 && j1 < IN1;
+                offset = offset * IN1 + (unsigned)j1;
+                const pos_t j2 = base2[col] - r2 * DG2;
+                ok = ok && j2 >= 0 && j2 < IN2;
+                offset = offset * IN2 + (unsigned)j2;
+                const pos_t j3 = base3[col] - r3 * DG3;
+                ok = ok && j3 >= 0 && j3 < IN3;
+                offset = offset * IN3 + (unsigned)j3;
+                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                const real* __restrict__ channels =
+                    source + image_offset + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
+#pragma unroll
+                for (unsigned q = 0; q < 2; ++q) {
+                    const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
+                    copy_async16(a_stage + a_cell * ROW + 8 * unit, channels + 16 * q, ok);
+                }
+            }
+        } else {
+            const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + part;  // this thread's block of k
+            const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
+            unsigned rest = kappa;
+            const pos_t r3 = (pos_t)(rest % nonzero(K3));
+            rest /= nonzero(K3);
+            const pos_t r2 = (pos_t)(rest % nonzero(K2));
+            rest /= nonzero(K2);
+            const pos_t r1 = (pos_t)(rest % nonzero(K1));
+            rest /= nonzero(K1);
+            const pos_t r0 = (pos_t)rest;
             bool ok = column_ok[col];
             unsigned offset = 0;
             const pos_t j0 = base0[col] - r0 * DG0;
@@ -2394,15 +2496,15 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
             const pos_t j3 = base3[col] - r3 * DG3;
             ok = ok && j3 >= 0 && j3 < IN3;
             offset = offset * IN3 + (unsigned)j3;
-
+            ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+            constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
+            const unsigned first_channel = MMA == 2 ? part % (2 / SLICE_BLOCKS) * (BK / 2) : part;
             const real* __restrict__ column =
                 source + (size_t)(c0 + first_channel) * IN_SIZE + (image_offset + (ok ? offset : 0u));
-            real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
-                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
                 copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
-                copies.start(a_stage + b_row * ROW + a_cell);
+                copies.start(a_stage + part * ROW + a_cell);
             }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
@@ -2420,14 +2522,16 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
+    constexpr bool REGISTER_COPIES = !CHANNELS_LAST;
+    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(!REGISTER_COPIES || AHEAD == 2, "A's loads land a slice after they go out: two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
-        copies.land();
+        if constexpr (REGISTER_COPIES) copies.land();
         commit_copies();
     }
     // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
@@ -2453,7 +2557,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
+        if constexpr (REGISTER_COPIES) copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2471,7 +2575,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
-        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -2480,7 +2583,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
-            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2516,7 +2618,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2533,7 +2634,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -2596,7 +2696,8 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r4_forward_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)c * M + m) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(cell_source + (size_t)c * IN_SIZE + offset), sum);
+                    const size_t at = CHANNELS_LAST ? (size_t)offset * GROUP_C + c : (size_t)c * IN_SIZE + offset;
+                    sum = fmaf(w, load_element(cell_source + at), sum);
                 }
             }
         }
@@ -3299,6 +3400,61 @@ extern "C" __global__ void conv_transpose_r4_backward_input_wgpack(
 #endif
 }
 
+// S[n, g, cell, c] = grad's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
+// zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+extern "C" __global__ void conv_transpose_r4_backward_input_wgsource(
+    const real* __restrict__ source_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+#if BWI_WGMMA && ELEMENT_BYTES == 2 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr unsigned SRC_C = OUT_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
+    constexpr unsigned CELLS = OUT_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
+    static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
+    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
+    const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
+    const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
+    const unsigned cell = cell0 + 2 * lane;  // the lane's first cell
+    const real* __restrict__ from = source_values + (image_group * SRC_C + 32 * block) * CELLS + cell;
+    // Channel c of the block at the lane's two cells, the first in the low half (zeros past the cells and channels).
+    auto cell_pair = [&](unsigned c) -> unsigned {
+        if (SRC_C % 32 != 0 && 32 * block + c >= SRC_C) return 0u;
+        const real* __restrict__ p = from + (size_t)c * CELLS;
+        if constexpr (CELLS % 2 == 0) {  // 4-byte aligned: the array's start is, and so is an even element
+            return cell < CELLS ? __ldg(reinterpret_cast<const unsigned*>(p)) : 0u;
+        } else {
+            const real second = cell + 1 < CELLS ? load_stored(p + 1) : real{0};
+            return element_pair(cell < CELLS ? load_stored(p) : real{0}, second);
+        }
+    };
+#pragma unroll
+    for (unsigned unit = 0; unit < 4; ++unit) {
+        unsigned first[4], second[4];  // channels (c, c + 1) of the first cell, and of the second
+#pragma unroll
+        for (unsigned q = 0; q < 4; ++q) {
+            const unsigned c = 8 * unit + 2 * q, low = cell_pair(c), high = cell_pair(c + 1);
+            first[q] = __byte_perm(low, high, 0x5410), second[q] = __byte_perm(low, high, 0x7632);
+        }
+        *reinterpret_cast<uint4*>(&tile[warp][lane][8 * unit]) = make_uint4(first[0], first[1], first[2], first[3]);
+        *reinterpret_cast<uint4*>(&tile[warp][32 + lane][8 * unit]) =
+            make_uint4(second[0], second[1], second[2], second[3]);
+    }
+    __syncwarp();
+    real* const staged_rows = reinterpret_cast<real*>(staged) + image_group * CELLS * SOURCE_ROW + 32 * block;
+#pragma unroll
+    for (unsigned pass = 0; pass < 8; ++pass) {
+        const unsigned at = 8 * pass + lane / 4, unit = lane % 4;  // at: the cell, from cell0
+        if (cell0 + at < CELLS) {
+            *reinterpret_cast<uint4*>(staged_rows + (size_t)(cell0 + at) * SOURCE_ROW + 8 * unit) =
+                *reinterpret_cast<const uint4*>(&tile[warp][at % 2 * 32 + at / 2][8 * unit]);
+        }
+    }
+#endif
+}
+
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
 // (fragments rounded in registers), the packed weight its N x K operand in shared memory; a block whose sums end
 // non-finite computes them again with FMAs on the weight as given.
@@ -3323,6 +3479,11 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
     constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
+    // A group's source channels as read: with CHANNELS_LAST (16-bit elements) [cell][GROUP_C], as the stage's
+    // `_wgsource` laid the source out (whole blocks of WG_BK, zeros past the channels), else [channel][cell].
+    constexpr bool CHANNELS_LAST = BWI_WG_CHANNELS_LAST;
+    static_assert(!CHANNELS_LAST || MMA == 2, "a channels-last source: 16-bit elements");
+    constexpr unsigned GROUP_C = CHANNELS_LAST ? (SRC_C + WG_BK - 1) / WG_BK * WG_BK : SRC_C;
     constexpr unsigned WG_CELLS = BWI_WG_CELLS, WG_STAGES = BWI_WG_STAGES, N = IN_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
@@ -3336,7 +3497,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     // 17% faster on 128).
     constexpr bool COPIES_UNDER_PRODUCTS = MMA != 3 || WG_N > 64;
     constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
-    constexpr unsigned SOURCE_IMAGE = GROUPS * SRC_C * OUT_SIZE;
+    constexpr unsigned SOURCE_IMAGE = GROUPS * GROUP_C * OUT_SIZE;
     unsigned image, group, n_block, n0;
     if constexpr (TILES_SPAN_IMAGES) {
         const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
@@ -3354,7 +3515,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
     auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
     const unsigned m0 = n_block * WG_N;
-    source += ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
+    source += ((size_t)image * GROUPS + group) * GROUP_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
     const real* const packed_rows =
         reinterpret_cast<const real*>(packed) + ((size_t)group * N_BLOCKS + n_block) * SLICES * WG_N * BK;
@@ -3366,8 +3527,12 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     const unsigned tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const unsigned warp_row = tid / 128 * 64 + tid / 32 % 4 * 16;  // the warp's first fragment row (cell)
 
-    // This thread's cell (one column of every slice) and the BK / 2 source channels it copies: 2 apart in the slice's
-    // block, or 16-bit elements consecutive, half of the cell's row (a block of two, or its own of the slice's two).
+    // This thread's cell (one column of every slice) and its part of the cell's copies: TF32, source channels part,
+    // part + 2, ... of the slice's block; 16-bit elements gathered, BK / 2 consecutive channels, half of the cell's row
+    // (its own block of the slice's two, or half of one); CHANNELS_LAST, two threads a cell, the 16 bytes `part` of
+    // each 32 of the cell's row, so that each copy of a warp fills whole 32-byte sectors of 16 cells (a thread per
+    // cell and block copying 16 of every 64 bytes read each sector twice: on the H200 conv3d's forward took 1.6x).
+    const unsigned a_cell = CHANNELS_LAST ? tid / 2 : tid % WG_CELLS, part = CHANNELS_LAST ? tid % 2 : tid / WG_CELLS;
     bool column_ok[1];
     pos_t base0[1];
     pos_t base1[1];
@@ -3375,8 +3540,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     pos_t base3[1];
     unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
     {
-        const unsigned step = image_step(n0 + tid % WG_CELLS), cell = n0 + tid % WG_CELLS - step * N;
-        column_ok[0] = in_batch(n0 + tid % WG_CELLS, step);
+        const unsigned step = image_step(n0 + a_cell), cell = n0 + a_cell - step * N;
+        column_ok[0] = in_batch(n0 + a_cell, step);
         image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
         const pos_t d3 = (pos_t)(rest % nonzero(IN3));
@@ -3391,30 +3556,19 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
         base2[0] = d2 * S2 - P2;
         base3[0] = d3 * S3 - P3;
     }
-    const unsigned b_row = tid / WG_CELLS, a_cell = tid % WG_CELLS;
-    constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2, SLICE_BLOCKS = BK / WG_BK;
-    const unsigned first_channel = MMA == 2 ? b_row % (2 / SLICE_BLOCKS) * (BK / 2) : b_row;
+    constexpr unsigned SLICE_BLOCKS = BK / WG_BK;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
     constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
-    // 16-bit: units u = UNITS b_row + q of the cell's row, stored at u ^ the row's swizzle (as B's rows)
+    // 16-bit: unit u (16 bytes) of the cell's row is stored at u ^ the row's swizzle (as B's rows); gathered, this
+    // thread's units UNITS part + q at a_first_unit + (q ^ a_unit_xor)
     constexpr unsigned UNITS = B_CHUNKS / 2;
     const unsigned a_swizzle = a_cell * B_ROW_BYTES / 128 % B_CHUNKS;
-    const unsigned a_first_unit = UNITS * b_row ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
-    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A: the cell's source values, 16 or 32 channels
+    const unsigned a_first_unit = UNITS * part ^ (a_swizzle & ~(UNITS - 1)), a_unit_xor = a_swizzle & (UNITS - 1);
+    slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A gathered: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
-        const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + b_row;  // this thread's block of k
-        const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
-        unsigned rest = kappa;
-        const pos_t k3 = (pos_t)(rest % nonzero(K3));
-        rest /= nonzero(K3);
-        const pos_t k2 = (pos_t)(rest % nonzero(K2));
-        rest /= nonzero(K2);
-        const pos_t k1 = (pos_t)(rest % nonzero(K1));
-        rest /= nonzero(K1);
-        const pos_t k0 = (pos_t)rest;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const real* __restrict__ rows = packed_rows + (size_t)chunk * WG_N * BK;
         {
@@ -3431,7 +3585,55 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
                 }
             }
         }
-        for (unsigned col = 0; col < 1; ++col) {
+        real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
+        const unsigned col = 0;
+        if constexpr (CHANNELS_LAST) {  // 16 bytes a copy, no registers (the channels past SRC_C are zeros there)
+#pragma unroll
+            for (unsigned b = 0; b < SLICE_BLOCKS; ++b) {  // the slice's blocks of k, 64 bytes of the row each
+                const unsigned block = SLICE_BLOCKS * chunk + b;
+                const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
+                unsigned rest = kappa;
+                const pos_t k3 = (pos_t)(rest % nonzero(K3));
+                rest /= nonzero(K3);
+                const pos_t k2 = (pos_t)(rest % nonzero(K2));
+                rest /= nonzero(K2);
+                const pos_t k1 = (pos_t)(rest % nonzero(K1));
+                rest /= nonzero(K1);
+                const pos_t k0 = (pos_t)rest;
+                bool ok = column_ok[col];
+                unsigned offset = 0;
+                const pos_t j0 = base0[col] + k0 * D0;
+                ok = ok && j0 >= 0 && j0 < OUT0;
+                offset = offset * OUT0 + (unsigned)j0;
+                const pos_t j1 = base1[col] + k1 * D1;
+                ok = ok && j1 >= 0 && j1 < OUT1;
+                offset = offset * OUT1 + (unsigned)j1;
+                const pos_t j2 = base2[col] + k2 * D2;
+                ok = ok && j2 >= 0 && j2 < OUT2;
+                offset = offset * OUT2 + (unsigned)j2;
+                const pos_t j3 = base3[col] + k3 * D3;
+                ok = ok && j3 >= 0 && j3 < OUT3;
+                offset = offset * OUT3 + (unsigned)j3;
+                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                const real* __restrict__ channels =
+                    source + image_offset + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
+#pragma unroll
+                for (unsigned q = 0; q < 2; ++q) {
+                    const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
+                    copy_async16(a_stage + a_cell * ROW + 8 * unit, channels + 16 * q, ok);
+                }
+            }
+        } else {
+            const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + part;  // this thread's block of k
+            const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
+            unsigned rest = kappa;
+            const pos_t k3 = (pos_t)(rest % nonzero(K3));
+            rest /= nonzero(K3);
+            const pos_t k2 = (pos_t)(rest % nonzero(K2));
+            rest /= nonzero(K2);
+            const pos_t k1 = (pos_t)(rest % nonzero(K1));
+            rest /= nonzero(K1);
+            const pos_t k0 = (pos_t)rest;
             bool ok = column_ok[col];
             unsigned offset = 0;
             const pos_t j0 = base0[col] + k0 * D0;
@@ -3446,15 +3648,15 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
             const pos_t j3 = base3[col] + k3 * D3;
             ok = ok && j3 >= 0 && j3 < OUT3;
             offset = offset * OUT3 + (unsigned)j3;
-
+            ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+            constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
+            const unsigned first_channel = MMA == 2 ? part % (2 / SLICE_BLOCKS) * (BK / 2) : part;
             const real* __restrict__ column =
                 source + (size_t)(c0 + first_channel) * OUT_SIZE + (image_offset + (ok ? offset : 0u));
-            real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
             if constexpr (MMA == 2) {
-                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
                 copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
-                copies.start(a_stage + b_row * ROW + a_cell);
+                copies.start(a_stage + part * ROW + a_cell);
             }
 #pragma unroll
             for (unsigned i = 0; i < BK / 2; ++i) {
@@ -3471,14 +3673,16 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
     }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
-    static_assert(AHEAD == 2, "A's loads land a slice after they go out, so they go out two slices ahead");
+    constexpr bool REGISTER_COPIES = !CHANNELS_LAST;
+    static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(!REGISTER_COPIES || AHEAD == 2, "A's loads land a slice after they go out: two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 0, A_ROW_BYTES = B_ROW_BYTES, A_WARPGROUP_BYTES = 64 * A_ROW_BYTES;
     constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
-        copies.land();
+        if constexpr (REGISTER_COPIES) copies.land();
         commit_copies();
     }
     // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
@@ -3504,7 +3708,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
-        copies.land();
+        if constexpr (REGISTER_COPIES) copies.land();
         if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3515,7 +3719,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (0u + s < SLICES) load_async(0u + s, s);
-        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -3524,7 +3727,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
-            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3560,7 +3762,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3577,7 +3778,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < SLICES) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -3640,7 +3840,8 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r4_backward_input_wgmma(
 
                 if (ok) {
                     const float w = load_element(weight + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
-                    sum = fmaf(w, load_element(cell_source + (size_t)c * OUT_SIZE + offset), sum);
+                    const size_t at = CHANNELS_LAST ? (size_t)offset * GROUP_C + c : (size_t)c * OUT_SIZE + offset;
+                    sum = fmaf(w, load_element(cell_source + at), sum);
                 }
             }
         }
@@ -4196,10 +4397,10 @@ extern "C" __global__ void conv_transpose_r4_backward_weight_wgpack(
 #endif
 }
 
-// S[n, g, cell, c] = U's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
-// a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
+// S[n, g, cell, c] = grad's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
+// zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
 extern "C" __global__ void conv_transpose_r4_backward_weight_wgsource(
-    const real* __restrict__ u_values,
+    const real* __restrict__ source_values,
     const unsigned images,
     float* __restrict__ staged)
 {
@@ -4214,7 +4415,7 @@ extern "C" __global__ void conv_transpose_r4_backward_weight_wgsource(
     const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
     const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
     const unsigned cell = cell0 + 2 * lane;  // the lane's first cell
-    const real* __restrict__ from = u_values + (image_group * SRC_C + 32 * block) * CELLS + cell;
+    const real* __restrict__ from = source_values + (image_group * SRC_C + 32 * block) * CELLS + cell;
     // Channel c of the block at the lane's two cells, the first in the low half (zeros past the cells and channels).
     auto cell_pair = [&](unsigned c) -> unsigned {
         if (SRC_C % 32 != 0 && 32 * block + c >= SRC_C) return 0u;
@@ -4278,6 +4479,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
     constexpr unsigned REGS = WG_N / 2, U_C = OUT_C / GROUPS;  // U_C: U's channels of a group
     // TF32: eight warps stage four 32-row groups, a lane a cell; 16-bit slices may take 64 cells (rows of 128 bytes).
     static_assert(ROWS == 128 && (BK == WG_BK || MMA == 2 && BK == 2 * WG_BK), "the rows and cells a block stages");
+    static_assert(BWW_WG_CHANNELS_LAST == (MMA == 2), "16-bit elements read U as the stage's `_wgsource` laid it out");
     constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
     // U's channels of an (image, group) as read: 16-bit elements read U channels-last as the stage's `_wgsource` laid
     // it out, [cell][UC_ROWS].
@@ -4446,12 +4648,15 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
     for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
+    constexpr bool REGISTER_COPIES = false;
     static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
+    static_assert(!REGISTER_COPIES || AHEAD == 2, "A's loads land a slice after they go out: two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
     constexpr unsigned A_MN_MAJOR = 1, A_ROW_BYTES = 128, A_WARPGROUP_BYTES = BK * 128, A_K16_BYTES = 16 * 128;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
+        if constexpr (REGISTER_COPIES) copies.land();
         commit_copies();
     }
     // The warpgroup's 64 rows of A, from its index as lane 0 has it: ptxas then knows it is the same in the warp and
@@ -4477,6 +4682,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
+        if constexpr (REGISTER_COPIES) copies.land();
         if (slice + AHEAD < slice_end) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4487,7 +4693,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
-        copies.land();
         commit_copies();
     }
     unsigned read = 0, write = WG_STAGES - 1;
@@ -4496,7 +4701,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
         fence_async_shared();
         __syncthreads();  // every copy of the slice has landed; the buffer written next is read by no one
         if constexpr (!COPIES_UNDER_PRODUCTS) {
-            copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
             if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
             commit_copies();
             write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4532,7 +4736,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
@@ -4549,7 +4752,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r4_backward_weight_wgmma
             }
             wgmma_commit();
             if constexpr (COPIES_UNDER_PRODUCTS) {
-                copies.land();  // 16-bit elements: those loaded a slice ago (their buffer is read 2 slices on)
                 if (slice + WG_STAGES - 1 < slice_end) load_async(slice + WG_STAGES - 1, write);
                 commit_copies();
                 write = write + 1 == WG_STAGES ? 0 : write + 1;
