@@ -375,12 +375,16 @@ class CupyBackend:
         function, grid, block, shared_bytes, arguments = launch
         self._call(stage, function, grid, block, shared_bytes, arguments(values))
 
-    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...]) -> Any:
+    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...],
+              staged: dict[str, Any] | None = None) -> Any:
         """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
         its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
         before the output is allocated, so that the GPU has work while the host allocates; a 16-bit `_wgmma` stage
-        reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place."""
+        reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place;
+        `staged`, role -> such a copy made by an earlier stage of the same pass, which a stage reading that role's
+        copy takes instead of laying it out again (the transpose's input and weight gradients both read the upstream
+        gradient channels-last, whose layout a role fixes), and to which it adds its own."""
         if stage in compiled.plan.copied_packs:  # its input is laid out as its `_wgpack` would write it
             family = compiled.family
             values = {**values, _OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[_PACKED_ROLES[family][stage]]}
@@ -396,9 +400,14 @@ class CupyBackend:
                 self._launch(compiled, f"{stage}_pack", values)
         source_elements = compiled.plan.source_elements.get(stage)
         if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
-            staged = self._scratch((source_elements,), "float32")
-            self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": staged})
-            values = {**values, _RESTAGED_ROLES[compiled.family][stage]: staged}
+            role = _RESTAGED_ROLES[compiled.family][stage]
+            copy = None if staged is None else staged.get(role)
+            if copy is None:
+                copy = self._scratch((source_elements,), "float32")
+                self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": copy})
+                if staged is not None:
+                    staged[role] = copy
+            values = {**values, role: copy}
         return self._into_output(compiled, stage, values, output_shape)
 
     def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],
@@ -472,8 +481,10 @@ class CupyBackend:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
             wants_weight, wants_bias, wants_x = (True, True, True) if wanted is None else wanted
             values = {"x": x, "weight": weight, "grad": grad, "images": images}
-            grad_x = self._gemm(compiled, "backward_input", values, geom.input_shape) if wants_x else None
-            grad_weight = self._gemm(compiled, "backward_weight", values, weight.shape) if wants_weight else None
+            staged: dict[str, Any] = {}  # channels-last copies of the pass's inputs, by role
+            grad_x = self._gemm(compiled, "backward_input", values, geom.input_shape, staged) if wants_x else None
+            grad_weight = (self._gemm(compiled, "backward_weight", values, weight.shape, staged) if wants_weight
+                           else None)
             grad_bias = self._into_output(compiled, BIAS_STAGE, values, (geom.out_c,)) if wants_bias else None
             return grad_weight, grad_bias, grad_x
         (x,) = inputs

@@ -149,6 +149,37 @@ def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
+def test_the_transpose_s_gradients_share_one_channels_last_copy_of_the_upstream_gradient() -> None:
+    """The transpose's input gradient and weight gradient both read the upstream gradient channels-last: the backward
+    lays it out once, and the gradients are the same bits as with a copy each."""
+    geom = HALF_GEOMETRIES[1]
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma shared copy", geom), geom, "bfloat16")
+    launched: list[str] = []
+
+    class Recording(CupyBackend):
+        poison_outputs = True
+        wgmma_chooser = staticmethod(channels_last_chooser)
+
+        def _launch(self, compiled, stage, values):
+            launched.append(stage)
+            super()._launch(compiled, stage, values)
+
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        backend = Recording("bfloat16", "medium")
+    shared = run_backend(backend, geom, inputs, grad)
+    assert "backward_input_wgsource" in launched and "backward_weight_wgsource" not in launched
+    copy_each = []
+    for stage in ("backward_input", "backward_weight"):  # each gradient alone lays out its own copy
+        launched.clear()
+        wanted = (stage == "backward_weight", False, stage == "backward_input")
+        arrays = tuple(backend.store(a) for a in inputs)
+        _, saved = backend.forward(geom, arrays)
+        copy_each.append(backend.backward(geom, arrays, saved, backend.store(grad), wanted))
+        assert f"{stage}_wgsource" in launched
+    for together, alone in ((shared[3], copy_each[0][2]), (shared[1], copy_each[1][0])):
+        np.testing.assert_array_equal(np.asarray(together).view(np.uint16), np.asarray(alone).view(np.uint16))
+
+
 @pytest.mark.parametrize(("dtype", "channels_last"), [("float16", False), ("bfloat16", False), ("bfloat16", True)])
 def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype, channels_last) -> None:
     """As for float32 above, in 16 bits (the weight gradient's rare path reads U as its `_wgsource` laid it out,
