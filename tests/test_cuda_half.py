@@ -8,12 +8,14 @@ multiply as themselves (k16), likewise at every rank."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import CUDA_SOURCES, nvrtc_options, plan
 from convgen.geometry import Family, Geometry
-from convgen.wgmma_tiles import no_wgmma
+from convgen.wgmma_tiles import choose_wgmma, no_wgmma
 from cuda_support import RANKS, PoisonBackend, _has_gpu, host, tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, relative_errors, run_backend
 from precision_bounds import HALF_BOUND
@@ -91,6 +93,40 @@ def test_16_bit_on_wgmma_within_the_bound_at_every_rank(family: Family, rank: in
     assert all(launches[s].kernel == f"{s}_wgmma" for s in ("forward", "backward_input", "backward_weight"))
     inputs, grad = draw_half(reference.case_rng("cuda 16-bit wgmma", family.value, rank, dtype), geom, dtype)
     backend = PoisonBackend(dtype, "medium")
+    errors = relative_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
+    first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
+
+
+def _channels_last_chooser(shape, hardware):
+    """choose_wgmma's tiles, the 16-bit conv-shaped stages reading their source channels-last whatever its rule."""
+    tile = choose_wgmma(shape, hardware)
+    return dataclasses.replace(tile, channels_last=True) if tile and shape.conv and not shape.pipelined else tile
+
+
+class ChannelsLastBackend(PoisonBackend):
+    """Every 16-bit conv-shaped `_wgmma` stage reads its source as its `_wgsource` lays it out."""
+
+    wgmma_chooser = staticmethod(_channels_last_chooser)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
+def test_16_bit_channels_last_sources_within_the_bound_at_every_rank(family: Family, rank: int) -> None:
+    """The same geometries with every conv-shaped stage reading its source channels-last (by rule only from 700
+    products a source element: here from rank 5), bfloat16: within issue 11's bound, the same bits run after run
+    (the transpose's two gradients share one copy of the upstream gradient)."""
+    geom = tensor_core_geometry(family, rank)
+    device = cupy.cuda.Device()
+    hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
+    if not hardware.wgmma:
+        pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
+    made = plan(geom, hardware, dtype="bfloat16", precision="medium", wgmma_chooser=_channels_last_chooser)
+    assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
+    inputs, grad = draw_half(reference.case_rng("cuda 16-bit channels-last", family.value, rank), geom, "bfloat16")
+    backend = ChannelsLastBackend("bfloat16", "medium")
     errors = relative_errors(backend, geom, inputs, grad)
     assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
     first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
