@@ -132,8 +132,10 @@ def channels_last_backend(dtype: str) -> CupyBackend:
 
 # Channels-last sources (by rule only from 700 products a source element) on geometries that gather by rule: 40
 # channels of the upstream gradient (a block of 32 and one of 8 and zeros), tiles that span images, groups and
-# dilation, odd cell counts.
-@pytest.mark.parametrize("geom", [HALF_GEOMETRIES[i] for i in (0, 1, 4)], ids=["conv", "transpose", "odd cells"])
+# dilation, odd cell counts, and groups of 40 and 48 channels (each group's rows rounded up to 64).
+@pytest.mark.parametrize("geom", [*(HALF_GEOMETRIES[i] for i in (0, 1, 4)),
+                                  Geometry.build(Family.CONV, 80, 96, (7, 6), (3, 3), (1, 1), (1, 1), groups=2, batch=2)],
+                         ids=["conv", "transpose", "odd cells", "groups of 40"])
 def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
     """The same stages reading their source as their `_wgsource` laid it out (two threads a cell, 16-byte copies):
     within 1e-2 of the float64 CPU tape, the same bits run after run."""
