@@ -34,6 +34,14 @@ class PoisonBackend(convgen.cuda.CupyBackend):
     poison_outputs = True
 
 
+class FiniteWgmmaBackend(PoisonBackend):
+    """PoisonBackend whose `_wgmma` kernels trap where a block takes the rare path (CONVGEN_TRAP_RARE_PATH): on
+    finite values every block must finish on the tensor cores, which right results alone cannot show."""
+
+    def _functions(self, source_name, symbols, options, device):
+        return super()._functions(source_name, symbols, (*options, "-DCONVGEN_TRAP_RARE_PATH"), device)
+
+
 class PoisonTape(convgen.cuda.Tape):
     backend_class = PoisonBackend
 

@@ -123,11 +123,17 @@ def channels_last_chooser(shape, hardware):
     return dataclasses.replace(tile, channels_last=True) if tile and shape.conv and not shape.pipelined else tile
 
 
-def channels_last_backend(dtype: str) -> CupyBackend:
-    """A backend on the emulated CuPy whose 16-bit conv-shaped `_wgmma` stages read their source channels-last."""
+def channels_last_backend(dtype: str, trap_rare_path: bool = False) -> CupyBackend:
+    """A backend on the emulated CuPy whose 16-bit conv-shaped `_wgmma` stages read their source channels-last;
+    with `trap_rare_path`, compiled so that a block taking the rare path traps (on finite values)."""
+    def functions(self, source_name, symbols, options, device):
+        extra = ("-DCONVGEN_TRAP_RARE_PATH",) if trap_rare_path else ()
+        return CupyBackend._functions(self, source_name, symbols, (*options, *extra), device)
+
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
         return type("ChannelsLastBackend", (CupyBackend,), {
-            "poison_outputs": True, "wgmma_chooser": staticmethod(channels_last_chooser)})(dtype, "medium")
+            "poison_outputs": True, "wgmma_chooser": staticmethod(channels_last_chooser),
+            "_functions": functions})(dtype, "medium")
 
 
 # Channels-last sources (by rule only from 700 products a source element) on geometries that gather by rule: 40
@@ -138,8 +144,8 @@ def channels_last_backend(dtype: str) -> CupyBackend:
                          ids=["conv", "transpose", "odd cells", "groups of 40"])
 def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
     """The same stages reading their source as their `_wgsource` laid it out (two threads a cell, 16-byte copies):
-    within 1e-2 of the float64 CPU tape, the same bits run after run."""
-    backend = channels_last_backend("bfloat16")
+    within 1e-2 of the float64 CPU tape, no block on the rare path (it would trap), the same bits run after run."""
+    backend = channels_last_backend("bfloat16", trap_rare_path=True)
     made = plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=channels_last_chooser)
     assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
     assert made.defines["FWD_WG_K"] == (64 if geom.out_c // geom.groups <= 64 else 32)

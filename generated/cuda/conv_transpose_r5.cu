@@ -1065,6 +1065,14 @@ __device__ __forceinline__ unsigned long long operand_further(unsigned long long
 {
     return (descriptor >> 32 << 32) | ((unsigned)descriptor + bytes / 16);
 }
+// Called by a block that takes the rare path. Tests on finite values compile with CONVGEN_TRAP_RARE_PATH: there a
+// non-finite tensor-core sum is the kernel's fault, which the rare path's right results would otherwise hide.
+__device__ __forceinline__ void rare_path_taken()
+{
+#ifdef CONVGEN_TRAP_RARE_PATH
+    __trap();
+#endif
+}
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py gives the fences and the products of its own
 // Shared memory written by cp.async, read next by the tensor cores (the async proxy).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -2858,6 +2866,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_transpose_r5_forward_wgmma(
         return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
     };
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+        rare_path_taken();
 #pragma unroll 1
         for (unsigned r = 0; r < REGS; ++r) {
             unsigned cell, step, m;
@@ -4071,6 +4080,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_transpose_r5_backward_input_wgmma(
         return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
     };
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+        rare_path_taken();
 #pragma unroll 1
         for (unsigned r = 0; r < REGS; ++r) {
             unsigned cell, step, m;
@@ -5089,6 +5099,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r5_backward_weight_wgmma
         return out + (size_t)m * COLUMNS + channel * K_SIZE + kappa;
     };
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
+        rare_path_taken();
 #pragma unroll 1
         for (unsigned r = 0; r < REGS; ++r) {
             unsigned kappa, channel, m;
