@@ -149,7 +149,7 @@ def test_plans_set_the_defines_the_contract_lists():
 
 def test_an_unknown_family_stage_is_named():
     with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward_pack, forward, forward_direct, forward_wgpack, "
-                       r"forward_wgmma, forward_reduce, "
+                       r"forward_wgsource, forward_wgmma, forward_reduce, "
                        r"backward_input_pack, "):
         contract.stage(contract.Family.CONV, "forwrd")
 
