@@ -95,8 +95,8 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
     if shape.conv:
         channels_last = (not shape.pipelined and staged_fits
                          and shape.k_size * shape.m >= WGMMA_16BIT_CHANNELS_LAST_MIN_USES)
-        # 16-bit elements (planned with `pipelined` off) hold a slice's loads in registers. Multiplied as themselves
-        # (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
+        # 16-bit elements (planned with `pipelined` off), gathered, hold a slice's loads in registers. Multiplied as
+        # themselves (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
         # the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice capped, 154
         # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
