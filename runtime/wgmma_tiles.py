@@ -96,9 +96,9 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         channels_last = (not shape.pipelined and staged_fits
                          and shape.k_size * shape.m >= WGMMA_16BIT_CHANNELS_LAST_MIN_USES)
         # 16-bit elements (planned with `pipelined` off), gathered, hold a slice's loads in registers. Multiplied as
-        # themselves (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM anyway, where
-        # the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice capped, 154
-        # not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
+        # themselves (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM
+        # anyway, where the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice
+        # capped, 154 not), and 130-148 at ranks 3-8: capped for two there, none spilled (ptxas, sm_90a: ranks 1-8, both
         # families, 32 and 128 channels). N 256's accumulators alone take 128.
         two = not shape.pipelined and n <= 128 and not (n == 128 and shape.rank <= WGMMA_16BIT_UNCAPPED_MAX_RANK)
         # 3xTF32 up to an N of 64 where tiles span images took 116-154 registers at rank 2 (the forward's 154, 120
