@@ -93,9 +93,11 @@ DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
 # `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:
 # blocks of WG_BK source channels at one window offset) WG_STAGES deep in shared memory, WG_MIN_BLOCKS blocks an SM
 # asked of ptxas (its registers a thread capped to fit them); with WG_CHANNELS_LAST (16-bit elements) it reads its
-# source (the weight gradient's U) as its `_wgsource` kernel laid it out, launched before it. WG_NS: the N extents it
+# source (the weight gradient's U) as its `_wgsource` kernel laid it out, launched before it; with WG_SHIFT (a
+# channels-last conv-shaped stage, stride 1 along the last axis) a slice's staged rows serve every window offset of the
+# last axis, its tile cells being positions along rows of the last axis padded by (K - 1) D. WG_NS: the N extents it
 # is printed for.
-WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K", "WG_CHANNELS_LAST")
+WGMMA_FIELDS = ("WGMMA", "WG_N", "WG_CELLS", "WG_STAGES", "WG_MIN_BLOCKS", "WG_K", "WG_CHANNELS_LAST", "WG_SHIFT")
 WG_NS = (32, 64, 128, 256)
 WG_BK = 32  # source channels a slice: one swizzled row per dst channel, 128 bytes of TF32 values or 64 of 16-bit
 WG_CELL_PAD = 8  # floats after each staged row of dst cells: a fragment's 32 reads hit 32 banks

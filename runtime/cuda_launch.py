@@ -272,8 +272,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
 
 def _wgmma_defines(prefix: str, tile: WgmmaTile | None) -> dict[str, int]:
     """A conv-shaped stage's `_wgmma` defines: WGMMA 1 and the tile, or 0 (and placeholders) where the GEMM runs."""
-    values = ((1, tile.n, tile.cells, tile.stages, tile.min_blocks, tile.k, int(tile.channels_last)) if tile
-              else (0, 1, 1, 1, 1, 1, 0))
+    values = ((1, tile.n, tile.cells, tile.stages, tile.min_blocks, tile.k, int(tile.channels_last), int(tile.shift))
+              if tile else (0, 1, 1, 1, 1, 1, 0, 0))
     return {f"{prefix}_{field}": value for field, value in zip(WGMMA_FIELDS, values, strict=True)}
 
 

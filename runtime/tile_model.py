@@ -129,6 +129,12 @@ class GemmShape:
     # per axis). phase_n = 0: one phase over all n cells.
     phases: int = 1
     phase_n: int = 0
+    # Conv stages, along the last axis: the window's offsets, the dst cells, and the source cells a window spans past a
+    # cell's first, (K - 1) D, where consecutive dst cells read consecutive source cells (stride 1), else 0: the rows a
+    # 16-bit `_wgmma` tile stages past its cells so that they serve every offset of that axis (WG_SHIFT).
+    last_window: int = 1
+    last_extent: int = 1
+    shift_rows: int = 0
     # Images of a batch (SEMANTICS §8): conv stages run one GEMM per image (more blocks, one output
     # each); the weight stage reduces over the cells of every image (more slices).
     images: int = 1
@@ -220,15 +226,20 @@ def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[st
     d_c, u_c, d_size, u_size = ((out_c, in_c, out_size, in_size) if geom.family is Family.CONV
                                 else (in_c, out_c, in_size, out_size))
     common = {"rank": rank, "images": images, "groups": groups, "element_bytes": element_bytes, "mma": mma}
+    # Along the last axis: the direct forms step the source by the stride, the gather forms' one phase by 1.
+    reach = (geom.kernel[-1] - 1) * geom.dilation[-1]
+    direct_rows = {"last_window": geom.kernel[-1], "shift_rows": reach if geom.stride[-1] == 1 else 0}
     direct_forward = GemmShape(m=out_c, n=out_size, conv=True, source_c=in_c, source_cells=in_size, k_size=k_size,
-                               **common)
+                               last_extent=geom.out_spatial[-1], **direct_rows, **common)
     direct_backward = GemmShape(m=in_c, n=in_size, conv=True, source_c=out_c, source_cells=out_size, k_size=k_size,
-                                **common)
+                                last_extent=geom.in_spatial[-1], **direct_rows, **common)
+    gather_rows = {"last_window": geom.kernel[-1], "shift_rows": reach}
     if geom.family is Family.CONV:
         forward = direct_forward
-        backward_input = _gather_shape(in_c, geom.in_spatial, out_c, out_size, geom, common)
+        backward_input = _gather_shape(in_c, geom.in_spatial, out_c, out_size, geom, {**common, **gather_rows})
     else:
-        forward, backward_input = _gather_shape(out_c, geom.out_spatial, in_c, in_size, geom, common), direct_backward
+        forward = _gather_shape(out_c, geom.out_spatial, in_c, in_size, geom, {**common, **gather_rows})
+        backward_input = direct_backward
     return {
         "forward": forward,
         "backward_input": backward_input,
@@ -257,9 +268,10 @@ def _gather_shape(dst_c: int, dst_spatial: tuple[int, ...], src_c: int, src_cell
     k_size = math.prod(geom.kernel)
     phases = math.prod(geom.stride)
     common = {**shared, "m": dst_c, "n": math.prod(dst_spatial), "conv": True, "source_c": src_c,
-              "source_cells": src_cells, "weight_src_major": True}
+              "source_cells": src_cells, "weight_src_major": True, "last_extent": dst_spatial[-1]}
     if phases == 1:
         return GemmShape(**common, k_size=k_size)
+    common["shift_rows"] = 0  # the phases' cells step the source by the stride
     phase_n = math.prod(ceil_div(d, s) for d, s in zip(dst_spatial, geom.stride))
     # The mean offsets per phase; the phases of an axis share its k offsets (k = sum of its R).
     offsets = math.prod(sum(phase_offsets(*axis)) for axis in zip(geom.kernel, geom.stride, geom.padding,

@@ -8,7 +8,7 @@ source_c: U's, reduction: D's cells), the hardware a tile_model.Hardware.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from convgen.generated.contract import (
     HALF_MMA_MODE,
@@ -54,6 +54,22 @@ WGMMA_16BIT_WIDE_MAX_N = 64
 # twenty-seventh session), the stage with its pass against the gather from the channel planes: conv1d 64->64 k5 (320)
 # 1.18x the time, 64->64 3x3 (576) 1.05x, conv3d 32->32 3x3x3 (864) 0.93x, 128->128 3x3 (1152) 0.94x.
 WGMMA_16BIT_CHANNELS_LAST_MIN_USES = 700
+# Channels-last stages of stride 1 along the last axis stage a slice's rows once for every window offset of that axis
+# (WG_SHIFT): slices of one WG_BK block (rows of 64 bytes) at the other axes' offsets, each staging the tile's cells
+# and the (K - 1) D cells past them, its B the weight's rows of every offset of the last axis. On the H200 conv3d
+# 32->32's forward took 68 µs against 122 (benchmarks/NOTES.md, twenty-eighth session). In N blocks of up to 64 (B's
+# rows grow with the offsets: an N of 128 at k3 would take 135 KB of shared memory in four stages), over up to 128 dst
+# channels of a group (N8 128->128: two blocks of 64 took 109.6 µs against 119.0 unshifted in one of 128; wider
+# stages were not measured), up to a tile's cells past it (the copies' second pass), and within the shared memory a
+# 16-bit block was measured right in: on the H200 the 16-bit loop gave other bits past about 113 KB a block, for a
+# reason not yet found (twenty-seventh session).
+WGMMA_SHIFT_MAX_N = 64
+WGMMA_SHIFT_MAX_M = 128
+WGMMA_16BIT_MAX_SHARED = 97 * 1024
+# Shifted, a stage reads a source element once for the last axis's offsets, so its pass pays from fewer products a
+# source element: N32 64->64 3x3 (576) took 0.93x the gather's time shifted channels-last, its input gradient 0.92x
+# (H200, benchmarks/NOTES.md, twenty-eighth session); fewer were not measured.
+WGMMA_16BIT_SHIFTED_MIN_USES = 576
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +81,7 @@ class WgmmaTile:
     min_blocks: int = 1  # blocks an SM its registers must allow (the stage's WG_MIN_BLOCKS)
     k: int = WG_BK  # a slice's share of the reduction (the stage's WG_K): 16-bit stages up to an N of 64 take 2 WG_BK
     channels_last: bool = False  # 16-bit: the source (U) read as the stage's `_wgsource` lays it out (WG_CHANNELS_LAST)
+    shift: bool = False  # channels-last conv-shaped stages: a slice's rows serve the last axis's offsets (WG_SHIFT)
 
     @property
     def threads(self) -> int:
@@ -79,11 +96,13 @@ def no_wgmma(shape, hardware) -> None:
     return None
 
 
-def choose_wgmma(shape, hardware) -> WgmmaTile | None:
+def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHANNELS_LAST_MIN_USES,
+                 shift: bool = True) -> WgmmaTile | None:
     """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32 or
     16-bit elements (planned on float32 shapes: their own m16n8k16 mode runs as TF32 on wgmma, exact for them; the
     kernels widen them as they stage them), a GPU without wgmma, stride phases (the gather form's phases take the
-    GEMM), or few channels."""
+    GEMM), or few channels. The tests move the channels-last rule (`channels_last_min_uses`) and turn WG_SHIFT off
+    (`shift`)."""
     if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.phases == 1
             and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
@@ -93,8 +112,8 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
     # 16-bit elements (planned with `pipelined` off): an image's channels-last source is indexed in 32 bits
     staged_fits = wgmma_staged_source_floats(1, shape.groups, shape.source_cells, shape.source_c) * 2 < U32_LIMIT
     if shape.conv:
-        channels_last = (not shape.pipelined and staged_fits
-                         and shape.k_size * shape.m >= WGMMA_16BIT_CHANNELS_LAST_MIN_USES)
+        uses = shape.k_size * shape.m  # products a source element feeds
+        channels_last = not shape.pipelined and staged_fits and uses >= channels_last_min_uses
         # 16-bit elements (planned with `pipelined` off), gathered, hold a slice's loads in registers. Multiplied as
         # themselves (k16), at an N of 128 they take 122-128 a thread uncapped at ranks 1 and 2, two blocks an SM
         # anyway, where the cap of 128 only made ptxas shuffle registers (2-D forward: 251 loop instructions a slice
@@ -105,6 +124,15 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
         # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
         two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k, channels_last=channels_last)
+        # Shifted tiles of N up to 64 take two blocks an SM (an N of 64's accumulators: 32 registers a thread).
+        shifted = WgmmaTile(min(n, WGMMA_SHIFT_MAX_N), WGMMA_CELLS, stages, min_blocks=2, k=WG_BK, channels_last=True,
+                            shift=True)
+        if (shift and not shape.pipelined and staged_fits
+                and uses >= min(channels_last_min_uses, WGMMA_16BIT_SHIFTED_MIN_USES)
+                and shape.m <= WGMMA_SHIFT_MAX_M and 0 < shape.shift_rows <= WGMMA_CELLS
+                and shape.images * _positions(shape, shape.shift_rows) < U32_LIMIT
+                and wgmma_block_shared_bytes(replace(shape, mma=HALF_MMA_MODE), shifted) <= WGMMA_16BIT_MAX_SHARED):
+            tile = shifted
     else:
         if not (shape.pipelined or staged_fits):
             return None  # 16-bit: the weight gradient reads U channels-last
@@ -126,8 +154,24 @@ def choose_wgmma(shape, hardware) -> WgmmaTile | None:
 
 def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:
     """Dynamic shared memory of a `_wgmma` block of the stage: the contract's formula for its kernel."""
-    shared_bytes = wgmma_shared_bytes if shape.conv else wgmma_weight_shared_bytes
-    return shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
+    if not shape.conv:
+        return wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
+    if tile.shift:
+        return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k, shape.shift_rows,
+                                  shape.last_window)
+    return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
+
+
+def _positions(shape, shift_rows: int) -> int:
+    """An image's tile cells of a conv-shaped stage: its dst cells, each row of the last axis padded by `shift_rows`
+    positions that are computed and not stored."""
+    return shape.n // shape.last_extent * (shape.last_extent + shift_rows)
+
+
+def wgmma_positions(shape, tile: WgmmaTile) -> int:
+    """An image's tile cells of a conv-shaped `_wgmma` stage: its dst cells, or with WG_SHIFT their rows along the
+    last axis padded by the (K - 1) D cells a window spans past a cell."""
+    return _positions(shape, shape.shift_rows if tile.shift else 0)
 
 
 def _weight_row_blocks(shape, rows: int) -> int:
@@ -135,10 +179,11 @@ def _weight_row_blocks(shape, rows: int) -> int:
     return -(-shape.k_size * -(-shape.source_c // 32) * 32 // rows)
 
 
-def tiles_span_images(shape, cells: int) -> bool:
+def tiles_span_images(shape, cells: int, positions: int | None = None) -> bool:
     """Whether a conv-shaped `_wgmma` kernel with tiles of `cells` cuts them over the batch's cells as one run
-    (images x cells), where an image's cells are not whole tiles: the kernel's TILES_SPAN_IMAGES."""
-    return shape.n % cells != 0
+    (images x cells), where an image's cells (`positions` where WG_SHIFT pads them) are not whole tiles: the
+    kernel's TILES_SPAN_IMAGES."""
+    return (shape.n if positions is None else positions) % cells != 0
 
 
 def wgmma_grid(shape, tile: WgmmaTile) -> int:
@@ -146,9 +191,10 @@ def wgmma_grid(shape, tile: WgmmaTile) -> int:
     where tiles span images; the weight gradient's (group, split, row block, n block)."""
     if not shape.conv:
         return shape.groups * tile.split * _weight_row_blocks(shape, tile.cells) * -(-shape.m // tile.n)
-    if tiles_span_images(shape, tile.cells):
-        return shape.groups * -(-shape.m // tile.n) * -(-shape.images * shape.n // tile.cells)
-    return shape.images * shape.groups * -(-shape.m // tile.n) * (shape.n // tile.cells)
+    positions = wgmma_positions(shape, tile)
+    if tiles_span_images(shape, tile.cells, positions):
+        return shape.groups * -(-shape.m // tile.n) * -(-shape.images * positions // tile.cells)
+    return shape.images * shape.groups * -(-shape.m // tile.n) * (positions // tile.cells)
 
 
 def wgmma_pack_threads(shape, tile: WgmmaTile) -> int:

@@ -8,7 +8,7 @@ multiply as themselves (k16), likewise at every rank."""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -101,33 +101,26 @@ def test_16_bit_on_wgmma_within_the_bound_at_every_rank(family: Family, rank: in
         np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
 
 
-def _channels_last_chooser(shape, hardware):
-    """choose_wgmma's tiles, the 16-bit conv-shaped stages reading their source channels-last whatever its rule."""
-    tile = choose_wgmma(shape, hardware)
-    return dataclasses.replace(tile, channels_last=True) if tile and shape.conv and not shape.pipelined else tile
-
-
-class ChannelsLastBackend(FiniteWgmmaBackend):
-    """Every 16-bit conv-shaped `_wgmma` stage reads its source as its `_wgsource` lays it out."""
-
-    wgmma_chooser = staticmethod(_channels_last_chooser)
-
-
+@pytest.mark.parametrize("shift", [False, True], ids=["gathered rows", "shifted rows"])
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
-def test_16_bit_channels_last_sources_within_the_bound_at_every_rank(family: Family, rank: int) -> None:
+def test_16_bit_channels_last_sources_within_the_bound_at_every_rank(family: Family, rank: int, shift: bool) -> None:
     """The same geometries with every conv-shaped stage reading its source channels-last (by rule only from 700
-    products a source element: here from rank 5), bfloat16: within issue 11's bound, the same bits run after run
-    (the transpose's two gradients share one copy of the upstream gradient)."""
+    products a source element: here from rank 5), each slice's rows staged for one window offset or, with `shift`,
+    for every offset of the last axis (WG_SHIFT), bfloat16: within issue 11's bound, the same bits run after run (the
+    transpose's two gradients share one copy of the upstream gradient)."""
     geom = tensor_core_geometry(family, rank)
     device = cupy.cuda.Device()
     hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
     if not hardware.wgmma:
         pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
-    made = plan(geom, hardware, dtype="bfloat16", precision="medium", wgmma_chooser=_channels_last_chooser)
+    chooser = functools.partial(choose_wgmma, channels_last_min_uses=0, shift=shift)
+    made = plan(geom, hardware, dtype="bfloat16", precision="medium", wgmma_chooser=chooser)
     assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
+    assert [made.defines[f"{prefix}_WG_SHIFT"] for prefix in ("FWD", "BWI")] == [int(shift)] * 2
     inputs, grad = draw_half(reference.case_rng("cuda 16-bit channels-last", family.value, rank), geom, "bfloat16")
-    backend = ChannelsLastBackend("bfloat16", "medium")
+    backend = type("ChannelsLastBackend", (FiniteWgmmaBackend,), {"wgmma_chooser": staticmethod(chooser)})(
+        "bfloat16", "medium")
     errors = relative_errors(backend, geom, inputs, grad)
     assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
     first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))

@@ -6,7 +6,7 @@ path against the CPU tape's non-finite cells. `pytest -m cuda` runs the same ker
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import shutil
 
 import half_support
@@ -117,23 +117,23 @@ def test_16_bit_elements_on_wgmma_keep_their_bound(geom, dtype) -> None:
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
-def channels_last_chooser(shape, hardware):
-    """choose_wgmma's tiles, the 16-bit conv-shaped stages reading their source channels-last whatever its rule."""
-    tile = choose_wgmma(shape, hardware)
-    return dataclasses.replace(tile, channels_last=True) if tile and shape.conv and not shape.pipelined else tile
+# choose_wgmma's tiles, the 16-bit conv-shaped stages reading their source channels-last whatever its rule, their
+# slices staged once for every offset of the last axis (WG_SHIFT) where its rule allows, or not.
+channels_last_chooser = functools.partial(choose_wgmma, channels_last_min_uses=0, shift=False)
+shifted_chooser = functools.partial(choose_wgmma, channels_last_min_uses=0)
 
 
-def channels_last_backend(dtype: str, trap_rare_path: bool = False) -> CupyBackend:
-    """A backend on the emulated CuPy whose 16-bit conv-shaped `_wgmma` stages read their source channels-last;
-    with `trap_rare_path`, compiled so that a block taking the rare path traps (on finite values)."""
+def channels_last_backend(dtype: str, trap_rare_path: bool = False, chooser=channels_last_chooser) -> CupyBackend:
+    """A backend on the emulated CuPy whose 16-bit conv-shaped `_wgmma` stages read their source channels-last, as
+    `chooser` plans them; with `trap_rare_path`, compiled so that a block taking the rare path traps (on finite
+    values)."""
     def functions(self, source_name, symbols, options, device):
         extra = ("-DCONVGEN_TRAP_RARE_PATH",) if trap_rare_path else ()
         return CupyBackend._functions(self, source_name, symbols, (*options, *extra), device)
 
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
         return type("ChannelsLastBackend", (CupyBackend,), {
-            "poison_outputs": True, "wgmma_chooser": staticmethod(channels_last_chooser),
-            "_functions": functions})(dtype, "medium")
+            "poison_outputs": True, "wgmma_chooser": staticmethod(chooser), "_functions": functions})(dtype, "medium")
 
 
 # Channels-last sources (by rule only from 700 products a source element) on geometries that gather by rule: 40
@@ -150,6 +150,37 @@ def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
     assert [made.defines[f"{prefix}_WG_CHANNELS_LAST"] for prefix in ("FWD", "BWI", "BWW")] == [1, 1, 1]
     assert made.defines["FWD_WG_K"] == (64 if geom.out_c // geom.groups <= 64 else 32)
     inputs, grad = draw_half(reference.case_rng("emulated wgmma channels-last", geom), geom, "bfloat16")
+    errors = half_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
+    first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+# Slices staged once for the last axis's offsets (WG_SHIFT): tiles spanning images (14 positions a row of 12 cells),
+# the transpose (its forward the gather form, offsets backwards; dilation 2 on the last axis: 2 rows past a tile), a
+# rank-1 conv of dilation 30 (60 rows past a tile: the copies' second pass, 4-byte stores), a 3-D conv of 7 cells a row
+# (stores one by one) with stride 2 on its first axis, groups, and rows of 10 cells in 11 positions (stores one by one:
+# a vector of two would cross rows).
+SHIFT_GEOMETRIES = [
+    HALF_GEOMETRIES[0], HALF_GEOMETRIES[1],
+    Geometry.build(Family.CONV, 32, 32, (150,), (3,), (1,), (30,), dilation=(30,), batch=2),
+    Geometry.build(Family.CONV, 32, 32, (7, 5, 7), (3, 3, 3), (2, 1, 1), (1, 1, 1), batch=2),
+    Geometry.build(Family.CONV, 64, 64, (6, 9), (3, 3), (1, 1), (1, 1), groups=2, batch=2),
+    Geometry.build(Family.CONV, 32, 32, (6, 11), (3, 2), (1, 1), (1, 0), batch=2),
+]
+
+
+@pytest.mark.parametrize("geom", SHIFT_GEOMETRIES, ids=["conv", "transpose", "rank 1 dilated", "3-D odd rows", "groups",
+                                                       "odd positions"])
+def test_16_bit_shifted_slices_keep_their_bound(geom) -> None:
+    """The conv-shaped stages reading a slice's rows once for every window offset of the last axis: within 1e-2 of the
+    float64 CPU tape, no block on the rare path (it would trap), the same bits run after run."""
+    backend = channels_last_backend("bfloat16", trap_rare_path=True, chooser=shifted_chooser)
+    made = plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=shifted_chooser)
+    gathered = made.launches["backward_input"].kernel != "backward_input_wgmma"  # stride phases: the GEMM
+    assert [made.defines[f"{prefix}_WG_SHIFT"] for prefix in ("FWD", "BWI")] == [1, 0 if gathered else 1]
+    inputs, grad = draw_half(reference.case_rng("emulated wgmma shifted", geom), geom, "bfloat16")
     errors = half_errors(backend, geom, inputs, grad)
     assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
     first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))

@@ -4,6 +4,7 @@ for. No GPU."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ import pytest
 from convgen.cuda_launch import H200, arch_option, nvrtc_options, opted_in_shared, plan
 from convgen.generated.contract import WG_BK, wgmma_shared_bytes, wgmma_weight_shared_bytes
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import choose_wgmma
 
 BATCHED_128 = Geometry.build(Family.CONV, 128, 128, (128, 128), (3, 3), (1, 1), (1, 1), batch=8)
 CONV_SHAPED = ("forward", "backward_input")
@@ -165,13 +167,14 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
     an N of 128 at ranks 1 and 2, which fit two uncapped. float32's stages and 16-bit N of 256 (128 accumulators a
     thread) keep one. The TF32 weight gradient at an N of 128 asks for two at ranks 2 and 3 in every dtype (its
     split planned for two), one at the ranks where capping spills."""
-    def min_blocks(channels, spatial, dtype):
+    def min_blocks(channels, spatial, dtype, shift=False):
         ones = (1,) * len(spatial)
         geom = Geometry.build(Family.CONV, channels, channels, spatial, (3,) * len(spatial), ones, ones, batch=8)
-        made = plan(geom, dtype=dtype, precision="medium")
+        made = plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=shift))
         return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
 
     assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (1, 1, 2)
+    assert min_blocks(128, (128, 128), "bfloat16", shift=True) == (2, 2, 2)  # shifted: N blocks of 64
     assert min_blocks(128, (8, 8, 8), "bfloat16") == (2, 2, 2)
     assert min_blocks(64, (32, 32), "bfloat16") == (2, 2, 1)
     assert min_blocks(128, (128, 128), "float32") == (1, 1, 2)
@@ -181,23 +184,25 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
 
 
 def test_16_bit_conv_shaped_stages_up_to_an_n_of_64_take_two_blocks_of_k_a_slice():
-    """Slices of 64 (two blocks of 32 source channels, each at its own window offset; rows of 128 bytes) where four
-    stages of them fit two blocks an SM; at an N of 128 and float32, 32. The 16-bit weight gradient likewise: slices
-    of 64 of D's cells up to an N of 64, else 32. The packed weight
-    holds whole slices (its size in floats: two 16-bit elements a float): an odd count of blocks ends on a slice of
-    zeros past the last one."""
-    def stage_fields(in_c, out_c, spatial, dtype="bfloat16", prefix="FWD"):
+    """Unshifted (WG_SHIFT off): slices of 64 (two blocks of 32 source channels, each at its own window offset; rows
+    of 128 bytes) where four stages of them fit two blocks an SM; at an N of 128 and float32, 32. The 16-bit weight
+    gradient likewise: slices of 64 of D's cells up to an N of 64, else 32. The packed weight holds whole slices (its
+    size in floats: two 16-bit elements a float): an odd count of blocks ends on a slice of zeros past the last one."""
+    def stage_fields(in_c, out_c, spatial, dtype="bfloat16", prefix="FWD", stride=None):
         ones = (1,) * len(spatial)
-        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), ones, ones, batch=8)
-        made = plan(geom, dtype=dtype, precision="medium")
+        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (3,) * len(spatial), stride or ones, ones, batch=8)
+        made = plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=False))
         stage = {"FWD": "forward", "BWI": "backward_input"}.get(prefix, "backward_weight")
         return wgmma_fields(made, prefix), made.launches[stage].shared_bytes, made.packed_elements.get(stage)
 
-    # 64 -> 64: 2 blocks x 9 offsets = 9 slices of 64 rows of 64; four stages of 64 x 128 B and 128 x 128 B.
-    assert stage_fields(64, 64, (56, 56)) == ((1, 64, 128, 4, 2, 64), 4 * (8192 + 16384) + 1024, 9 * 64 * 64 // 2)
-    assert stage_fields(64, 64, (56, 56), "float16", "BWI")[0] == (1, 64, 128, 4, 2, 64)
-    # 32 -> 32 in 3-D: 27 blocks, 14 slices (the last one's second block zeros) of 32 rows of 64.
-    assert stage_fields(32, 32, (8, 8, 8)) == ((1, 32, 128, 4, 2, 64), 4 * (4096 + 16384) + 1024, 14 * 32 * 64 // 2)
+    # 64 -> 48 (gathered: 9 x 48 products a source element): 2 blocks x 9 offsets = 9 slices of 64 rows of 64; four
+    # stages of 64 x 128 B and 128 x 128 B.
+    assert stage_fields(64, 48, (56, 56)) == ((1, 64, 128, 4, 2, 64), 4 * (8192 + 16384) + 1024, 9 * 64 * 64 // 2)
+    assert stage_fields(48, 64, (56, 56), "float16", "BWI")[0] == (1, 64, 128, 4, 2, 64)
+    # 32 -> 32 in 3-D, stride 2 along the last axis (no WG_SHIFT): 27 blocks, 14 slices (the last one's second block
+    # zeros) of 32 rows of 64.
+    assert stage_fields(32, 32, (8, 8, 8), stride=(1, 1, 2)) == (
+        (1, 32, 128, 4, 2, 64), 4 * (4096 + 16384) + 1024, 14 * 32 * 64 // 2)
     # An N of 128: 36 slices of 32 (rows of 64 bytes).
     assert stage_fields(128, 128, (32, 32)) == ((1, 128, 128, 4, 1, 32), 4 * (8192 + 8192) + 1024, 36 * 128 * 32 // 2)
     assert stage_fields(64, 64, (56, 56), "float32")[0][5] == stage_fields(128, 128, (32, 32), prefix="BWW")[0][5] == 32
@@ -231,13 +236,51 @@ def test_16_bit_wgmma_stages_read_their_source_channels_last(family, sources):
 
 @pytest.mark.parametrize(("out_c", "channels_last"), [(77, False), (78, True)])
 def test_16_bit_conv_stages_read_channels_last_from_700_products_a_source_element(out_c, channels_last):
-    """A 3x3 forward over 32 channels: 9 x 77 = 693 products a source element gather from the channel planes (no pass),
-    9 x 78 = 702 read the source as the stage's `_wgsource` laid it out."""
-    geom = Geometry.build(Family.CONV, 32, out_c, (12, 12), (3, 3), (1, 1), (1, 1), batch=2)
+    """A 3x3 forward over 32 channels, unshifted (stride 2 along the last axis): 9 x 77 = 693 products a source
+    element gather from the channel planes (no pass), 9 x 78 = 702 read the source as the stage's `_wgsource` laid it
+    out."""
+    geom = Geometry.build(Family.CONV, 32, out_c, (12, 12), (3, 3), (1, 2), (1, 1), batch=2)
     made = plan(geom, dtype="float16", precision="medium")
     assert made.launches["forward"].kernel == "forward_wgmma"
     assert made.defines["FWD_WG_CHANNELS_LAST"] == int(channels_last)
     assert ("forward" in made.source_elements) == ("forward_wgsource" in made.launches) == channels_last
+
+
+def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offsets():
+    """conv3d 32 -> 32 (864 products a source element: channels-last), stride 1 along the last axis: slices of one
+    block of 32 (rows of 64 bytes) at the 9 offsets of the other axes, each staging 128 + 2 rows of A and the 3 x 32
+    rows of B of the last axis's offsets; an image's tile cells are its rows of 8 cells padded to 10, 640 positions,
+    5 tiles. The packed weight is the unshifted one's of slices of 32. 128 dst channels take N blocks of 64 (B's rows
+    of an N of 128 would take four stages past 97 KB). Not shifted: 256 dst channels, stride 2 along the last axis,
+    one offset along it, 130 rows past a tile (a second pass of copies holds 128), or past 97 KB of shared memory (a
+    k5 window over 64 channels: 117 KB). Shifted stages read their source channels-last from 576 products a source
+    element, not 700."""
+    def shifted(in_c, out_c, spatial, kernel, stride=None, dilation=None):
+        geom = Geometry.build(Family.CONV, in_c, out_c, spatial, kernel, stride or (1,) * len(spatial),
+                              (1,) * len(spatial), dilation=dilation, batch=8)
+        return plan(geom, dtype="bfloat16", precision="medium")
+
+    made = shifted(32, 32, (8, 8, 8), (3, 3, 3))
+    for prefix, stage in (("FWD", "forward"), ("BWI", "backward_input")):
+        assert wgmma_fields(made, prefix) == (1, 32, 128, 4, 2, 32)
+        assert (made.defines[f"{prefix}_WG_CHANNELS_LAST"], made.defines[f"{prefix}_WG_SHIFT"]) == (1, 1)
+        assert made.launches[stage].shared_bytes == 4 * (3 * 32 * 64 + 9 * 1024) + 1024
+        assert made.packed_elements[stage] == 27 * 32 * 32 // 2
+        assert made.launches[stage].grid == 8 * 5
+    assert shifted(32, 32, (8, 8, 8), (3, 3, 3), stride=(1, 1, 2)).defines["FWD_WG_SHIFT"] == 0
+    wide = shifted(32, 128, (8, 8, 8), (3, 3, 3))  # 128 channels: shifted in two N blocks of 64
+    assert (wide.defines["FWD_WG_SHIFT"], wide.defines["FWD_WG_N"], wide.launches["forward"].grid) == (1, 64, 8 * 5 * 2)
+    assert shifted(32, 256, (8, 8, 8), (3, 3, 3)).defines["FWD_WG_SHIFT"] == 0
+    assert shifted(32, 32, (8, 8, 8), (3, 3, 1)).defines["FWD_WG_SHIFT"] == 0
+    # 27 x 32 products a source element: channels-last either side of the dilation of the last axis.
+    assert shifted(32, 32, (8, 8, 200), (3, 3, 3), dilation=(1, 1, 64)).defines["FWD_WG_SHIFT"] == 1  # 128 rows
+    assert shifted(32, 32, (8, 8, 200), (3, 3, 3), dilation=(1, 1, 65)).defines["FWD_WG_SHIFT"] == 0  # 130 rows
+    wide = shifted(64, 64, (8, 40), (3, 5))  # 15 x 64 products: channels-last; B 5 x 64 rows of 64 bytes a slice
+    assert (wide.defines["FWD_WG_CHANNELS_LAST"], wide.defines["FWD_WG_SHIFT"]) == (1, 0)
+    # Shifted, channels-last from 576 products a source element (9 x 64), not 567 (9 x 63).
+    for out_c, expected in ((64, (1, 1)), (63, (0, 0))):
+        made = shifted(64, out_c, (16, 16), (3, 3))
+        assert (made.defines["FWD_WG_CHANNELS_LAST"], made.defines["FWD_WG_SHIFT"]) == expected
 
 
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():

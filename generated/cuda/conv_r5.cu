@@ -20,19 +20,19 @@
     !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || \
     !defined(FWD_DIRECT_BOX4) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || \
     !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || \
-    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
-    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || \
-    !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || \
-    !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || \
-    !defined(BWI_DIRECT_BOX3) || !defined(BWI_DIRECT_BOX4) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || \
-    !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || \
-    !defined(BWI_WG_CHANNELS_LAST) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
-    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
-    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
-    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || \
-    !defined(BWW_DIRECT_BOX3) || !defined(BWW_DIRECT_BOX4) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
-    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || \
-    !defined(BWW_WG_CHANNELS_LAST)
+    !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
+    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
+    !defined(BWI_DIRECT_BOX2) || !defined(BWI_DIRECT_BOX3) || !defined(BWI_DIRECT_BOX4) || !defined(BWI_WGMMA) || \
+    !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
+    !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || \
+    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
+    !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || \
+    !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || \
+    !defined(BWW_DIRECT_BOX2) || !defined(BWW_DIRECT_BOX3) || !defined(BWW_DIRECT_BOX4) || !defined(BWW_WGMMA) || \
+    !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || \
+    !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1065,6 +1065,11 @@ __device__ __forceinline__ unsigned long long operand_further(unsigned long long
 {
     return (descriptor >> 32 << 32) | ((unsigned)descriptor + bytes / 16);
 }
+// The type a kernel stores BYTES (16, 8 or 4) of 16-bit results in at once.
+template <unsigned BYTES> struct vector_of;
+template <> struct vector_of<16> { using type = uint4; };
+template <> struct vector_of<8> { using type = uint2; };
+template <> struct vector_of<4> { using type = unsigned; };
 // Called by a block that takes the rare path. Tests on finite values compile with CONVGEN_TRAP_RARE_PATH: there a
 // non-finite tensor-core sum is the kernel's fault, which the rare path's right results would otherwise hide.
 __device__ __forceinline__ void rare_path_taken()
@@ -2052,34 +2057,49 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     constexpr unsigned GROUP_C = CHANNELS_LAST ? (SRC_C + WG_BK - 1) / WG_BK * WG_BK : SRC_C;
     constexpr unsigned WG_CELLS = FWD_WG_CELLS, WG_STAGES = FWD_WG_STAGES, N = OUT_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
+    // With SHIFT a slice is one block of k at the window offsets of the axes but the last, and its staged rows serve
+    // every offset of the last axis: the tile's cells are positions along rows of the last axis padded by SHIFT_ROWS
+    // = (K - 1) D positions (computed, not stored), and offset k reads the rows from k D on (the gather form's, from
+    // (K - 1 - k) D on), all within the row of each stored position. A slice stages the tile's rows and SHIFT_ROWS
+    // more, each read LAST_K times: the source's bytes through L2 fall by about LAST_K.
+    constexpr bool SHIFT = FWD_WG_SHIFT;
+    static_assert(!SHIFT || CHANNELS_LAST && BK == WG_BK && S4 == 1, "shifted: channels-last, 64-byte rows");
+    constexpr unsigned LAST_K = SHIFT ? K4 : 1, LAST_D = D4, SHIFT_ROWS = (LAST_K - 1) * LAST_D;
+    constexpr unsigned LAST_OUT = OUT4, ROW_POSITIONS = LAST_OUT + SHIFT_ROWS;
+    constexpr unsigned POSITIONS = N / LAST_OUT * ROW_POSITIONS;  // an image's tile cells (its cells, but for SHIFT)
+    constexpr unsigned A_ROWS = WG_CELLS + SHIFT_ROWS, A_PASSES = (A_ROWS + WG_CELLS - 1) / WG_CELLS;
+    constexpr unsigned LOOP_SLICES = SLICES / LAST_K, B_ROWS = WG_N * LAST_K;  // B: WG_N rows a last-axis offset
+    static_assert(SLICES % LAST_K == 0 && A_PASSES <= 2, "whole offsets of the last axis; a second pass of copies");
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
     // 16-bit elements [cell][k], rows of BK in B's swizzle, which wgmma reads as it reads B.
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
-    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
+    constexpr unsigned A_BYTES = MMA == 2 ? A_ROWS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = B_ROWS * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
     // other's products, and behind twelve wgmma a slice the copies came late (H200: 10-14% slower on 64 channels,
     // 17% faster on 128).
     constexpr bool COPIES_UNDER_PRODUCTS = MMA != 3 || WG_N > 64;
-    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr bool TILES_SPAN_IMAGES = POSITIONS % WG_CELLS != 0;
     constexpr unsigned SOURCE_IMAGE = GROUPS * GROUP_C * IN_SIZE;
     unsigned image, group, n_block, n0;
     if constexpr (TILES_SPAN_IMAGES) {
-        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        const unsigned tiles = (images * POSITIONS + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
         group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
         const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
         const unsigned first = block_rest % tiles * WG_CELLS;
-        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+        image = first / POSITIONS, n_block = block_rest / tiles, n0 = first % POSITIONS;
     } else {
-        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        constexpr unsigned N_TILES = POSITIONS / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
         const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
         image = image_group / GROUPS, group = image_group % GROUPS;
         n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
     }
     // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
-    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
-    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / POSITIONS : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) {
+        return TILES_SPAN_IMAGES ? image + step < images : cell < POSITIONS;
+    };
     const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * GROUP_C * IN_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
@@ -2099,36 +2119,43 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     // each 32 of the cell's row, so that each copy of a warp fills whole 32-byte sectors of 16 cells (a thread per
     // cell and block copying 16 of every 64 bytes read each sector twice: on the H200 conv3d's forward took 1.6x).
     const unsigned a_cell = CHANNELS_LAST ? tid / 2 : tid % WG_CELLS, part = CHANNELS_LAST ? tid % 2 : tid / WG_CELLS;
-    bool column_ok[1];
-    pos_t base0[1];
-    pos_t base1[1];
-    pos_t base2[1];
-    pos_t base3[1];
-    pos_t base4[1];
-    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
-    {
-        const unsigned step = image_step(n0 + a_cell), cell = n0 + a_cell - step * N;
-        column_ok[0] = in_batch(n0 + a_cell, step);
-        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
+    // Its rows: a_cell, and with SHIFT a_cell + WG_CELLS where that is one of the A_ROWS staged.
+    bool column_ok[A_PASSES];
+    pos_t base0[A_PASSES];
+    pos_t base1[A_PASSES];
+    pos_t base2[A_PASSES];
+    pos_t base3[A_PASSES];
+    pos_t base4[A_PASSES];
+    unsigned image_offset[A_PASSES];  // of the row's image in the source, from the block's (0 unless tiles span images)
+    constexpr unsigned TILE_EXTENT1 = OUT1;  // of the positions
+    constexpr unsigned TILE_EXTENT2 = OUT2;  // of the positions
+    constexpr unsigned TILE_EXTENT3 = OUT3;  // of the positions
+    constexpr unsigned TILE_EXTENT4 = ROW_POSITIONS;  // of the positions
+#pragma unroll
+    for (unsigned col = 0; col < A_PASSES; ++col) {
+        const unsigned position = n0 + a_cell + col * WG_CELLS, step = image_step(position);
+        const unsigned cell = position - step * POSITIONS;
+        column_ok[col] = in_batch(position, step);
+        image_offset[col] = column_ok[col] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
-        const pos_t d4 = (pos_t)(rest % nonzero(OUT4));
-        rest /= nonzero(OUT4);
-        const pos_t d3 = (pos_t)(rest % nonzero(OUT3));
-        rest /= nonzero(OUT3);
-        const pos_t d2 = (pos_t)(rest % nonzero(OUT2));
-        rest /= nonzero(OUT2);
-        const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
-        rest /= nonzero(OUT1);
+        const pos_t d4 = (pos_t)(rest % nonzero(TILE_EXTENT4));
+        rest /= nonzero(TILE_EXTENT4);
+        const pos_t d3 = (pos_t)(rest % nonzero(TILE_EXTENT3));
+        rest /= nonzero(TILE_EXTENT3);
+        const pos_t d2 = (pos_t)(rest % nonzero(TILE_EXTENT2));
+        rest /= nonzero(TILE_EXTENT2);
+        const pos_t d1 = (pos_t)(rest % nonzero(TILE_EXTENT1));
+        rest /= nonzero(TILE_EXTENT1);
         const pos_t d0 = (pos_t)rest;
-        base0[0] = d0 * S0 - P0;
-        base1[0] = d1 * S1 - P1;
-        base2[0] = d2 * S2 - P2;
-        base3[0] = d3 * S3 - P3;
-        base4[0] = d4 * S4 - P4;
+        base0[col] = d0 * S0 - P0;
+        base1[col] = d1 * S1 - P1;
+        base2[col] = d2 * S2 - P2;
+        base3[col] = d3 * S3 - P3;
+        base4[col] = d4 * S4 - P4;
     }
     constexpr unsigned SLICE_BLOCKS = BK / WG_BK;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
-    constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    constexpr unsigned B_PASSES = (B_ROWS + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
@@ -2140,14 +2167,14 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A gathered: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
-        const real* __restrict__ rows = packed_rows + (size_t)chunk * WG_N * BK;
+        const real* __restrict__ rows = packed_rows + (size_t)chunk * B_ROWS * BK;
         {
             const real* __restrict__ b_rows = rows + (size_t)b_first_row * BK + 16 / sizeof(real) * b_chunk;
 #pragma unroll
             for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
                 for (unsigned i = 0; i < B_PASSES; ++i) {
-                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                    if (B_ROWS % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < B_ROWS) {
                         const size_t from = plane * B_PLANE_ELEMENTS + (size_t)i * B_ROWS_A_PASS * BK;
                         unsigned char* const to = stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * B_ROW_BYTES;
                         copy_async16(to, b_rows + from, true);
@@ -2156,11 +2183,10 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
             }
         }
         real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
-        const unsigned col = 0;
         if constexpr (CHANNELS_LAST) {  // 16 bytes a copy, no registers (the channels past SRC_C are zeros there)
 #pragma unroll
             for (unsigned b = 0; b < SLICE_BLOCKS; ++b) {  // the slice's blocks of k, 64 bytes of the row each
-                const unsigned block = SLICE_BLOCKS * chunk + b;
+                const unsigned block = (SLICE_BLOCKS * chunk + b) * LAST_K;  // SHIFT: at offset 0 of the last axis
                 const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
                 unsigned rest = kappa;
                 const pos_t k4 = (pos_t)(rest % nonzero(K4));
@@ -2172,33 +2198,38 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
                 const pos_t k1 = (pos_t)(rest % nonzero(K1));
                 rest /= nonzero(K1);
                 const pos_t k0 = (pos_t)rest;
-                bool ok = column_ok[col];
-                unsigned offset = 0;
-                const pos_t j0 = base0[col] + k0 * D0;
-                ok = ok && j0 >= 0 && j0 < IN0;
-                offset = offset * IN0 + (unsigned)j0;
-                const pos_t j1 = base1[col] + k1 * D1;
-                ok = ok && j1 >= 0 && j1 < IN1;
-                offset = offset * IN1 + (unsigned)j1;
-                const pos_t j2 = base2[col] + k2 * D2;
-                ok = ok && j2 >= 0 && j2 < IN2;
-                offset = offset * IN2 + (unsigned)j2;
-                const pos_t j3 = base3[col] + k3 * D3;
-                ok = ok && j3 >= 0 && j3 < IN3;
-                offset = offset * IN3 + (unsigned)j3;
-                const pos_t j4 = base4[col] + k4 * D4;
-                ok = ok && j4 >= 0 && j4 < IN4;
-                offset = offset * IN4 + (unsigned)j4;
-                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
-                const real* __restrict__ channels =
-                    source + image_offset + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
 #pragma unroll
-                for (unsigned q = 0; q < 2; ++q) {
-                    const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
-                    copy_async16(a_stage + a_cell * ROW + 8 * unit, channels + 16 * q, ok);
+                for (unsigned col = 0; col < A_PASSES; ++col) {
+                    if (col > 0 && a_cell + col * WG_CELLS >= A_ROWS) break;  // past the rows the products read
+                    bool ok = column_ok[col];
+                    unsigned offset = 0;
+                    const pos_t j0 = base0[col] + k0 * D0;
+                    ok = ok && j0 >= 0 && j0 < IN0;
+                    offset = offset * IN0 + (unsigned)j0;
+                    const pos_t j1 = base1[col] + k1 * D1;
+                    ok = ok && j1 >= 0 && j1 < IN1;
+                    offset = offset * IN1 + (unsigned)j1;
+                    const pos_t j2 = base2[col] + k2 * D2;
+                    ok = ok && j2 >= 0 && j2 < IN2;
+                    offset = offset * IN2 + (unsigned)j2;
+                    const pos_t j3 = base3[col] + k3 * D3;
+                    ok = ok && j3 >= 0 && j3 < IN3;
+                    offset = offset * IN3 + (unsigned)j3;
+                    const pos_t j4 = base4[col] + k4 * D4;
+                    ok = ok && j4 >= 0 && j4 < IN4;
+                    offset = offset * IN4 + (unsigned)j4;
+                    ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                    const real* __restrict__ channels =
+                        source + image_offset[col] + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
+#pragma unroll
+                    for (unsigned q = 0; q < 2; ++q) {
+                        const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
+                        copy_async16(a_stage + (a_cell + col * WG_CELLS) * ROW + 8 * unit, channels + 16 * q, ok);
+                    }
                 }
             }
         } else {
+            const unsigned col = 0;
             const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + part;  // this thread's block of k
             const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
             unsigned rest = kappa;
@@ -2232,7 +2263,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
             constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
             const unsigned first_channel = MMA == 2 ? part % (2 / SLICE_BLOCKS) * (BK / 2) : part;
             const real* __restrict__ column =
-                source + (size_t)(c0 + first_channel) * IN_SIZE + (image_offset + (ok ? offset : 0u));
+                source + (size_t)(c0 + first_channel) * IN_SIZE + (image_offset[0] + (ok ? offset : 0u));
             if constexpr (MMA == 2) {
                 copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
@@ -2262,7 +2293,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
-        if (0u + s < SLICES) load_async(0u + s, s);
+        if (0u + s < LOOP_SLICES) load_async(0u + s, s);
         if constexpr (REGISTER_COPIES) copies.land();
         commit_copies();
     }
@@ -2275,7 +2306,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
     const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
     unsigned read = 0, write = AHEAD;
-    for (unsigned slice = 0u; slice < SLICES; ++slice) {
+    for (unsigned slice = 0u; slice < LOOP_SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
         fence_async_shared();  // the tensor cores read what cp.async (and the landed stores) wrote
         __syncthreads();
@@ -2283,14 +2314,19 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
-                                    operand_further(b_first, stage_offset + 32 * kk));
+        for (unsigned j = 0; j < LAST_K; ++j) {  // the last axis's window offsets
+            const unsigned a_offset = stage_offset + (j) * LAST_D * A_ROW_BYTES;
+            const unsigned b_offset = stage_offset + j * WG_N * B_ROW_BYTES;
+#pragma unroll
+            for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+                wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, a_offset + A_K16_BYTES * kk),
+                                        operand_further(b_first, b_offset + 32 * kk));
+            }
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
         if constexpr (REGISTER_COPIES) copies.land();
-        if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        if (slice + AHEAD < LOOP_SLICES) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -2377,7 +2413,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
+    auto fma_sum = [&](unsigned cell, unsigned step, unsigned m) {  // cell: of its image
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
@@ -2386,7 +2422,6 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
         pos_t base4[1];
         const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
-            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d4 = (pos_t)(rest % nonzero(OUT4));
             rest /= nonzero(OUT4);
@@ -2448,13 +2483,20 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
     const bool rare = __syncthreads_or(!finite);  // also: every thread is done with the slices' shared memory
-    // Accumulator r's output (its tile cell, images past the block's, channel), and whether it is one.
+    // A tile position of an image's cells (SHIFT: of its padded rows): whether it is a cell, and which.
+    auto is_cell = [](unsigned position) { return !SHIFT || position % ROW_POSITIONS < LAST_OUT; };
+    auto cell_of = [](unsigned position) {
+        return SHIFT ? position / ROW_POSITIONS * LAST_OUT + position % ROW_POSITIONS : position;
+    };
+    // Accumulator r's output (the cell of its image, images past the block's, channel), and whether it is one.
     auto place = [&](unsigned r, unsigned& cell, unsigned& step, unsigned& m) {
-        cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(cell);
-        return in_batch(cell, step) && m < M;
+        const unsigned position = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
+        m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(position);
+        cell = cell_of(position - step * POSITIONS);
+        return in_batch(position, step) && is_cell(position - step * POSITIONS) && m < M;
     };
     auto output = [&](unsigned cell, unsigned step, unsigned m) {
-        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
+        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + cell;
     };
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
         rare_path_taken();
@@ -2470,11 +2512,17 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
     // bytes so that a fragment's four m rows fall in different banks, the values finite so that each narrows in one
     // cvt. Stored one by one they took about 18 instructions each, 2-byte stores in half sectors (H200, bf16 N32
     // 64->64 forward 51.2 -> 44.1 µs). float32's stores fill whole sectors as they are: staged, TF32 ran 3-6% slower.
-    constexpr unsigned VECTOR = 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
-    constexpr unsigned OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
-    constexpr bool STAGED_STORES = ELEMENT_BYTES == 2 && N % VECTOR == 0;
+    // SHIFT: vectors of up to 8 positions that divide both a row's cells and its positions (none crosses a row).
+    constexpr unsigned SHIFT_VECTOR = LAST_OUT % 8 == 0 && ROW_POSITIONS % 8 == 0   ? 8
+                                      : LAST_OUT % 4 == 0 && ROW_POSITIONS % 4 == 0 ? 4
+                                                                                    : 2;
+    constexpr unsigned VECTOR = SHIFT ? SHIFT_VECTOR : 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
+    constexpr unsigned VECTOR_BYTES = VECTOR * sizeof(real), OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
+    using stored_vector = typename vector_of<VECTOR_BYTES>::type;
+    constexpr bool STAGED_STORES =
+        ELEMENT_BYTES == 2 && N % VECTOR == 0 && (!SHIFT || LAST_OUT % VECTOR == 0 && ROW_POSITIONS % VECTOR == 0);
     static_assert(!STAGED_STORES || WG_N * OUT_ROW_BYTES <= WG_STAGES * STAGE_BYTES, "the tile fits in the slices");
-    if (STAGED_STORES && reinterpret_cast<size_t>(out) % 16 == 0) {
+    if (STAGED_STORES && reinterpret_cast<size_t>(out) % VECTOR_BYTES == 0) {
 #pragma unroll
         for (unsigned r = 0; r < REGS; ++r) {
             const unsigned cell = warp_row + g + (r % 4 >= 2 ? 8 : 0), m = r / 4 * 8 + 2 * t + r % 2;
@@ -2482,10 +2530,13 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r5_forward_wgmma(
         }
         __syncthreads();
         for (unsigned i = tid; i < WG_N * ROW_VECTORS; i += THREADS) {
-            const unsigned m = m0 + i / ROW_VECTORS, cell = n0 + i % ROW_VECTORS * VECTOR, step = image_step(cell);
-            if (m < M && in_batch(cell, step)) {
-                *reinterpret_cast<uint4*>(output(cell, step, m)) =
-                    *reinterpret_cast<const uint4*>(slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * 16);
+            const unsigned m = m0 + i / ROW_VECTORS, position = n0 + i % ROW_VECTORS * VECTOR;
+            const unsigned step = image_step(position), in_image = position - step * POSITIONS;
+            if (m < M && in_batch(position, step) && is_cell(in_image)) {
+                const unsigned char* const staged =
+                    slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * VECTOR_BYTES;
+                *reinterpret_cast<stored_vector*>(output(cell_of(in_image), step, m)) =
+                    *reinterpret_cast<const stored_vector*>(staged);
             }
         }
         return;
@@ -3676,10 +3727,23 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     constexpr unsigned GROUP_C = CHANNELS_LAST ? (SRC_C + WG_BK - 1) / WG_BK * WG_BK : SRC_C;
     constexpr unsigned WG_CELLS = BWI_WG_CELLS, WG_STAGES = BWI_WG_STAGES, N = IN_SIZE;
     constexpr unsigned THREADS = 2 * WG_CELLS, REGS = WG_N / 2;
+    // With SHIFT a slice is one block of k at the window offsets of the axes but the last, and its staged rows serve
+    // every offset of the last axis: the tile's cells are positions along rows of the last axis padded by SHIFT_ROWS
+    // = (K - 1) D positions (computed, not stored), and offset k reads the rows from k D on (the gather form's, from
+    // (K - 1 - k) D on), all within the row of each stored position. A slice stages the tile's rows and SHIFT_ROWS
+    // more, each read LAST_K times: the source's bytes through L2 fall by about LAST_K.
+    constexpr bool SHIFT = BWI_WG_SHIFT;
+    static_assert(!SHIFT || CHANNELS_LAST && BK == WG_BK && S4 == 1, "shifted: channels-last, 64-byte rows");
+    constexpr unsigned LAST_K = SHIFT ? K4 : 1, LAST_D = D4, SHIFT_ROWS = (LAST_K - 1) * LAST_D;
+    constexpr unsigned LAST_OUT = IN4, ROW_POSITIONS = LAST_OUT + SHIFT_ROWS;
+    constexpr unsigned POSITIONS = N / LAST_OUT * ROW_POSITIONS;  // an image's tile cells (its cells, but for SHIFT)
+    constexpr unsigned A_ROWS = WG_CELLS + SHIFT_ROWS, A_PASSES = (A_ROWS + WG_CELLS - 1) / WG_CELLS;
+    constexpr unsigned LOOP_SLICES = SLICES / LAST_K, B_ROWS = WG_N * LAST_K;  // B: WG_N rows a last-axis offset
+    static_assert(SLICES % LAST_K == 0 && A_PASSES <= 2, "whole offsets of the last axis; a second pass of copies");
     // A staged [source channel][cell], rows of ROW floats (A_ROW_STEP, A_K_STEP: floats between fragment rows, k);
     // 16-bit elements [cell][k], rows of BK in B's swizzle, which wgmma reads as it reads B.
     constexpr unsigned ROW = MMA == 2 ? BK : WG_CELLS + WG_CELL_PAD, A_ROW_STEP = 1, A_K_STEP = ROW;
-    constexpr unsigned A_BYTES = MMA == 2 ? WG_CELLS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = WG_N * B_ROW_BYTES;
+    constexpr unsigned A_BYTES = MMA == 2 ? A_ROWS * B_ROW_BYTES : BK * ROW * 4, B_BYTES = B_ROWS * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
     constexpr size_t B_PLANE_ELEMENTS = (size_t)GROUPS * N_BLOCKS * SLICES * WG_N * BK;  // the packed weight's planes
     // Copies issued under the products, but for 3xTF32 blocks of up to 64 channels: two share an SM and cover each
@@ -3692,24 +3756,26 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     constexpr pos_t DG2 = D2;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG3 = D3;  // one phase: window offset k = r, source cell d + P - r*D
     constexpr pos_t DG4 = D4;  // one phase: window offset k = r, source cell d + P - r*D
-    constexpr bool TILES_SPAN_IMAGES = N % WG_CELLS != 0;
+    constexpr bool TILES_SPAN_IMAGES = POSITIONS % WG_CELLS != 0;
     constexpr unsigned SOURCE_IMAGE = GROUPS * GROUP_C * OUT_SIZE;
     unsigned image, group, n_block, n0;
     if constexpr (TILES_SPAN_IMAGES) {
-        const unsigned tiles = (images * N + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
+        const unsigned tiles = (images * POSITIONS + WG_CELLS - 1) / WG_CELLS, blocks_per_group = N_BLOCKS * tiles;
         group = GROUPS == 1 ? 0u : blockIdx.x / blocks_per_group;
         const unsigned block_rest = GROUPS == 1 ? blockIdx.x : blockIdx.x % blocks_per_group;
         const unsigned first = block_rest % tiles * WG_CELLS;
-        image = first / N, n_block = block_rest / tiles, n0 = first % N;
+        image = first / POSITIONS, n_block = block_rest / tiles, n0 = first % POSITIONS;
     } else {
-        constexpr unsigned N_TILES = N / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
+        constexpr unsigned N_TILES = POSITIONS / WG_CELLS, BLOCKS_PER_GROUP = N_BLOCKS * N_TILES;
         const unsigned image_group = blockIdx.x / BLOCKS_PER_GROUP, block_rest = blockIdx.x % BLOCKS_PER_GROUP;
         image = image_group / GROUPS, group = image_group % GROUPS;
         n_block = block_rest / N_TILES, n0 = block_rest % N_TILES * WG_CELLS;
     }
     // Images past the block's of a tile cell, and whether it is one of the batch's (within the image, for whole tiles)
-    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / N : 0u; };
-    auto in_batch = [=](unsigned cell, unsigned step) { return TILES_SPAN_IMAGES ? image + step < images : cell < N; };
+    auto image_step = [=](unsigned cell) { return TILES_SPAN_IMAGES ? cell / POSITIONS : 0u; };
+    auto in_batch = [=](unsigned cell, unsigned step) {
+        return TILES_SPAN_IMAGES ? image + step < images : cell < POSITIONS;
+    };
     const unsigned m0 = n_block * WG_N;
     source += ((size_t)image * GROUPS + group) * GROUP_C * OUT_SIZE;
     weight += (size_t)group * M * SRC_C * K_SIZE;
@@ -3729,36 +3795,43 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     // each 32 of the cell's row, so that each copy of a warp fills whole 32-byte sectors of 16 cells (a thread per
     // cell and block copying 16 of every 64 bytes read each sector twice: on the H200 conv3d's forward took 1.6x).
     const unsigned a_cell = CHANNELS_LAST ? tid / 2 : tid % WG_CELLS, part = CHANNELS_LAST ? tid % 2 : tid / WG_CELLS;
-    bool column_ok[1];
-    pos_t base0[1];
-    pos_t base1[1];
-    pos_t base2[1];
-    pos_t base3[1];
-    pos_t base4[1];
-    unsigned image_offset;  // of the cell's image in the source, from the block's (0 unless tiles span images)
-    {
-        const unsigned step = image_step(n0 + a_cell), cell = n0 + a_cell - step * N;
-        column_ok[0] = in_batch(n0 + a_cell, step);
-        image_offset = column_ok[0] ? step * SOURCE_IMAGE : 0u;
+    // Its rows: a_cell, and with SHIFT a_cell + WG_CELLS where that is one of the A_ROWS staged.
+    bool column_ok[A_PASSES];
+    pos_t base0[A_PASSES];
+    pos_t base1[A_PASSES];
+    pos_t base2[A_PASSES];
+    pos_t base3[A_PASSES];
+    pos_t base4[A_PASSES];
+    unsigned image_offset[A_PASSES];  // of the row's image in the source, from the block's (0 unless tiles span images)
+    constexpr unsigned TILE_EXTENT1 = IN1;  // of the positions
+    constexpr unsigned TILE_EXTENT2 = IN2;  // of the positions
+    constexpr unsigned TILE_EXTENT3 = IN3;  // of the positions
+    constexpr unsigned TILE_EXTENT4 = ROW_POSITIONS;  // of the positions
+#pragma unroll
+    for (unsigned col = 0; col < A_PASSES; ++col) {
+        const unsigned position = n0 + a_cell + col * WG_CELLS, step = image_step(position);
+        const unsigned cell = position - step * POSITIONS;
+        column_ok[col] = in_batch(position, step);
+        image_offset[col] = column_ok[col] ? step * SOURCE_IMAGE : 0u;
         unsigned rest = cell;
-        const pos_t d4 = (pos_t)(rest % nonzero(IN4));
-        rest /= nonzero(IN4);
-        const pos_t d3 = (pos_t)(rest % nonzero(IN3));
-        rest /= nonzero(IN3);
-        const pos_t d2 = (pos_t)(rest % nonzero(IN2));
-        rest /= nonzero(IN2);
-        const pos_t d1 = (pos_t)(rest % nonzero(IN1));
-        rest /= nonzero(IN1);
+        const pos_t d4 = (pos_t)(rest % nonzero(TILE_EXTENT4));
+        rest /= nonzero(TILE_EXTENT4);
+        const pos_t d3 = (pos_t)(rest % nonzero(TILE_EXTENT3));
+        rest /= nonzero(TILE_EXTENT3);
+        const pos_t d2 = (pos_t)(rest % nonzero(TILE_EXTENT2));
+        rest /= nonzero(TILE_EXTENT2);
+        const pos_t d1 = (pos_t)(rest % nonzero(TILE_EXTENT1));
+        rest /= nonzero(TILE_EXTENT1);
         const pos_t d0 = (pos_t)rest;
-        base0[0] = P0 + d0;
-        base1[0] = P1 + d1;
-        base2[0] = P2 + d2;
-        base3[0] = P3 + d3;
-        base4[0] = P4 + d4;
+        base0[col] = P0 + d0;  // SHIFT: from offset K - 1
+        base1[col] = P1 + d1;  // SHIFT: from offset K - 1
+        base2[col] = P2 + d2;  // SHIFT: from offset K - 1
+        base3[col] = P3 + d3;  // SHIFT: from offset K - 1
+        base4[col] = P4 + d4 - (pos_t)SHIFT_ROWS;  // SHIFT: from offset K - 1
     }
     constexpr unsigned SLICE_BLOCKS = BK / WG_BK;
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
-    constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    constexpr unsigned B_PASSES = (B_ROWS + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
@@ -3770,14 +3843,14 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     slice_copies<BK / 2, MMA == 2 ? 1 : 2 * ROW> copies;  // of A gathered: the cell's source values, 16 or 32 channels
     auto load_async = [&](unsigned chunk, unsigned buffer) {
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
-        const real* __restrict__ rows = packed_rows + (size_t)chunk * WG_N * BK;
+        const real* __restrict__ rows = packed_rows + (size_t)chunk * B_ROWS * BK;
         {
             const real* __restrict__ b_rows = rows + (size_t)b_first_row * BK + 16 / sizeof(real) * b_chunk;
 #pragma unroll
             for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
                 for (unsigned i = 0; i < B_PASSES; ++i) {
-                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                    if (B_ROWS % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < B_ROWS) {
                         const size_t from = plane * B_PLANE_ELEMENTS + (size_t)i * B_ROWS_A_PASS * BK;
                         unsigned char* const to = stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * B_ROW_BYTES;
                         copy_async16(to, b_rows + from, true);
@@ -3786,11 +3859,10 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
             }
         }
         real* const a_stage = reinterpret_cast<real*>(stage + PLANES * B_BYTES);
-        const unsigned col = 0;
         if constexpr (CHANNELS_LAST) {  // 16 bytes a copy, no registers (the channels past SRC_C are zeros there)
 #pragma unroll
             for (unsigned b = 0; b < SLICE_BLOCKS; ++b) {  // the slice's blocks of k, 64 bytes of the row each
-                const unsigned block = SLICE_BLOCKS * chunk + b;
+                const unsigned block = (SLICE_BLOCKS * chunk + b) * LAST_K;  // SHIFT: at offset 0 of the last axis
                 const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
                 unsigned rest = kappa;
                 const pos_t r4 = (pos_t)(rest % nonzero(K4));
@@ -3802,33 +3874,38 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
                 const pos_t r1 = (pos_t)(rest % nonzero(K1));
                 rest /= nonzero(K1);
                 const pos_t r0 = (pos_t)rest;
-                bool ok = column_ok[col];
-                unsigned offset = 0;
-                const pos_t j0 = base0[col] - r0 * DG0;
-                ok = ok && j0 >= 0 && j0 < OUT0;
-                offset = offset * OUT0 + (unsigned)j0;
-                const pos_t j1 = base1[col] - r1 * DG1;
-                ok = ok && j1 >= 0 && j1 < OUT1;
-                offset = offset * OUT1 + (unsigned)j1;
-                const pos_t j2 = base2[col] - r2 * DG2;
-                ok = ok && j2 >= 0 && j2 < OUT2;
-                offset = offset * OUT2 + (unsigned)j2;
-                const pos_t j3 = base3[col] - r3 * DG3;
-                ok = ok && j3 >= 0 && j3 < OUT3;
-                offset = offset * OUT3 + (unsigned)j3;
-                const pos_t j4 = base4[col] - r4 * DG4;
-                ok = ok && j4 >= 0 && j4 < OUT4;
-                offset = offset * OUT4 + (unsigned)j4;
-                ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
-                const real* __restrict__ channels =
-                    source + image_offset + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
 #pragma unroll
-                for (unsigned q = 0; q < 2; ++q) {
-                    const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
-                    copy_async16(a_stage + a_cell * ROW + 8 * unit, channels + 16 * q, ok);
+                for (unsigned col = 0; col < A_PASSES; ++col) {
+                    if (col > 0 && a_cell + col * WG_CELLS >= A_ROWS) break;  // past the rows the products read
+                    bool ok = column_ok[col];
+                    unsigned offset = 0;
+                    const pos_t j0 = base0[col] - r0 * DG0;
+                    ok = ok && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const pos_t j1 = base1[col] - r1 * DG1;
+                    ok = ok && j1 >= 0 && j1 < OUT1;
+                    offset = offset * OUT1 + (unsigned)j1;
+                    const pos_t j2 = base2[col] - r2 * DG2;
+                    ok = ok && j2 >= 0 && j2 < OUT2;
+                    offset = offset * OUT2 + (unsigned)j2;
+                    const pos_t j3 = base3[col] - r3 * DG3;
+                    ok = ok && j3 >= 0 && j3 < OUT3;
+                    offset = offset * OUT3 + (unsigned)j3;
+                    const pos_t j4 = base4[col] - r4 * DG4;
+                    ok = ok && j4 >= 0 && j4 < OUT4;
+                    offset = offset * OUT4 + (unsigned)j4;
+                    ok = ok && (BLOCKS % SLICE_BLOCKS == 0 || block < BLOCKS);  // zeros past the last block
+                    const real* __restrict__ channels =
+                        source + image_offset[col] + (size_t)(ok ? offset : 0u) * GROUP_C + c0 + 8 * part;
+#pragma unroll
+                    for (unsigned q = 0; q < 2; ++q) {
+                        const unsigned unit = (4 * b + 2 * q + part) ^ a_swizzle;
+                        copy_async16(a_stage + (a_cell + col * WG_CELLS) * ROW + 8 * unit, channels + 16 * q, ok);
+                    }
                 }
             }
         } else {
+            const unsigned col = 0;
             const unsigned block = SLICE_BLOCKS == 1 ? chunk : 2 * chunk + part;  // this thread's block of k
             const unsigned c0 = block / K_SIZE * WG_BK, kappa = block % K_SIZE;
             unsigned rest = kappa;
@@ -3862,7 +3939,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
             constexpr unsigned CHANNEL_STEP = MMA == 2 ? 1 : 2;
             const unsigned first_channel = MMA == 2 ? part % (2 / SLICE_BLOCKS) * (BK / 2) : part;
             const real* __restrict__ column =
-                source + (size_t)(c0 + first_channel) * OUT_SIZE + (image_offset + (ok ? offset : 0u));
+                source + (size_t)(c0 + first_channel) * OUT_SIZE + (image_offset[0] + (ok ? offset : 0u));
             if constexpr (MMA == 2) {
                 copies.start(a_stage + a_cell * ROW + a_first_unit * 8, a_unit_xor);
             } else {
@@ -3891,7 +3968,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     constexpr unsigned A_K16_BYTES = 32;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
-        if (0u + s < SLICES) load_async(0u + s, s);
+        if (0u + s < LOOP_SLICES) load_async(0u + s, s);
         if constexpr (REGISTER_COPIES) copies.land();
         commit_copies();
     }
@@ -3904,7 +3981,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
     const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
     unsigned read = 0, write = AHEAD;
-    for (unsigned slice = 0u; slice < SLICES; ++slice) {
+    for (unsigned slice = 0u; slice < LOOP_SLICES; ++slice) {
         wait_copies<AHEAD - 1>();
         fence_async_shared();  // the tensor cores read what cp.async (and the landed stores) wrote
         __syncthreads();
@@ -3912,14 +3989,19 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
-                                    operand_further(b_first, stage_offset + 32 * kk));
+        for (unsigned j = 0; j < LAST_K; ++j) {  // the last axis's window offsets
+            const unsigned a_offset = stage_offset + (LAST_K - 1 - j) * LAST_D * A_ROW_BYTES;
+            const unsigned b_offset = stage_offset + j * WG_N * B_ROW_BYTES;
+#pragma unroll
+            for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+                wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, a_offset + A_K16_BYTES * kk),
+                                        operand_further(b_first, b_offset + 32 * kk));
+            }
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
         if constexpr (REGISTER_COPIES) copies.land();
-        if (slice + AHEAD < SLICES) load_async(slice + AHEAD, write);
+        if (slice + AHEAD < LOOP_SLICES) load_async(slice + AHEAD, write);
         commit_copies();
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
@@ -3999,7 +4081,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
 #endif
     wait_copies<0>();
     // The rare path's sum of one output: FMAs on the weight as given, the terms outside the source skipped.
-    auto fma_sum = [&](unsigned tile_cell, unsigned step, unsigned m) {
+    auto fma_sum = [&](unsigned cell, unsigned step, unsigned m) {  // cell: of its image
         bool column_ok[1] = {true};
         pos_t base0[1];
         pos_t base1[1];
@@ -4008,7 +4090,6 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
         pos_t base4[1];
         const real* __restrict__ cell_source = source + (size_t)step * SOURCE_IMAGE;
         {
-            const unsigned cell = tile_cell - step * N;
             unsigned rest = cell;
             const pos_t d4 = (pos_t)(rest % nonzero(IN4));
             rest /= nonzero(IN4);
@@ -4070,13 +4151,20 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
 #pragma unroll
     for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
     const bool rare = __syncthreads_or(!finite);  // also: every thread is done with the slices' shared memory
-    // Accumulator r's output (its tile cell, images past the block's, channel), and whether it is one.
+    // A tile position of an image's cells (SHIFT: of its padded rows): whether it is a cell, and which.
+    auto is_cell = [](unsigned position) { return !SHIFT || position % ROW_POSITIONS < LAST_OUT; };
+    auto cell_of = [](unsigned position) {
+        return SHIFT ? position / ROW_POSITIONS * LAST_OUT + position % ROW_POSITIONS : position;
+    };
+    // Accumulator r's output (the cell of its image, images past the block's, channel), and whether it is one.
     auto place = [&](unsigned r, unsigned& cell, unsigned& step, unsigned& m) {
-        cell = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0), m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(cell);
-        return in_batch(cell, step) && m < M;
+        const unsigned position = n0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
+        m = m0 + r / 4 * 8 + 2 * t + r % 2, step = image_step(position);
+        cell = cell_of(position - step * POSITIONS);
+        return in_batch(position, step) && is_cell(position - step * POSITIONS) && m < M;
     };
     auto output = [&](unsigned cell, unsigned step, unsigned m) {
-        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + (cell - step * N);
+        return out + (size_t)step * GROUPS * M * N + (size_t)m * N + cell;
     };
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
         rare_path_taken();
@@ -4092,11 +4180,17 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
     // bytes so that a fragment's four m rows fall in different banks, the values finite so that each narrows in one
     // cvt. Stored one by one they took about 18 instructions each, 2-byte stores in half sectors (H200, bf16 N32
     // 64->64 forward 51.2 -> 44.1 µs). float32's stores fill whole sectors as they are: staged, TF32 ran 3-6% slower.
-    constexpr unsigned VECTOR = 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
-    constexpr unsigned OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
-    constexpr bool STAGED_STORES = ELEMENT_BYTES == 2 && N % VECTOR == 0;
+    // SHIFT: vectors of up to 8 positions that divide both a row's cells and its positions (none crosses a row).
+    constexpr unsigned SHIFT_VECTOR = LAST_OUT % 8 == 0 && ROW_POSITIONS % 8 == 0   ? 8
+                                      : LAST_OUT % 4 == 0 && ROW_POSITIONS % 4 == 0 ? 4
+                                                                                    : 2;
+    constexpr unsigned VECTOR = SHIFT ? SHIFT_VECTOR : 16 / sizeof(real), ROW_VECTORS = WG_CELLS / VECTOR;
+    constexpr unsigned VECTOR_BYTES = VECTOR * sizeof(real), OUT_ROW_BYTES = WG_CELLS * sizeof(real) + 16;
+    using stored_vector = typename vector_of<VECTOR_BYTES>::type;
+    constexpr bool STAGED_STORES =
+        ELEMENT_BYTES == 2 && N % VECTOR == 0 && (!SHIFT || LAST_OUT % VECTOR == 0 && ROW_POSITIONS % VECTOR == 0);
     static_assert(!STAGED_STORES || WG_N * OUT_ROW_BYTES <= WG_STAGES * STAGE_BYTES, "the tile fits in the slices");
-    if (STAGED_STORES && reinterpret_cast<size_t>(out) % 16 == 0) {
+    if (STAGED_STORES && reinterpret_cast<size_t>(out) % VECTOR_BYTES == 0) {
 #pragma unroll
         for (unsigned r = 0; r < REGS; ++r) {
             const unsigned cell = warp_row + g + (r % 4 >= 2 ? 8 : 0), m = r / 4 * 8 + 2 * t + r % 2;
@@ -4104,10 +4198,13 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r5_backward_input_wgmma(
         }
         __syncthreads();
         for (unsigned i = tid; i < WG_N * ROW_VECTORS; i += THREADS) {
-            const unsigned m = m0 + i / ROW_VECTORS, cell = n0 + i % ROW_VECTORS * VECTOR, step = image_step(cell);
-            if (m < M && in_batch(cell, step)) {
-                *reinterpret_cast<uint4*>(output(cell, step, m)) =
-                    *reinterpret_cast<const uint4*>(slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * 16);
+            const unsigned m = m0 + i / ROW_VECTORS, position = n0 + i % ROW_VECTORS * VECTOR;
+            const unsigned step = image_step(position), in_image = position - step * POSITIONS;
+            if (m < M && in_batch(position, step) && is_cell(in_image)) {
+                const unsigned char* const staged =
+                    slices + i / ROW_VECTORS * OUT_ROW_BYTES + i % ROW_VECTORS * VECTOR_BYTES;
+                *reinterpret_cast<stored_vector*>(output(cell_of(in_image), step, m)) =
+                    *reinterpret_cast<const stored_vector*>(staged);
             }
         }
         return;
@@ -4738,7 +4835,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
     // it out, [cell][UC_ROWS].
     constexpr unsigned U_GROUP_C = MMA == 2 ? UC_ROWS : U_C;
     constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: MN-major, 128-byte
-    constexpr unsigned COLUMNS = U_C * K_SIZE, B_BYTES = WG_N * B_ROW_BYTES;
+    constexpr unsigned COLUMNS = U_C * K_SIZE, B_ROWS = WG_N, B_BYTES = B_ROWS * B_ROW_BYTES;
     constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * sizeof(real) + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
     constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
@@ -4797,7 +4894,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
         shift4[j] = k4 * D4 - P4;
     }
     constexpr unsigned B_CHUNKS = B_ROW_BYTES / 16, B_ROWS_A_PASS = THREADS / B_CHUNKS;
-    constexpr unsigned B_PASSES = (WG_N + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
+    constexpr unsigned B_PASSES = (B_ROWS + B_ROWS_A_PASS - 1) / B_ROWS_A_PASS;
     static_assert(B_ROWS_A_PASS % 8 == 0, "a thread's B chunks share one swizzled column");
     const unsigned b_first_row = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
@@ -4812,7 +4909,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r5_backward_weight_wgmma(
             for (unsigned plane = 0; plane < PLANES; ++plane) {
 #pragma unroll
                 for (unsigned i = 0; i < B_PASSES; ++i) {
-                    if (WG_N % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < WG_N) {
+                    if (B_ROWS % B_ROWS_A_PASS == 0 || b_first_row + i * B_ROWS_A_PASS < B_ROWS) {
                         const size_t from = plane * plane_elements + (size_t)i * B_ROWS_A_PASS * D_COLUMNS;
                         unsigned char* const to = stage + b_shared + plane * B_BYTES + i * B_ROWS_A_PASS * B_ROW_BYTES;
                         copy_async16(to, b_rows + from, true);
