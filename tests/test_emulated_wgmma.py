@@ -219,11 +219,13 @@ def test_the_transpose_s_gradients_share_one_channels_last_copy_of_the_upstream_
         np.testing.assert_array_equal(np.asarray(together).view(np.uint16), np.asarray(alone).view(np.uint16))
 
 
-@pytest.mark.parametrize(("dtype", "channels_last"), [("float16", False), ("bfloat16", False), ("bfloat16", True)])
+@pytest.mark.parametrize(("dtype", "channels_last"), [("float16", False), ("bfloat16", False), ("bfloat16", True),
+                                                      ("bfloat16", "shifted")])
 def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype, channels_last) -> None:
     """As for float32 above, in 16 bits (the weight gradient's rare path reads U as its `_wgsource` laid it out,
     channels-last, 32 channels here; with `channels_last` the conv-shaped stages' too, the upstream gradient's 40
-    channels in rows of 64): exactly the cells the CPU tape makes non-finite on the same values are, with the same
+    channels in rows of 64, "shifted": their slices staged once for the last axis's offsets, whose padded positions
+    the rare path skips): exactly the cells the CPU tape makes non-finite on the same values are, with the same
     signs."""
     geom = WGMMA_GEOMETRIES[0]
     inputs, grad = draw_half(reference.case_rng("emulated wgmma 16-bit non-finite", dtype), geom, dtype)
@@ -232,7 +234,10 @@ def test_16_bit_wgmma_blocks_with_non_finite_sums_take_the_rare_path(dtype, chan
     weight[1, 3, 0, 0], weight[4, 5, 2, 1], x[0, 1, 4, 4] = inf, nan, inf
     grad = grad.copy()
     grad[1, 2, 0, 0] = -inf if dtype == "float16" else inf ^ np.uint16(0x8000)
-    if channels_last:
+    if channels_last == "shifted":
+        assert plan(geom, dtype=dtype, precision="medium", wgmma_chooser=shifted_chooser).defines["FWD_WG_SHIFT"] == 1
+        backend = channels_last_backend(dtype, chooser=shifted_chooser)
+    elif channels_last:
         backend = channels_last_backend(dtype)
     else:
         with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
