@@ -124,14 +124,11 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
         # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
         two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k, channels_last=channels_last)
-        # Shifted tiles of N up to 64 take two blocks an SM (an N of 64's accumulators: 32 registers a thread).
-        shifted = WgmmaTile(min(n, WGMMA_SHIFT_MAX_N), WGMMA_CELLS, stages, min_blocks=2, k=WG_BK, channels_last=True,
-                            shift=True)
-        if (shift and not shape.pipelined and staged_fits
+        shifted = _shifted_tile(shape, n, stages)
+        if (shift and shifted and not shape.pipelined and staged_fits
                 and uses >= min(channels_last_min_uses, WGMMA_16BIT_SHIFTED_MIN_USES)
                 and shape.m <= WGMMA_SHIFT_MAX_M and 0 < shape.shift_rows <= WGMMA_CELLS
-                and shape.images * _positions(shape, shape.shift_rows) < U32_LIMIT
-                and wgmma_block_shared_bytes(replace(shape, mma=HALF_MMA_MODE), shifted) <= WGMMA_16BIT_MAX_SHARED):
+                and shape.images * _positions(shape, shape.shift_rows) < U32_LIMIT):
             tile = shifted
     else:
         if not (shape.pipelined or staged_fits):
@@ -150,6 +147,22 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
         tile = WgmmaTile(n, WGMMA_CELLS, stages, split, min_blocks, k, channels_last=not shape.pipelined)
     return tile if wgmma_block_shared_bytes(shape, tile) <= hardware.shared_optin_per_block else None
+
+
+def _shifted_tile(shape, n: int, stages: int) -> WgmmaTile | None:
+    """A conv-shaped 16-bit stage's shifted tile: N blocks of up to 64, two blocks an SM (an N of 64's accumulators
+    take 32 registers a thread), `stages` slices in shared memory or, where they would pass the 97 KB measured right,
+    one fewer (B's rows grow with the last axis's offsets: k5 over 64 channels takes 117 KB in four, 88 KB in three);
+    None where neither fits. On the H200, conv1d 64->64 k5 channels-last took 1.16x / 0.99x the gather's time
+    (forward / input gradient) shifted in three stages, 1.25x / 1.30x unshifted in four (benchmarks/NOTES.md,
+    twenty-eighth session): the gather stays by rule there (320 products a source element), and a stage channels-last
+    by rule shifts in three."""
+    for count in (stages, stages - 1):
+        tile = WgmmaTile(min(n, WGMMA_SHIFT_MAX_N), WGMMA_CELLS, count, min_blocks=2, k=WG_BK, channels_last=True,
+                         shift=True)
+        if wgmma_block_shared_bytes(replace(shape, mma=HALF_MMA_MODE), tile) <= WGMMA_16BIT_MAX_SHARED:
+            return tile
+    return None
 
 
 def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:

@@ -128,6 +128,29 @@ def test_16_bit_channels_last_sources_within_the_bound_at_every_rank(family: Fam
         np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
 
 
+@pytest.mark.parametrize("family", (Family.CONV, Family.CONV_TRANSPOSE), ids=lambda f: f.value)
+def test_16_bit_shifted_slices_in_three_stages_within_the_bound(family: Family) -> None:
+    """A k5 window over 64 channels, shifted channels-last (B's five offsets take three slices in shared memory),
+    bfloat16: within issue 11's bound, no block on the rare path, the same bits run after run."""
+    geom = Geometry.build(family, 64, 64, (300,), (5,), (1,), (2,), batch=3)
+    device = cupy.cuda.Device()
+    hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
+    if not hardware.wgmma:
+        pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
+    chooser = functools.partial(choose_wgmma, channels_last_min_uses=0)
+    made = plan(geom, hardware, dtype="bfloat16", precision="medium", wgmma_chooser=chooser)
+    assert [made.defines[f"{prefix}_WG_{field}"] for prefix in ("FWD", "BWI") for field in ("SHIFT", "STAGES")] == [
+        1, 3, 1, 3]
+    inputs, grad = draw_half(reference.case_rng("cuda 16-bit three stages", family.value), geom, "bfloat16")
+    backend = type("ShiftedBackend", (FiniteWgmmaBackend,), {"wgmma_chooser": staticmethod(chooser)})(
+        "bfloat16", "medium")
+    errors = relative_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
+    first, again = (run_backend(backend, geom, inputs, grad) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(host(a).view(np.uint16), host(b).view(np.uint16))
+
+
 NARROWING_CHECK = r"""
 extern "C" __global__ void narrowing_mismatches(unsigned long long* mismatches)
 {

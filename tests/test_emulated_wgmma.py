@@ -161,18 +161,19 @@ def test_16_bit_channels_last_sources_keep_their_bound(geom) -> None:
 # the transpose (its forward the gather form, offsets backwards; dilation 2 on the last axis: 2 rows past a tile), a
 # rank-1 conv of dilation 30 (60 rows past a tile: the copies' second pass, 4-byte stores), a 3-D conv of 7 cells a row
 # (stores one by one) with stride 2 on its first axis, groups, and rows of 10 cells in 11 positions (stores one by one:
-# a vector of two would cross rows).
+# a vector of two would cross rows), and a k5 window over 64 channels (three slices in shared memory).
 SHIFT_GEOMETRIES = [
     HALF_GEOMETRIES[0], HALF_GEOMETRIES[1],
     Geometry.build(Family.CONV, 32, 32, (150,), (3,), (1,), (30,), dilation=(30,), batch=2),
     Geometry.build(Family.CONV, 32, 32, (7, 5, 7), (3, 3, 3), (2, 1, 1), (1, 1, 1), batch=2),
     Geometry.build(Family.CONV, 64, 64, (6, 9), (3, 3), (1, 1), (1, 1), groups=2, batch=2),
     Geometry.build(Family.CONV, 32, 32, (6, 11), (3, 2), (1, 1), (1, 0), batch=2),
+    Geometry.build(Family.CONV, 64, 64, (90,), (5,), (1,), (2,), batch=2),
 ]
 
 
 @pytest.mark.parametrize("geom", SHIFT_GEOMETRIES, ids=["conv", "transpose", "rank 1 dilated", "3-D odd rows", "groups",
-                                                       "odd positions"])
+                                                       "odd positions", "three stages"])
 def test_16_bit_shifted_slices_keep_their_bound(geom) -> None:
     """The conv-shaped stages reading a slice's rows once for every window offset of the last axis: within 1e-2 of the
     float64 CPU tape, no block on the rare path (it would trap), the same bits run after run."""

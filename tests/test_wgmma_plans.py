@@ -252,9 +252,9 @@ def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offs
     rows of B of the last axis's offsets; an image's tile cells are its rows of 8 cells padded to 10, 640 positions,
     5 tiles. The packed weight is the unshifted one's of slices of 32. 128 dst channels take N blocks of 64 (B's rows
     of an N of 128 would take four stages past 97 KB). Not shifted: 256 dst channels, stride 2 along the last axis,
-    one offset along it, 130 rows past a tile (a second pass of copies holds 128), or past 97 KB of shared memory (a
-    k5 window over 64 channels: 117 KB). Shifted stages read their source channels-last from 576 products a source
-    element, not 700."""
+    one offset along it, or 130 rows past a tile (a second pass of copies holds 128). Past 97 KB of shared memory in
+    four stages (a k5 window over 64 channels: 117 KB), three. Shifted stages read their source channels-last from
+    576 products a source element, not 700."""
     def shifted(in_c, out_c, spatial, kernel, stride=None, dilation=None):
         geom = Geometry.build(Family.CONV, in_c, out_c, spatial, kernel, stride or (1,) * len(spatial),
                               (1,) * len(spatial), dilation=dilation, batch=8)
@@ -275,8 +275,10 @@ def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offs
     # 27 x 32 products a source element: channels-last either side of the dilation of the last axis.
     assert shifted(32, 32, (8, 8, 200), (3, 3, 3), dilation=(1, 1, 64)).defines["FWD_WG_SHIFT"] == 1  # 128 rows
     assert shifted(32, 32, (8, 8, 200), (3, 3, 3), dilation=(1, 1, 65)).defines["FWD_WG_SHIFT"] == 0  # 130 rows
-    wide = shifted(64, 64, (8, 40), (3, 5))  # 15 x 64 products: channels-last; B 5 x 64 rows of 64 bytes a slice
-    assert (wide.defines["FWD_WG_CHANNELS_LAST"], wide.defines["FWD_WG_SHIFT"]) == (1, 0)
+    # 15 x 64 products: channels-last; B's 5 x 64 rows of 64 bytes a slice take 117 KB in four stages: three.
+    wide = shifted(64, 64, (8, 40), (3, 5))
+    assert [wide.defines[f"FWD_WG_{field}"] for field in ("CHANNELS_LAST", "SHIFT", "STAGES")] == [1, 1, 3]
+    assert wide.launches["forward"].shared_bytes == 3 * (5 * 64 * 64 + 9 * 1024) + 1024
     # Shifted, channels-last from 576 products a source element (9 x 64), not 567 (9 x 63).
     for out_c, expected in ((64, (1, 1)), (63, (0, 0))):
         made = shifted(64, out_c, (16, 16), (3, 3))
