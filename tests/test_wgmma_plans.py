@@ -279,6 +279,12 @@ def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offs
     wide = shifted(64, 64, (8, 40), (3, 5))
     assert [wide.defines[f"FWD_WG_{field}"] for field in ("CHANNELS_LAST", "SHIFT", "STAGES")] == [1, 1, 3]
     assert wide.launches["forward"].shared_bytes == 3 * (5 * 64 * 64 + 9 * 1024) + 1024
+    # The batch's positions are counted in 32 bits: one cell an image padded by 128 positions, 2^23 images shift,
+    # 2^25 (4.3e9 positions) do not.
+    for images, expected in ((1 << 23, 1), (1 << 25, 0)):
+        lone = Geometry.build(Family.CONV, 32, 32, (1, 1, 1), (3, 3, 3), (1, 1, 1), (64, 64, 64),
+                              dilation=(64, 64, 64), batch=images)
+        assert plan(lone, dtype="bfloat16", precision="medium").defines["FWD_WG_SHIFT"] == expected
     # Shifted, channels-last from 576 products a source element (9 x 64), not 567 (9 x 63).
     for out_c, expected in ((64, (1, 1)), (63, (0, 0))):
         made = shifted(64, out_c, (16, 16), (3, 3))
