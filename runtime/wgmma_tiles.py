@@ -124,11 +124,11 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
         # cut image by image): capped, so that two blocks an SM stay (no spills, ranks 1-8, ptxas sm_90a).
         two = two or shape.mma == 3 and n <= 64 and tiles_span_images(shape, WGMMA_CELLS)
         tile = WgmmaTile(n, WGMMA_CELLS, stages, min_blocks=2 if two else 1, k=k, channels_last=channels_last)
-        shifted = _shifted_tile(shape, n, stages)
-        if (shift and shifted and not shape.pipelined and staged_fits
+        if (shift and not shape.pipelined and staged_fits
                 and uses >= min(channels_last_min_uses, WGMMA_16BIT_SHIFTED_MIN_USES)
                 and shape.m <= WGMMA_SHIFT_MAX_M and 0 < shape.shift_rows <= WGMMA_CELLS
-                and shape.images * _positions(shape, shape.shift_rows) < U32_LIMIT):
+                and (shifted := _shifted_tile(shape, n, stages))
+                and shape.images * wgmma_positions(shape, shifted) < U32_LIMIT):
             tile = shifted
     else:
         if not (shape.pipelined or staged_fits):
@@ -169,22 +169,16 @@ def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:
     """Dynamic shared memory of a `_wgmma` block of the stage: the contract's formula for its kernel."""
     if not shape.conv:
         return wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
-    if tile.shift:
-        return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k, shape.shift_rows,
-                                  shape.last_window)
-    return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
-
-
-def _positions(shape, shift_rows: int) -> int:
-    """An image's tile cells of a conv-shaped stage: its dst cells, each row of the last axis padded by `shift_rows`
-    positions that are computed and not stored."""
-    return shape.n // shape.last_extent * (shape.last_extent + shift_rows)
+    shift_rows, last_offsets = (shape.shift_rows, shape.last_window) if tile.shift else (0, 1)
+    return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k, shift_rows, last_offsets)
 
 
 def wgmma_positions(shape, tile: WgmmaTile) -> int:
     """An image's tile cells of a conv-shaped `_wgmma` stage: its dst cells, or with WG_SHIFT their rows along the
-    last axis padded by the (K - 1) D cells a window spans past a cell."""
-    return _positions(shape, shape.shift_rows if tile.shift else 0)
+    last axis padded by the (K - 1) D cells a window spans past a cell (computed, not stored)."""
+    if not tile.shift:
+        return shape.n
+    return shape.n // shape.last_extent * (shape.last_extent + shape.shift_rows)
 
 
 def _weight_row_blocks(shape, rows: int) -> int:
