@@ -3,9 +3,9 @@
 (`cupy.empty`, the `cupy.ndarray` constructor, a bare `cupy.cuda.alloc`, `torch.empty`), a kernel launch
 with its arguments passed as arrays, as a bare allocation's MemoryPointer, as CuPy's CIntptr pointers or
 as Python ints, its shared memory and stream by keyword, or straight to the driver (cuLaunchKernel through
-CuPy's binding, the argument slots in an `array`), and
-the device, stream and pointer queries around them. µs per call, the median of 5 rounds
-of back-to-back calls. Needs a GPU, CuPy and torch.
+CuPy's binding, the argument slots in an `array`), a launch as convgen's backends make it (the tape's on CuPy
+arrays, convgen.torch's on tensors), and the device, stream and pointer queries around them. µs per call, the
+median of 5 rounds of back-to-back calls. Needs a GPU, CuPy and torch.
 
     python3 benchmarks/launch_parts.py [--calls N]
 """
@@ -37,6 +37,8 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
     """Name -> the call it times."""
     from array import array
 
+    from convgen.cuda import CupyBackend
+    from convgen.torch import devices
     from cupy.cuda.function import CIntptr
 
     kernel = cupy.RawModule(code=SOURCE).get_function("touch")
@@ -54,6 +56,11 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         first = slots.buffer_info()[0]
         params = array("Q", (first, first + 8, first + 16, first + 24))
         cupy.cuda.driver.launchKernel(function, 1, 1, 1, 32, 1, 1, 0, 0, params.buffer_info()[0], 0)
+
+    tape_backend = CupyBackend()
+    torch_backend = devices._TorchCupyBackend("float32", "highest")
+    torch_backend.call.stream = torch._C._cuda_getCurrentRawStream(0)
+    a_tensor, b_tensor, c_tensor = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(c)
 
     kept = array("Q", (a.data.ptr, b.data.ptr, c.data.ptr, 4))  # the slots: the lambda below holds them
     prepared = array("Q", (kept.buffer_info()[0] + 8 * i for i in range(4)))
@@ -73,12 +80,17 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         "launch, driver.launchKernel, slots in an array": driver_launch,
         "driver.launchKernel alone, slots made before": lambda slots=kept: cupy.cuda.driver.launchKernel(
             function, 1, 1, 1, 32, 1, 1, 0, 0, prepared.buffer_info()[0], 0),
+        "convgen tape launch (CupyBackend._call), arrays": lambda: tape_backend._call(
+            "touch", function, (1,), (32,), 0, (a, b, c, n)),
+        "convgen.torch launch (_TorchCupyBackend._call), tensors": lambda: torch_backend._call(
+            "touch", function, (1,), (32,), 0, (a_tensor, b_tensor, c_tensor, n)),
         "cupy.cuda.get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
         "array.data.ptr": lambda: a.data.ptr,
         "cupy.cuda.runtime.getDevice()": cupy.cuda.runtime.getDevice,
         "torch.empty((1, 2, 2), dtype, device)": lambda: torch.empty((1, 2, 2), dtype=torch.float32, device=device),
         "torch.empty_like(tensor)": lambda: torch.empty_like(tensor),
         "tensor.new_empty((1, 2, 2))": lambda: tensor.new_empty((1, 2, 2)),
+        "tensor.new_empty((1, 2, 2), dtype=)": lambda: tensor.new_empty((1, 2, 2), dtype=torch.bfloat16),
         "tensor.data_ptr()": tensor.data_ptr,
         "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
         "torch._C._cuda_getDevice()": torch._C._cuda_getDevice,

@@ -30,16 +30,13 @@ from suite.contestants import AdapterContestant, ConvgenContestant, make_device_
 from suite.timing import L2_FLUSH_BYTES
 
 _marks: list[tuple[str, float, Any]] = []  # (stage, host time, event) of each launch of the call being timed
-_streams: dict[int, Any] = {}  # convgen.torch's raw stream handles as CuPy streams, made once
+_streams: dict[int, Any] = {}  # the launches' raw stream handles as CuPy streams, made once
 
 
 def _marked_call(original: Any) -> Any:
     def call(self: Any, stage: str, *args: Any) -> None:
-        stream = self._launch_stream()
-        if stream is None:
-            on = cupy.cuda.get_current_stream()
-        else:
-            on = _streams.get(stream.ptr) or _streams.setdefault(stream.ptr, cupy.cuda.ExternalStream(stream.ptr))
+        pointer = self._stream_pointer()
+        on = _streams.get(pointer) or _streams.setdefault(pointer, cupy.cuda.ExternalStream(pointer))
         event = cupy.cuda.Event()
         event.record(on)
         _marks.append((stage, time.perf_counter(), event))

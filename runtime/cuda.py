@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,9 @@ def unsupported(geom: Geometry, dtype: str) -> str | None:
     return None
 
 
+# cuLaunchKernel's status where the calling thread has no CUDA context bound (CUDA_ERROR_INVALID_CONTEXT).
+_NO_CONTEXT = 201
+
 # How many geometries the identity-keyed front of the compile cache holds before it starts over (the
 # size of Geometry.build's cache, which interns them).
 IDENTITY_CACHE_SIZE = 4096
@@ -126,8 +130,9 @@ _RESTAGED_ROLES: dict[Family, dict[str, str]] = {
 class _Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments),
     stages with nothing to write left out, and the plan they came from; what each call needs is resolved
-    here once. The functions are shared by every geometry with the same defines (the batch is a kernel
-    argument)."""
+    here once, the function as the driver's handle of it on the device compiled for (CuPy's RawKernel
+    resolves it per call). The functions are shared by every geometry with the same defines (the batch is a
+    kernel argument)."""
 
     def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
         self.family = geom.family
@@ -135,7 +140,7 @@ class _Compiled:
         self.images = np.uint32(geom.images)
         self.plan = plan
         params = STAGES[geom.family]
-        self.launches = {stage: (functions[launch.kernel or stage], (launch.grid,), (launch.block,),
+        self.launches = {stage: (functions[launch.kernel or stage].kernel.ptr, (launch.grid,), (launch.block,),
                                  launch.shared_bytes, _arguments_of(params[launch.kernel or stage]))
                          for stage, launch in plan.launches.items() if launch.grid}
 
@@ -146,7 +151,8 @@ class _Wrapping:
 
     def __init__(self, plan: CircularPlan, functions: dict[str, Any]) -> None:
         self.plan = plan
-        self.launches = {"pad": (functions["pad"], plan.pad_blocks), "fold": (functions["fold"], plan.fold_blocks)}
+        self.launches = {"pad": (functions["pad"].kernel.ptr, plan.pad_blocks),
+                         "fold": (functions["fold"].kernel.ptr, plan.fold_blocks)}
 
 
 class CupyBackend:
@@ -185,6 +191,8 @@ class CupyBackend:
             raise BackendError("the CUDA tape found no GPU (CUDA reports 0 devices)")
         self._xp = cupy
         self._current_device = cupy.cuda.runtime.getDevice  # looked up once: every call asks for it
+        self._launch_kernel = cupy.cuda.driver.launchKernel
+        self._driver_error = cupy.cuda.driver.CUDADriverError
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
@@ -334,21 +342,45 @@ class CupyBackend:
             wrapping = self._wrappings[(geom, device)] = _Wrapping(circular, functions)
         return wrapping
 
-    def _launch_stream(self) -> Any:
-        """The stream every kernel launches on: None is CuPy's current stream. A subclass may give
-        another object with a `ptr` (convgen.torch gives torch's current stream); `_output`, `_scratch` and
-        `_like` are the only places buffers come from, so a subclass can take them from another allocator too."""
-        return None
+    def _stream_pointer(self) -> int:
+        """The raw handle of the stream every kernel launches on: CuPy's current stream. A subclass may give
+        another (convgen.torch gives torch's current stream); `_output`, `_scratch` and `_like` are the only places
+        buffers come from, so a subclass can take them from another allocator too."""
+        return self._xp.cuda.get_current_stream().ptr
 
-    def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
+    def _slot(self, value: Any) -> int:
+        """A kernel argument as an 8-byte slot of cuLaunchKernel's parameters: a device array's or bare allocation's
+        address, or a 32-bit scalar's bits (images, a float beta) in the low bytes, of which the driver reads the
+        parameter's own size."""
+        kind = type(value)
+        if kind is np.uint32:
+            return int(value)
+        if kind is np.float32:
+            return int(value.view(np.uint32))
+        if isinstance(value, self._xp.ndarray):
+            return value.data.ptr
+        return value.ptr  # a bare allocation (_scratch)
+
+    def _call(self, stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int,
               args: tuple[Any, ...]) -> None:
-        """One kernel launch."""
-        stream = self._launch_stream()
+        """One kernel launch, through CuPy's binding of the driver's cuLaunchKernel: its parameters an array of
+        pointers to 8-byte slots, one an argument. CuPy's own launch converts each argument to an object first:
+        1.4 µs a launch more on the H200's host (benchmarks/launch_parts.py)."""
+        slots = array("Q", [self._slot(value) for value in args])
+        first = slots.buffer_info()[0]
+        parameters = array("Q", range(first, first + 8 * len(slots), 8))
+        launch = (function, grid[0], 1, 1, block[0], 1, 1, shared_bytes, self._stream_pointer(),
+                  parameters.buffer_info()[0], 0)
         try:
-            if stream is None:
-                function(grid, block, args, shared_mem=shared_bytes)
-            else:
-                function(grid, block, args, shared_mem=shared_bytes, stream=stream)
+            try:
+                self._launch_kernel(*launch)
+            except self._driver_error as error:
+                if error.status != _NO_CONTEXT:
+                    raise
+                # A thread whose CUDA calls so far needed no context (CuPy's pool can hand out a cached block
+                # without one) has none bound: a runtime call binds the current device's, as CuPy's launch does.
+                self._xp.cuda.runtime.memGetInfo()
+                self._launch_kernel(*launch)
         except self._errors as error:
             raise BackendError(f"{stage} kernel failed: {error}") from error
 

@@ -416,6 +416,9 @@ class EmulatedArray(np.ndarray):
         return np.array(self)
 
 
+_DEFAULT_STREAM = types.SimpleNamespace(ptr=0)
+
+
 class EmulatedMemory:
     """A bare allocation (`cupy.cuda.alloc`: CuPy's MemoryPointer), passed to a launch as the pointer it holds."""
 
@@ -436,15 +439,15 @@ def _device(array: Any) -> EmulatedArray:
 
 
 def _trampolines(code: str) -> str:
-    """extern "C" emulated_<kernel>(grid, threads, shared bytes, args): the kernel's arguments read from `args`
-    by type."""
+    """extern "C" emulated_<kernel>(grid, threads, shared bytes, args): each of `args` points to its argument's
+    value, as cuLaunchKernel's kernelParams do, read by the kernel's parameter type."""
     out = []
     for name, params in _KERNEL.findall(code):
         args = []
         for index, param in enumerate(p.strip() for p in params.split(",") if p.strip()):
             declared = param.replace("__restrict__", "").split()
             c_type = " ".join(declared[:-1])
-            args.append(f"({c_type})args[{index}]" if "*" in c_type else f"*({c_type}*)args[{index}]")
+            args.append(f"*({c_type}*)args[{index}]")
         out.append(f'extern "C" void emulated_{name}(unsigned grid, unsigned threads, unsigned shared, void** args)\n'
                    f"{{ emulated_launch(grid, threads, shared, [&] {{ {name}({', '.join(args)}); }}); }}")
     return "\n".join(out)
@@ -482,31 +485,55 @@ class EmulatedModule:
                 shutil.rmtree(work)  # a loaded library stays mapped
         self._library = library
 
-    def get_function(self, name: str) -> Any:
+    def get_function(self, name: str) -> EmulatedFunction:
         entry = getattr(self._library, f"emulated_{name}")
         entry.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
         entry.restype = None
+        return EmulatedFunction(name, entry)
 
-        def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
-                   stream: Any = None) -> None:
-            held, pointers = [], []
-            for arg in args:
-                if isinstance(arg, EmulatedMemory):
-                    pointers.append(arg.ptr)
-                elif isinstance(arg, np.ndarray) and arg.ndim > 0:
-                    if not arg.flags.c_contiguous:
-                        raise EmulatedError(f"{name}: a non-contiguous array argument")
-                    pointers.append(arg.ctypes.data)
-                else:
-                    value = np.asarray(arg)
-                    scalar = _C_SCALARS.get(value.dtype)
-                    if scalar is None:
-                        raise EmulatedError(f"{name}: cannot pass a {value.dtype} scalar")
-                    held.append(scalar(value.item()))
-                    pointers.append(ctypes.addressof(held[-1]))
-            entry(int(np.prod(grid)), int(np.prod(block)), shared_mem, (ctypes.c_void_p * len(pointers))(*pointers))
 
-        return launch
+class EmulatedFunction:
+    """A kernel of an EmulatedModule, as CuPy's RawKernel and its device Function (`kernel`): `ptr` is what the
+    driver's launchKernel takes (an index into the launched functions), and a call launches it as a RawKernel's
+    does, from its arguments."""
+
+    entries: list[Any] = []  # ptr -> the kernel's trampoline
+
+    def __init__(self, name: str, entry: Any) -> None:
+        self.name, self._entry = name, entry
+        self.ptr = len(EmulatedFunction.entries)
+        EmulatedFunction.entries.append(entry)
+
+    @property
+    def kernel(self) -> EmulatedFunction:  # a RawKernel's function on the current device: itself
+        return self
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
+                 stream: Any = None) -> None:
+        held = []  # each argument's value, to which the trampoline's args point, as the driver's kernelParams do
+        for arg in args:
+            if isinstance(arg, EmulatedMemory):
+                held.append(ctypes.c_void_p(arg.ptr))
+            elif isinstance(arg, np.ndarray) and arg.ndim > 0:
+                if not arg.flags.c_contiguous:
+                    raise EmulatedError(f"{self.name}: a non-contiguous array argument")
+                held.append(ctypes.c_void_p(arg.ctypes.data))
+            else:
+                value = np.asarray(arg)
+                scalar = _C_SCALARS.get(value.dtype)
+                if scalar is None:
+                    raise EmulatedError(f"{self.name}: cannot pass a {value.dtype} scalar")
+                held.append(scalar(value.item()))
+        pointers = [ctypes.addressof(value) for value in held]
+        self._entry(int(np.prod(grid)), int(np.prod(block)), shared_mem, (ctypes.c_void_p * len(pointers))(*pointers))
+
+
+def launch_kernel(function: int, grid_x: int, grid_y: int, grid_z: int, block_x: int, block_y: int, block_z: int,
+                  shared_bytes: int, stream: int, parameters: int, extra: int) -> None:
+    """The driver's cuLaunchKernel as CuPy binds it: `parameters` the address of an array of pointers to the
+    arguments' values, which the trampoline reads by the kernel's parameter types."""
+    EmulatedFunction.entries[function](grid_x * grid_y * grid_z, block_x * block_y * block_z, shared_bytes,
+                                       ctypes.cast(parameters, ctypes.POINTER(ctypes.c_void_p)))
 
 
 def emulated_cupy() -> types.ModuleType:
@@ -518,9 +545,10 @@ def emulated_cupy() -> types.ModuleType:
     cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
                                          CUDARuntimeError=errors["CUDARuntimeError"])
     cuda.compiler = types.SimpleNamespace(CompileException=EmulatedError)
-    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
+    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"], launchKernel=launch_kernel)
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
     cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
+    cuda.get_current_stream = lambda: _DEFAULT_STREAM
     cuda.alloc = EmulatedMemory
     cupy = types.ModuleType("cupy")
     cupy.cuda, cupy.ndarray, cupy.RawModule = cuda, EmulatedArray, EmulatedModule

@@ -304,3 +304,31 @@ def test_device_float32_input_is_taken_without_a_copy() -> None:
     assert tape.value(node).data.ptr == value.data.ptr
     tape, node = tape.leaf(value.astype(cupy.float64))
     assert tape.value(node).dtype == cupy.float32
+
+
+def test_ops_launch_on_a_thread_that_made_no_cuda_call() -> None:
+    """Kernels launch through the driver, which needs a CUDA context bound to the calling thread. A new thread
+    can reach its first launch without one (its input was made elsewhere, its outputs come from CuPy's pool),
+    and gets one: its results are the main thread's, bit for bit."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    weight, bias, x = (cupy.asarray(rng.standard_normal(shape, dtype=np.float32))
+                       for shape in ((4, 3, 3, 3), (4,), (3, 8, 8)))
+
+    def run_conv() -> tuple:
+        tape = convgen.cuda.Tape()
+        ids = []
+        for value in (weight, bias, x):
+            tape, node = tape.leaf(value)
+            ids.append(node)
+        tape, y = tape.conv2d(*ids, in_c=3, out_c=4, k_h=3, k_w=3, stride=1, padding=1, in_h=8, in_w=8).unwrap()
+        grads = tape.backward(y, cupy.ones(tape.shape(y), cupy.float32)).unwrap()
+        return tuple(cupy.asnumpy(a) for a in (tape.value(y), *(grads[i] for i in ids)))
+
+    expected = run_conv()
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(run_conv()))
+    thread.start()
+    thread.join()
+    assert len(got) == 1 and all(np.array_equal(a, b) for a, b in zip(got[0], expected, strict=True))

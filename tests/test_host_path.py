@@ -3,13 +3,16 @@ backend's launches, run here on the benchmark's stand-in CuPy (benchmarks/suite/
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import convgen.cpu
 import convgen.cuda
 import numpy as np
 import pytest
+from convgen.generated.contract import KERNELS, STAGES
 from convgen.geometry import Family, Geometry, fits_u32
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -39,40 +42,63 @@ def test_equal_arguments_give_the_same_geometry():
 
 
 class RecordingModule:
-    """A stand-in compiled module whose functions record each launch as (symbol, grid, block, args)."""
+    """A stand-in compiled module whose functions are launched by the stand-in driver below, which records each
+    launch as (symbol, grid, block, the argument slots it read through cuLaunchKernel's parameters)."""
 
     builds = 0
-    launches: list[tuple[str, tuple[int], tuple[int], tuple[object, ...]]] = []
+    symbols: list[str] = []  # a function's ptr -> its symbol
+    launches: list[tuple[str, int, int, tuple[int, ...]]] = []
 
     def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
         RecordingModule.builds += 1
 
     def get_function(self, symbol: str):
-        return lambda grid, block, args, shared_mem=0: RecordingModule.launches.append((symbol, grid, block, args))
+        RecordingModule.symbols.append(symbol)
+        return SimpleNamespace(kernel=SimpleNamespace(ptr=len(RecordingModule.symbols) - 1))  # CuPy's RawKernel
+
+
+# Each generated kernel's symbol -> how many parameters it takes (the contract's list of its stage).
+PARAMETER_COUNTS = {symbol: len(STAGES[family][stage]) for (family, _), entry in KERNELS.items()
+                    for stage, symbol in entry.symbols.items()}
+
+
+def record_launch(function, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, stream, parameters,
+                  extra):
+    symbol = RecordingModule.symbols[function]
+    count = PARAMETER_COUNTS[symbol]
+    pointers = ctypes.cast(parameters, ctypes.POINTER(ctypes.c_uint64))
+    slots = tuple(ctypes.c_uint64.from_address(pointers[i]).value for i in range(count))
+    assert (grid_y, grid_z, block_y, block_z, extra) == (1, 1, 1, 1, 0)
+    RecordingModule.launches.append((symbol, grid_x, block_x, slots))
 
 
 @pytest.fixture
 def recording_tape(monkeypatch):
     cupy = stand_in.stand_in_cupy()
     monkeypatch.setattr(cupy, "RawModule", RecordingModule)
+    monkeypatch.setattr(cupy.cuda.driver, "launchKernel", record_launch)
     monkeypatch.setattr(RecordingModule, "builds", 0)
+    monkeypatch.setattr(RecordingModule, "symbols", [])
     monkeypatch.setattr(RecordingModule, "launches", [])
     monkeypatch.setattr(stand_in, "stand_in_cupy", lambda: cupy)
     return stand_in.stand_in_cuda_tape(convgen)
 
 
 def test_a_launch_passes_the_arguments_in_contract_order(recording_tape):
+    """Each argument reaches the driver in an 8-byte slot, in the contract's order: an array's address, the
+    image count as its value."""
     tape, x = recording_tape.leaf(stand_in.StandInArray((1, 4, 4), np.float32))
     x_array = tape.value(x)
     tape, y = tape.max_pool(x, **POOL).unwrap()
-    ((symbol, grid, block, args),) = RecordingModule.launches
+    ((symbol, grid, block, slots),) = RecordingModule.launches
     assert symbol == "max_pool_r2_forward"
-    assert args[0] is x_array and args[2] is tape.value(y)  # x, images, y, argmax
-    assert type(args[1]) is np.uint32 and args[1] == 1
+    assert [p.role for p in STAGES[Family.MAX_POOL]["forward"]] == ["x", "images", "y", "argmax"]
+    argmax = tape._nodes[y].op.saved
+    assert slots == (x_array.data.ptr, 1, tape.value(y).data.ptr, argmax.ptr)
+    assert len(set(slots)) == 4  # the stand-ins' addresses tell them apart
     # The window offsets, scratch that only the backward reads: a bare allocation of one byte an output (a
     # 2x2 window's offsets fit uint8), kept by the node for its backward.
-    assert isinstance(args[3], stand_in.StandInMemory) and args[3].size == 4
-    assert tape._nodes[y].op.saved is args[3]
+    assert isinstance(argmax, stand_in.StandInMemory) and argmax.size == 4
 
 
 def test_equal_geometries_compile_once_and_unknown_stages_are_named(recording_tape):

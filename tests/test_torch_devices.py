@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,49 +13,19 @@ torch = pytest.importorskip("torch")
 from convgen.torch import devices  # noqa: E402
 
 
-class _Pointer:
-    """A stand-in for CuPy's CIntptr: the pointer it was made from."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Pointer and other.value == self.value
-
-
-@pytest.mark.parametrize("pointer", [_Pointer, int], ids=["cintptr", "int"])
-def test_kernel_arguments_are_the_tensors_raw_pointers(pointer) -> None:
-    """TorchCupyBackend._call hands CuPy each tensor's data_ptr (as the backend's pointer type, passed by
-    value like the pointer) and every other argument as it is, in order, on the calling op's stream."""
+def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
+    """TorchCupyBackend gives the driver each tensor's data_ptr in its argument slot (a Parameter is a tensor
+    too), the image count as its value and a float scalar as its bits, and launches on the calling op's stream."""
     backend = object.__new__(devices._TorchCupyBackend)
-    backend._errors = ()
-    backend._pointer = pointer
-    launched = []
-
-    def function(grid, block, args, shared_mem=0, stream=None):
-        launched.append((grid, block, args, shared_mem, stream))
-
-    weight, x = torch.ones(3), torch.nn.Parameter(torch.zeros(2, 2))  # a Parameter is a tensor too
-    images = object()
-    stream = devices._Stream(1234)
-    backend.call.stream = stream
+    backend._xp = SimpleNamespace(ndarray=type(None))
+    weight, x = torch.ones(3), torch.nn.Parameter(torch.zeros(2, 2))
+    slots = [backend._slot(value) for value in (weight, np.uint32(7), x, np.float32(1.5))]
+    assert slots == [weight.data_ptr(), 7, x.data_ptr(), 0x3FC00000]
+    backend.call.stream = 1234
     try:
-        backend._call("forward", function, (5,), (256,), 0, (weight, images, x))
+        assert backend._stream_pointer() == 1234
     finally:
-        backend.call.stream = None
-    assert launched == [((5,), (256,), (pointer(weight.data_ptr()), images, pointer(x.data_ptr())), 0, stream)]
-    assert all(type(a) is pointer for a in launched[0][2][::2])
-
-
-def test_pointers_go_as_cupys_cintptr_where_it_has_one() -> None:
-    class CIntptr:
-        pass
-
-    with_it = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace(CIntptr=CIntptr)))
-    without = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace()))
-    assert devices.pointer_type(with_it) is CIntptr
-    assert devices.pointer_type(without) is int
-    assert devices.pointer_type(SimpleNamespace(cuda=SimpleNamespace())) is int
+        backend.call.stream = 0
 
 
 def test_the_current_stream_falls_back_to_torch_cuda_current_stream(monkeypatch) -> None:

@@ -6,6 +6,7 @@ backend's Python path). Both only time the host path; neither computes anything.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import types
@@ -15,23 +16,25 @@ from typing import Any
 import numpy as np
 
 _C_CONTIGUOUS = types.SimpleNamespace(c_contiguous=True)
-_DEVICE_MEMORY = types.SimpleNamespace(device_id=0, ptr=0)  # an address on every alignment
+_ADDRESSES = itertools.count(1 << 20, 1 << 8)  # device addresses of the stand-ins, on every alignment
 
 
 class StandInArray:
     """What the CUDA backend and the tape read of a CuPy array: shape, size, dtype, flags, the device."""
 
-    __slots__ = ("shape", "size", "dtype")
+    __slots__ = ("shape", "size", "dtype", "data")
     flags = _C_CONTIGUOUS
-    data = _DEVICE_MEMORY
 
     def __init__(self, shape: Any, dtype: Any) -> None:
         self.shape = (shape,) if type(shape) is int else tuple(shape)
         self.size = math.prod(self.shape)
         self.dtype = np.dtype(dtype)
+        self.data = types.SimpleNamespace(device_id=0, ptr=next(_ADDRESSES))  # CuPy's MemoryPointer
 
     def reshape(self, *shape: Any) -> StandInArray:
-        return StandInArray(shape[0] if len(shape) == 1 else shape, self.dtype)
+        view = StandInArray(shape[0] if len(shape) == 1 else shape, self.dtype)
+        view.data = self.data  # the same memory
+        return view
 
     def fill(self, value: Any) -> None:
         pass
@@ -39,31 +42,38 @@ class StandInArray:
 
 class StandInMemory:
     """What the CUDA backend keeps of a bare allocation (`cupy.cuda.alloc`, a MemoryPointer): its size in
-    bytes, and a fill that does nothing."""
+    bytes, its address, and a fill that does nothing."""
 
-    __slots__ = ("size",)
+    __slots__ = ("size", "ptr")
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.ptr = next(_ADDRESSES)
 
     def memset_async(self, value: int, size: int) -> None:
         pass
 
 
 class _StandInModule:
-    """A compiled module whose every function launches nothing."""
+    """A compiled module whose every function is the one the stand-in driver launches (nothing)."""
 
     def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
         pass
 
     def get_function(self, symbol: str) -> Any:
-        return lambda grid, block, args, shared_mem=0: None
+        return _NO_FUNCTION
+
+
+# CuPy's RawKernel, its `kernel` the Function on the current device, whose handle the driver's launch takes.
+_NO_FUNCTION = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0))
+_DEFAULT_STREAM = types.SimpleNamespace(ptr=0)
 
 
 def stand_in_cupy() -> types.ModuleType:
     """A `cupy` module with what `convgen.cuda.CupyBackend` uses on its per-call path, all no-ops: one
     device (0) reporting no attributes (the plans assume an H200) and the H200's compute capability (which
-    the tensor-core precisions need), `ndarray`, `cuda.alloc`, `RawModule`."""
+    the tensor-core precisions need), `ndarray`, `cuda.alloc`, `RawModule`, the current stream and the driver's
+    launch."""
     errors = {name: type(name, (RuntimeError,), {}) for name in
               ("CompileException", "CUDADriverError", "CUDARuntimeError", "OutOfMemoryError")}
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0,
@@ -71,7 +81,8 @@ def stand_in_cupy() -> types.ModuleType:
     cuda = types.ModuleType("cupy.cuda")
     cuda.runtime = runtime
     cuda.compiler = types.SimpleNamespace(CompileException=errors["CompileException"])
-    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"])
+    cuda.driver = types.SimpleNamespace(CUDADriverError=errors["CUDADriverError"], launchKernel=lambda *args: None)
+    cuda.get_current_stream = lambda: _DEFAULT_STREAM
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=errors["OutOfMemoryError"])
     cuda.Device = lambda device=0: types.SimpleNamespace(id=device, attributes={}, compute_capability="90")
     cuda.alloc = StandInMemory

@@ -167,19 +167,11 @@ def _cuda_runner() -> _CudaRunner:
 
 
 class _CudaCall(threading.local):
-    """What the launches and allocations of the op running on this thread use: its device and stream."""
+    """What the launches and allocations of the op running on this thread use: its device and the raw handle of
+    torch's current stream there."""
 
     device: torch.device | None = None
-    stream: Any = None  # a _Stream
-
-
-class _Stream:
-    """A CUDA stream as CuPy's kernel launch reads it: an object with `ptr`, the raw stream handle."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
+    stream: int = 0
 
 
 def _current_stream_function() -> Any:
@@ -190,13 +182,6 @@ def _current_stream_function() -> Any:
     return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
-def pointer_type(cupy: Any) -> Any:
-    """What a raw pointer goes to a CuPy kernel launch as: CuPy's own CIntptr, which the launch takes without
-    a conversion (a Python int becomes a NumPy scalar first: 1.5 µs more per five-pointer launch on the
-    H200's host), or the int itself where this CuPy has no CIntptr."""
-    return getattr(getattr(cupy.cuda, "function", None), "CIntptr", int)
-
-
 class _TorchCupyBackend(CupyBackend):
     """convgen.cuda's CuPy backend on torch tensors, never wrapped as CuPy arrays: outputs and scratch from
     torch's caching allocator, kernel arguments as the tensors' raw pointers (passed by value, 8 bytes like
@@ -205,12 +190,13 @@ class _TorchCupyBackend(CupyBackend):
 
     call = _CudaCall()
 
-    def __init__(self, dtype: str, precision: str) -> None:
-        super().__init__(dtype, precision)
-        self._pointer = pointer_type(self._xp)
-
-    def _launch_stream(self) -> Any:
+    def _stream_pointer(self) -> int:
         return self.call.stream
+
+    def _slot(self, value: Any) -> int:
+        if isinstance(value, torch.Tensor):  # a Parameter too
+            return value.data_ptr()
+        return super()._slot(value)
 
     def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
         torch_dtype = _TORCH_DTYPES[self.dtype if dtype is None else dtype]
@@ -230,12 +216,6 @@ class _TorchCupyBackend(CupyBackend):
             return torch.empty_like(tensor)
         except torch.OutOfMemoryError:
             raise OutOfMemory(tensor.numel() * tensor.element_size()) from None
-
-    def _call(self, stage: str, function: Any, grid: tuple[int], block: tuple[int], shared_bytes: int,
-              args: tuple[Any, ...]) -> None:
-        pointer = self._pointer
-        pointers = tuple([pointer(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args])
-        super()._call(stage, function, grid, block, shared_bytes, pointers)
 
 
 def device_precision(dtype: str, precision: str, capability: tuple[int, int]) -> str:
@@ -282,7 +262,7 @@ class _CudaRunner:
         """`work()` under `device`, with launches on torch's current stream of that device."""
         index = device.index
         call = self._call
-        call.device, call.stream = device, _Stream(self._current_stream(index))
+        call.device, call.stream = device, self._current_stream(index)
         try:
             if self._current_device() == index:
                 return work()
@@ -291,7 +271,7 @@ class _CudaRunner:
         except BackendError as error:
             raise _failure(op, error) from None
         finally:
-            call.device = call.stream = None
+            call.device, call.stream = None, 0
 
     def forward(self, op: str, geom: Geometry, tensors: tuple[torch.Tensor, ...],
                 precision: str) -> tuple[torch.Tensor, ...]:

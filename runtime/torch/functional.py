@@ -289,7 +289,7 @@ def _run_eager(op: str, geom: Geometry, precision: str, *tensors: Tensor | None)
     bookkeeping is a third of a tiny op's host cost)."""
     computed = devices.forward(op, geom, tensors, precision)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _Eager.apply(op, geom, precision, computed, *tensors)
+        return _apply_eager(op, geom, precision, computed, *tensors)
     return computed[0]
 
 
@@ -359,3 +359,7 @@ class _Eager(torch.autograd.Function):
 # the whole functional call), forward + backward 127 µs against 54 µs. The custom op's dispatcher round
 # trip into Python costs the difference.
 _EAGER_FUNCTION = True
+# _Eager's apply without autograd.Function.apply's Python wrapper, which binds default arguments for a
+# setup_context (_Eager has none) and unwraps functorch's dead wrappers (_checked refuses a running
+# transform): torch's C++ apply itself, 2 of a tiny conv step's 6 µs of apply on the development machine.
+_apply_eager = super(torch.autograd.Function, _Eager).apply
