@@ -274,3 +274,29 @@ def test_torch_per_operation_switch() -> None:
             assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), setting
     finally:
         torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_a_missing_bias_reads_zeros_made_once_and_never_kept_from_a_capture() -> None:
+    """A conv without bias reads a zero bias (the kernels always add one), made once per channels, dtype and
+    device. One made while a CUDA graph is captured is filled only when the graph replays, so none is kept from
+    a capture: the eager calls after it still add zeros."""
+    from convgen.torch import devices
+
+    x, w = torch.randn(2, 3, 6, 6, device="cuda"), torch.randn(4, 3, 3, 3, device="cuda")
+    expected = F.conv2d(x, w, None, 1, 1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles the kernels the capture will launch
+        ct.conv(x, w, None, 1, 1)
+    torch.cuda.current_stream().wait_stream(side)
+    devices._ZERO_BIASES.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ct.conv(x, w, None, 1, 1)
+    assert not devices._ZERO_BIASES
+    graph.replay()
+    first, second = ct.conv(x, w, None, 1, 1), ct.conv(x, w, None, 1, 1)
+    (bias,) = devices._ZERO_BIASES.values()
+    assert bias.shape == (4,) and bias.dtype == torch.float32 and not bias.any()
+    for y in (captured, first, second):
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)

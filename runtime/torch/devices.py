@@ -303,8 +303,25 @@ def _contiguous(geom: Geometry, tensors: tuple[torch.Tensor, ...]) -> tuple[torc
     add one)."""
     if geom.family.is_conv and tensors[1] is None:
         weight, _, x = tensors
-        tensors = (weight, torch.zeros(geom.out_c, dtype=x.dtype, device=x.device), x)
+        tensors = (weight, _zero_bias(geom.out_c, x), x)
     return tuple([_kernel_ready(t) for t in tensors])
+
+
+# The zero biases of convs without one, by (channels, dtype, device): made once, read only by the kernels. Made
+# per call they were an allocation and a fill kernel each forward.
+_ZERO_BIASES: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _zero_bias(channels: int, like: torch.Tensor) -> torch.Tensor:
+    """Zeros of `channels` in `like`'s dtype on its device. One made while a CUDA graph is captured is filled
+    only when the graph replays, so it is not kept."""
+    key = (channels, like.dtype, like.device)
+    bias = _ZERO_BIASES.get(key)
+    if bias is None:
+        bias = torch.zeros(channels, dtype=like.dtype, device=like.device)
+        if not torch.cuda.is_current_stream_capturing():
+            _ZERO_BIASES[key] = bias
+    return bias
 
 
 def _kernel_ready(tensor: torch.Tensor) -> torch.Tensor:
