@@ -27,9 +27,10 @@ FORWARD_STORE = "        if (place(r, cell, step, m)) put(output(cell, step, m),
 
 def stages_on(sources: Path | None) -> dict:
     rng = np.random.default_rng(5)
-    inputs = tuple(rng.standard_normal(shape).astype(np.float32) for shape in GEOMETRY.parent_shapes)
-    grad = rng.standard_normal(GEOMETRY.output_shape).astype(np.float32)
-    with imports_as(emulated_cupy()):
+    cupy = emulated_cupy()  # the arrays as its device arrays, whose addresses the launches take
+    inputs = tuple(cupy.asarray(rng.standard_normal(shape), np.float32) for shape in GEOMETRY.parent_shapes)
+    grad = cupy.asarray(rng.standard_normal(GEOMETRY.output_shape), np.float32)
+    with imports_as(cupy):
         backend = kernel_ab.backend_class(sources)("float32", "medium")
     return kernel_ab.stage_calls(backend, GEOMETRY, inputs, grad)
 
