@@ -365,7 +365,7 @@ class CupyBackend:
               args: tuple[Any, ...]) -> None:
         """One kernel launch, through CuPy's binding of the driver's cuLaunchKernel: its parameters an array of
         pointers to 8-byte slots, one an argument. CuPy's own launch converts each argument to an object first:
-        1.4 µs a launch more on the H200's host (benchmarks/launch_parts.py)."""
+        0.9-1.8 µs a launch more on four of five H200 hosts, the same on the fifth (benchmarks/launch_parts.py)."""
         slots = array("Q", [self._slot(value) for value in args])
         first = slots.buffer_info()[0]
         parameters = array("Q", range(first, first + 8 * len(slots), 8))
