@@ -323,7 +323,7 @@ def test_ops_launch_on_a_thread_that_made_no_cuda_call() -> None:
             tape, node = tape.leaf(value)
             ids.append(node)
         tape, y = tape.conv2d(*ids, in_c=3, out_c=4, k_h=3, k_w=3, stride=1, padding=1, in_h=8, in_w=8).unwrap()
-        grads = tape.backward(y, cupy.ones(tape.shape(y), cupy.float32)).unwrap()
+        grads = tape.backward(y, cupy.asarray(np.ones(tape.shape(y), np.float32))).unwrap()
         return tuple(cupy.asnumpy(a) for a in (tape.value(y), *(grads[i] for i in ids)))
 
     expected = run_conv()
