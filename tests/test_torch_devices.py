@@ -3,7 +3,8 @@ current-stream lookup with and without torch's raw-handle function."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,15 +13,24 @@ torch = pytest.importorskip("torch")
 
 from convgen.torch import devices  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from suite import stand_in  # noqa: E402
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass, which no exact-type entry of the slot table knows."""
+
 
 def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
-    """TorchCupyBackend gives the driver each tensor's data_ptr in its argument slot (a Parameter is a tensor
-    too), the image count as its value and a float scalar as its bits, and launches on the calling op's stream."""
-    backend = object.__new__(devices._TorchCupyBackend)
-    backend._xp = SimpleNamespace(ndarray=type(None))
+    """TorchCupyBackend gives the driver each tensor's data_ptr in its argument slot (Parameters and other
+    subclasses too), the image count as its value and a float scalar as its bits, and launches on the calling
+    op's stream."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):
+        backend = devices._TorchCupyBackend("float32", "highest")
     weight, x = torch.ones(3), torch.nn.Parameter(torch.zeros(2, 2))
-    slots = [backend._slot(value) for value in (weight, np.uint32(7), x, np.float32(1.5))]
-    assert slots == [weight.data_ptr(), 7, x.data_ptr(), 0x3FC00000]
+    other = torch.zeros(4).as_subclass(_Subclass)
+    slots = backend._slots((weight, np.uint32(7), x, np.float32(1.5), other))
+    assert list(slots) == [weight.data_ptr(), 7, x.data_ptr(), 0x3FC00000, other.data_ptr()]
     backend.call.stream = 1234
     try:
         assert backend._stream_pointer() == 1234

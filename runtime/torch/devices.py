@@ -190,11 +190,15 @@ class _TorchCupyBackend(CupyBackend):
 
     call = _CudaCall()
 
+    def __init__(self, dtype: str, precision: str) -> None:
+        super().__init__(dtype, precision)
+        self._slot_of.update(dict.fromkeys((torch.Tensor, torch.nn.Parameter), torch.Tensor.data_ptr))
+
     def _stream_pointer(self) -> int:
         return self.call.stream
 
     def _slot(self, value: Any) -> int:
-        if isinstance(value, torch.Tensor):  # a Parameter too
+        if isinstance(value, torch.Tensor):  # a tensor subclass
             return value.data_ptr()
         return super()._slot(value)
 
