@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from convgen.cuda_launch import H200, arch_option, nvrtc_options, opted_in_shared, plan
@@ -151,7 +152,8 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
     from convgen.cuda import _Compiled
 
     made = plan(BATCHED_128, precision="medium")
-    compiled = _Compiled(BATCHED_128, made, defaultdict(object))
+    # CuPy's RawKernels, of which the launches keep the device function's handle
+    compiled = _Compiled(BATCHED_128, made, defaultdict(lambda: SimpleNamespace(kernel=SimpleNamespace(ptr=0))))
     values = {"x": "x", "grad": "g", "weight": "w", "bias": "b", "packed_weight": "p", "images": 8, "y": "y",
               "grad_x": "dx"}
     assert compiled.launches["forward"][4](values) == ("x", "w", "b", "p", 8, "y")
