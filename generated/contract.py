@@ -272,6 +272,50 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_bias", "real", False, True),
         ),
+        "forward_prep": (
+            Param("part0_weight", "weight", "real", True, True),
+            Param("part0_packed", "packed_weight", "real", False, True),
+            Param("part1_weight", "weight", "real", True, True),
+            Param("part1_packed", "packed_weight", "float", False, True),
+            Param("part2_source_values", "x", "real", True, True),
+            Param("part2_images", "images", "unsigned", True, False),
+            Param("part2_staged", "staged_source", "float", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+            Param("part2_blocks", "part2_blocks", "unsigned", True, False),
+        ),
+        "backward_prep": (
+            Param("part0_weight", "weight", "real", True, True),
+            Param("part0_packed", "packed_weight", "real", False, True),
+            Param("part1_weight", "weight", "real", True, True),
+            Param("part1_packed", "packed_weight", "float", False, True),
+            Param("part2_source_values", "grad", "real", True, True),
+            Param("part2_images", "images", "unsigned", True, False),
+            Param("part2_staged", "staged_source", "float", False, True),
+            Param("part3_d_values", "grad", "real", True, True),
+            Param("part3_images", "images", "unsigned", True, False),
+            Param("part3_packed", "packed_d", "float", False, True),
+            Param("part4_source_values", "x", "real", True, True),
+            Param("part4_images", "images", "unsigned", True, False),
+            Param("part4_staged", "staged_source", "float", False, True),
+            Param("part5_grad", "grad", "real", True, True),
+            Param("part5_images", "images", "unsigned", True, False),
+            Param("part5_bias_grad", "grad_bias", "real", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+            Param("part2_blocks", "part2_blocks", "unsigned", True, False),
+            Param("part3_blocks", "part3_blocks", "unsigned", True, False),
+            Param("part4_blocks", "part4_blocks", "unsigned", True, False),
+            Param("part5_blocks", "part5_blocks", "unsigned", True, False),
+        ),
+        "backward_reduces": (
+            Param("part0_partial", "partial", "scalar", True, True),
+            Param("part0_dest", "grad_weight", "real", False, True),
+            Param("part1_partial", "partial", "scalar", True, True),
+            Param("part1_dest", "grad_bias", "real", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+        ),
     },
     Family.CONV_TRANSPOSE: {
         "forward_pack": (
@@ -393,6 +437,50 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("partial", "partial", "scalar", True, True),
             Param("dest", "grad_bias", "real", False, True),
         ),
+        "forward_prep": (
+            Param("part0_weight", "weight", "real", True, True),
+            Param("part0_packed", "packed_weight", "real", False, True),
+            Param("part1_weight", "weight", "real", True, True),
+            Param("part1_packed", "packed_weight", "float", False, True),
+            Param("part2_source_values", "x", "real", True, True),
+            Param("part2_images", "images", "unsigned", True, False),
+            Param("part2_staged", "staged_source", "float", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+            Param("part2_blocks", "part2_blocks", "unsigned", True, False),
+        ),
+        "backward_prep": (
+            Param("part0_weight", "weight", "real", True, True),
+            Param("part0_packed", "packed_weight", "real", False, True),
+            Param("part1_weight", "weight", "real", True, True),
+            Param("part1_packed", "packed_weight", "float", False, True),
+            Param("part2_source_values", "grad", "real", True, True),
+            Param("part2_images", "images", "unsigned", True, False),
+            Param("part2_staged", "staged_source", "float", False, True),
+            Param("part3_d_values", "x", "real", True, True),
+            Param("part3_images", "images", "unsigned", True, False),
+            Param("part3_packed", "packed_d", "float", False, True),
+            Param("part4_source_values", "grad", "real", True, True),
+            Param("part4_images", "images", "unsigned", True, False),
+            Param("part4_staged", "staged_source", "float", False, True),
+            Param("part5_grad", "grad", "real", True, True),
+            Param("part5_images", "images", "unsigned", True, False),
+            Param("part5_bias_grad", "grad_bias", "real", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+            Param("part2_blocks", "part2_blocks", "unsigned", True, False),
+            Param("part3_blocks", "part3_blocks", "unsigned", True, False),
+            Param("part4_blocks", "part4_blocks", "unsigned", True, False),
+            Param("part5_blocks", "part5_blocks", "unsigned", True, False),
+        ),
+        "backward_reduces": (
+            Param("part0_partial", "partial", "scalar", True, True),
+            Param("part0_dest", "grad_weight", "real", False, True),
+            Param("part1_partial", "partial", "scalar", True, True),
+            Param("part1_dest", "grad_bias", "real", False, True),
+            Param("part0_blocks", "part0_blocks", "unsigned", True, False),
+            Param("part1_blocks", "part1_blocks", "unsigned", True, False),
+        ),
     },
     Family.MAX_POOL: {
         "forward": (
@@ -426,6 +514,42 @@ STAGES: dict[Family, dict[str, tuple[Param, ...]]] = {
             Param("images", "images", "unsigned", True, False),
             Param("grad_x", "grad_x", "real", False, True),
         ),
+    },
+}
+
+# Family -> launch group -> its members, the kernels whose blocks its grid runs one member after another. Its
+# parameters (STAGES) are each member's, named part<i>_<name> with the member's role, then each one's block count
+# (role part<i>_blocks); a member not launched gets zeros and no blocks.
+LAUNCH_GROUPS: dict[Family, dict[str, tuple[str, ...]]] = {
+    Family.AVG_POOL: {
+    },
+    Family.CONV: {
+        "forward_prep": (
+            "forward_pack", "forward_wgpack", "forward_wgsource",
+        ),
+        "backward_prep": (
+            "backward_input_pack", "backward_input_wgpack", "backward_input_wgsource", "backward_weight_wgpack",
+            "backward_weight_wgsource", "backward_bias",
+        ),
+        "backward_reduces": (
+            "backward_weight_reduce", "backward_bias_reduce",
+        ),
+    },
+    Family.CONV_TRANSPOSE: {
+        "forward_prep": (
+            "forward_pack", "forward_wgpack", "forward_wgsource",
+        ),
+        "backward_prep": (
+            "backward_input_pack", "backward_input_wgpack", "backward_input_wgsource", "backward_weight_wgpack",
+            "backward_weight_wgsource", "backward_bias",
+        ),
+        "backward_reduces": (
+            "backward_weight_reduce", "backward_bias_reduce",
+        ),
+    },
+    Family.MAX_POOL: {
+    },
+    Family.SMOOTH_MAX_POOL: {
     },
 }
 
@@ -549,6 +673,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r1_backward_weight_reduce",
             "backward_bias": "conv_r1_backward_bias",
             "backward_bias_reduce": "conv_r1_backward_bias_reduce",
+            "forward_prep": "conv_r1_forward_prep",
+            "backward_prep": "conv_r1_backward_prep",
+            "backward_reduces": "conv_r1_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
@@ -589,6 +716,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r2_backward_weight_reduce",
             "backward_bias": "conv_r2_backward_bias",
             "backward_bias_reduce": "conv_r2_backward_bias_reduce",
+            "forward_prep": "conv_r2_forward_prep",
+            "backward_prep": "conv_r2_backward_prep",
+            "backward_reduces": "conv_r2_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -630,6 +760,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r3_backward_weight_reduce",
             "backward_bias": "conv_r3_backward_bias",
             "backward_bias_reduce": "conv_r3_backward_bias_reduce",
+            "forward_prep": "conv_r3_forward_prep",
+            "backward_prep": "conv_r3_backward_prep",
+            "backward_reduces": "conv_r3_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -672,6 +805,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r4_backward_weight_reduce",
             "backward_bias": "conv_r4_backward_bias",
             "backward_bias_reduce": "conv_r4_backward_bias_reduce",
+            "forward_prep": "conv_r4_forward_prep",
+            "backward_prep": "conv_r4_backward_prep",
+            "backward_reduces": "conv_r4_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -715,6 +851,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r5_backward_weight_reduce",
             "backward_bias": "conv_r5_backward_bias",
             "backward_bias_reduce": "conv_r5_backward_bias_reduce",
+            "forward_prep": "conv_r5_forward_prep",
+            "backward_prep": "conv_r5_backward_prep",
+            "backward_reduces": "conv_r5_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -759,6 +898,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r6_backward_weight_reduce",
             "backward_bias": "conv_r6_backward_bias",
             "backward_bias_reduce": "conv_r6_backward_bias_reduce",
+            "forward_prep": "conv_r6_forward_prep",
+            "backward_prep": "conv_r6_backward_prep",
+            "backward_reduces": "conv_r6_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -804,6 +946,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r7_backward_weight_reduce",
             "backward_bias": "conv_r7_backward_bias",
             "backward_bias_reduce": "conv_r7_backward_bias_reduce",
+            "forward_prep": "conv_r7_forward_prep",
+            "backward_prep": "conv_r7_backward_prep",
+            "backward_reduces": "conv_r7_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -850,6 +995,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_r8_backward_weight_reduce",
             "backward_bias": "conv_r8_backward_bias",
             "backward_bias_reduce": "conv_r8_backward_bias_reduce",
+            "forward_prep": "conv_r8_forward_prep",
+            "backward_prep": "conv_r8_backward_prep",
+            "backward_reduces": "conv_r8_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -897,6 +1045,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r1_backward_weight_reduce",
             "backward_bias": "conv_transpose_r1_backward_bias",
             "backward_bias_reduce": "conv_transpose_r1_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r1_forward_prep",
+            "backward_prep": "conv_transpose_r1_backward_prep",
+            "backward_reduces": "conv_transpose_r1_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "GROUPS",
@@ -937,6 +1088,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r2_backward_weight_reduce",
             "backward_bias": "conv_transpose_r2_backward_bias",
             "backward_bias_reduce": "conv_transpose_r2_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r2_forward_prep",
+            "backward_prep": "conv_transpose_r2_backward_prep",
+            "backward_reduces": "conv_transpose_r2_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -978,6 +1132,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r3_backward_weight_reduce",
             "backward_bias": "conv_transpose_r3_backward_bias",
             "backward_bias_reduce": "conv_transpose_r3_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r3_forward_prep",
+            "backward_prep": "conv_transpose_r3_backward_prep",
+            "backward_reduces": "conv_transpose_r3_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -1020,6 +1177,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r4_backward_weight_reduce",
             "backward_bias": "conv_transpose_r4_backward_bias",
             "backward_bias_reduce": "conv_transpose_r4_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r4_forward_prep",
+            "backward_prep": "conv_transpose_r4_backward_prep",
+            "backward_reduces": "conv_transpose_r4_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -1063,6 +1223,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r5_backward_weight_reduce",
             "backward_bias": "conv_transpose_r5_backward_bias",
             "backward_bias_reduce": "conv_transpose_r5_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r5_forward_prep",
+            "backward_prep": "conv_transpose_r5_backward_prep",
+            "backward_reduces": "conv_transpose_r5_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -1107,6 +1270,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r6_backward_weight_reduce",
             "backward_bias": "conv_transpose_r6_backward_bias",
             "backward_bias_reduce": "conv_transpose_r6_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r6_forward_prep",
+            "backward_prep": "conv_transpose_r6_backward_prep",
+            "backward_reduces": "conv_transpose_r6_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -1152,6 +1318,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r7_backward_weight_reduce",
             "backward_bias": "conv_transpose_r7_backward_bias",
             "backward_bias_reduce": "conv_transpose_r7_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r7_forward_prep",
+            "backward_prep": "conv_transpose_r7_backward_prep",
+            "backward_reduces": "conv_transpose_r7_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",
@@ -1198,6 +1367,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "backward_weight_reduce": "conv_transpose_r8_backward_weight_reduce",
             "backward_bias": "conv_transpose_r8_backward_bias",
             "backward_bias_reduce": "conv_transpose_r8_backward_bias_reduce",
+            "forward_prep": "conv_transpose_r8_forward_prep",
+            "backward_prep": "conv_transpose_r8_backward_prep",
+            "backward_reduces": "conv_transpose_r8_backward_reduces",
         },
         (
             "IN_C", "OUT_C", "BLOCK", "ELEMENT_BYTES", "ELEMENT_BF16", "IN0", "K0", "S0", "P0", "OUT0", "D0", "IN1",

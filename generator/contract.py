@@ -220,6 +220,7 @@ class Stage:
     params: tuple[Param, ...]
     summary: str
     layout: ConvRow | WeightRow | None = None
+    members: tuple[str, ...] = ()  # a launch group's kernels (_group), in the order its grid runs them
 
     @property
     def gemm(self) -> str | None:
@@ -314,6 +315,38 @@ def _weight_wgmma(stage: Stage) -> Stage:
                         "again with FMAs on D and U as given.")
 
 
+# The prefix of a launch group's parameters of member i (`part0_weight`, ..., `part0_blocks`).
+GROUP_PART_PREFIX = "part"
+
+
+def _group(name: str, stages: tuple[Stage, ...], members: tuple[str, ...], summary: str) -> Stage:
+    """A launch group: one kernel whose grid runs the blocks of each of `members` (kernels of 256-thread blocks and no
+    dynamic shared memory, of one pass, none reading what another writes) one member after another, so that the host
+    launches them once. Its parameters: each member's as part<i>_<name> (role kept), then each one's block count."""
+    by_name = {stage.name: stage for stage in stages}
+    params = tuple(Param(f"{GROUP_PART_PREFIX}{i}_{p.name}", p.role, p.dtype, p.const, p.pointer)
+                   for i, member in enumerate(members) for p in by_name[member].params)
+    blocks = tuple(Param(f"{GROUP_PART_PREFIX}{i}_blocks", f"{GROUP_PART_PREFIX}{i}_blocks", "unsigned", pointer=False)
+                   for i in range(len(members)))
+    return Stage(name, (*params, *blocks), summary, members=members)
+
+
+def _conv_groups(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """A conv family's launch groups: what each pass reads laid out (and the bias gradient's parts) before its GEMMs,
+    and the weight and bias gradients' reduces after them. A bf16 training step launched 11 kernels one at a time,
+    each several µs of the host's (benchmarks/NOTES.md)."""
+    return (
+        _group("forward_prep", stages, ("forward_pack", "forward_wgpack", "forward_wgsource"),
+               "The forward's operand layouts in one launch: the packed weight and the channels-last source."),
+        _group("backward_prep", stages,
+               ("backward_input_pack", "backward_input_wgpack", "backward_input_wgsource", "backward_weight_wgpack",
+                "backward_weight_wgsource", BIAS_STAGE),
+               "The backward's operand layouts and the bias gradient (or its parts) in one launch."),
+        _group("backward_reduces", stages, ("backward_weight_reduce", f"{BIAS_STAGE}_reduce"),
+               "The weight and bias gradients' split sums added up in one launch."),
+    )
+
+
 _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "grad_bias")),
                    "dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel "
                    "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
@@ -403,12 +436,12 @@ def _pool_stages(forward: tuple[Param, ...], forward_summary: str, backward: tup
     return (Stage("forward", forward, forward_summary), Stage("backward_input", backward, backward_summary))
 
 
-# Every family's kernels in launch order of a forward then a backward pass. Each implicit-GEMM stage
-# may be split over blocks along its reduction; its `*_reduce` kernel then adds the partial results
-# in a fixed order (launched only when the plan splits).
+# Every family's kernels in launch order of a forward then a backward pass, the conv families' launch groups last.
+# Each implicit-GEMM stage may be split over blocks along its reduction; its `*_reduce` kernel then adds the partial
+# results in a fixed order (launched only when the plan splits).
 FAMILY_STAGES: dict[Family, tuple[Stage, ...]] = {
-    Family.CONV: _CONV_STAGES,
-    Family.CONV_TRANSPOSE: _CONV_TRANSPOSE_STAGES,
+    Family.CONV: (*_CONV_STAGES, *_conv_groups(_CONV_STAGES)),
+    Family.CONV_TRANSPOSE: (*_CONV_TRANSPOSE_STAGES, *_conv_groups(_CONV_TRANSPOSE_STAGES)),
     Family.MAX_POOL: _pool_stages(
         (_in("x", "x"), IMAGES, _out("y", "y"), _out("argmax", "argmax", "argmax_t")),
         "y = the first in-bounds cell of the window, replaced only by a strictly greater one (a NaN "

@@ -30,6 +30,7 @@ from convgen.generator.contract import (
     ELEMENT_TYPES,
     FAMILY_STAGES,
     GEMM_STAGES,
+    GROUP_PART_PREFIX,
     HALF_MMA_MODE,
     MAX_RANK,
     PACKED_FIELD,
@@ -124,6 +125,8 @@ def circular_defines(rank: int) -> tuple[str, ...]:
 
 
 def _kind(stage: Stage) -> str:
+    if stage.members:
+        return "group"
     if stage.name.endswith("_pack"):
         return "pack"
     if stage.name.endswith(("_wgmma", "_wgpack", "_wgsource")):
@@ -150,6 +153,18 @@ def _reduce_count(family: Family, stage: str) -> str:
     return f"{layout.d_c} * ({layout.u_c} / GROUPS) * K_SIZE"  # dW: [d_c, u_c / groups, *K]
 
 
+def _group_parts(family: Family, rank: int, group: Stage) -> list[dict[str, object]]:
+    """A launch group's members as its kernel calls them: the member's `_blocks` function, the group's parameters
+    that are its arguments, and the one holding its block count (contract._group names them)."""
+    kernel_symbols = symbols(family, rank)
+    parts = []
+    for i, member in enumerate(group.members):
+        prefix = f"{GROUP_PART_PREFIX}{i}_"
+        args = [p.name for p in group.params if p.name.startswith(prefix) and p.name != f"{prefix}blocks"]
+        parts.append({"symbol": kernel_symbols[member], "args": args, "blocks": f"{prefix}blocks"})
+    return parts
+
+
 def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
     """What the CUDA templates print for one kernel."""
     gemm = stage.gemm
@@ -157,6 +172,8 @@ def _kernel_view(family: Family, rank: int, stage: Stage) -> dict[str, object]:
     return {
         "symbol": symbols(family, rank)[stage.name],
         "params": [p.declaration for p in stage.params],
+        "names": [p.name for p in stage.params],
+        "parts": _group_parts(family, rank, stage),
         "summary": textwrap.wrap(stage.summary, LINE_WIDTH - 3, break_on_hyphens=False),
         "kind": _kind(stage),
         "layout": stage.layout,

@@ -38,6 +38,7 @@ from convgen.generated.contract import (
     CIRCULAR_KERNELS,
     CIRCULAR_STAGES,
     KERNELS,
+    LAUNCH_GROUPS,
     STAGES,
     Param,
 )
@@ -136,11 +137,11 @@ _RESTAGED_ROLES: dict[Family, dict[str, str]] = {
 
 
 class _Compiled:
-    """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments),
-    stages with nothing to write left out, and the plan they came from; what each call needs is resolved
-    here once, the function as the driver's handle of it on the device compiled for (CuPy's RawKernel
-    resolves it per call). The functions are shared by every geometry with the same defines (the batch is a
-    kernel argument)."""
+    """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments, kernel),
+    stages with nothing to write left out; launch group -> (function, its members with the number of parameters
+    each takes); and the plan they came from. What each call needs is resolved here once, a function as the
+    driver's handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The functions are
+    shared by every geometry with the same defines (the batch is a kernel argument)."""
 
     def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
         self.family = geom.family
@@ -149,8 +150,11 @@ class _Compiled:
         self.plan = plan
         params = STAGES[geom.family]
         self.launches = {stage: (functions[launch.kernel or stage].kernel.ptr, (launch.grid,), (launch.block,),
-                                 launch.shared_bytes, _arguments_of(params[launch.kernel or stage]))
+                                 launch.shared_bytes, _arguments_of(params[launch.kernel or stage]),
+                                 launch.kernel or stage)
                          for stage, launch in plan.launches.items() if launch.grid}
+        self.groups = {group: (functions[group].kernel.ptr, tuple((member, len(params[member])) for member in members))
+                       for group, members in LAUNCH_GROUPS[geom.family].items()}
 
 
 class _Wrapping:
@@ -202,7 +206,7 @@ class CupyBackend:
         self._launch_kernel = cupy.cuda.driver.launchKernel
         self._driver_error = cupy.cuda.driver.CUDADriverError
         # type -> how an argument of exactly that type fills its launch slot (_slots); any other goes through _slot.
-        self._slot_of: dict[type, Callable[[Any], int]] = {np.uint32: int, np.float32: _float_bits,
+        self._slot_of: dict[type, Callable[[Any], int]] = {int: int, np.uint32: int, np.float32: _float_bits,
                                                            cupy.ndarray: _array_address}
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
@@ -362,7 +366,8 @@ class CupyBackend:
     def _slots(self, args: tuple[Any, ...]) -> array:
         """The kernel arguments as 8-byte slots of cuLaunchKernel's parameters: a device array's or bare
         allocation's address, or a 32-bit scalar's bits (images, a float beta) in the low bytes, of which the
-        driver reads the parameter's own size. Looked up by type: a method call an argument cost 0.7 µs a
+        driver reads the parameter's own size (a launch group's block counts and the zeros of a member it does not
+        run are ints). Looked up by type: a method call an argument cost 0.7 µs a
         five-argument launch on the development machine."""
         slot_of, slot = self._slot_of, self._slot
         return array("Q", [(slot_of.get(type(value)) or slot)(value) for value in args])
@@ -407,25 +412,49 @@ class CupyBackend:
             self._call(stage, function, (blocks,), (BLOCK,), 0, tuple(values[p.role] for p in CIRCULAR_STAGES[stage]))
         return output
 
-    def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any]) -> None:
+    def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any],
+                group: dict[str, tuple[Any, ...]] | None = None) -> None:
         """Run `stage` with its arguments taken from `values` by the roles of its parameters (the
-        contract's order); a stage with nothing to write is skipped, an unknown one is an error."""
+        contract's order), or with `group` (kernel -> its launch) add it there, for _launch_group; a stage with
+        nothing to write is skipped, an unknown one is an error."""
         launch = compiled.launches.get(stage)
         if launch is None:
             if stage not in STAGES[compiled.family]:
                 known = ", ".join(STAGES[compiled.family])
                 raise ValueError(f"{compiled.family.value} has no stage {stage!r} (stages: {known})")
             return  # nothing to write
-        function, grid, block, shared_bytes, arguments = launch
-        self._call(stage, function, grid, block, shared_bytes, arguments(values))
+        function, grid, block, shared_bytes, arguments, kernel = launch
+        if group is None:
+            self._call(stage, function, grid, block, shared_bytes, arguments(values))
+        else:
+            group[kernel] = (function, grid, block, shared_bytes, arguments(values))
 
-    def _gemm(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...],
-              staged: dict[str, Any] | None = None) -> Any:
-        """An implicit-GEMM stage into a new output of `output_shape` (_into_output). A stage the plan packs
+    def _launch_group(self, compiled: _Compiled, group: str, queued: dict[str, tuple[Any, ...]]) -> None:
+        """The launches `queued` for `group` (kernel -> function, grid, block, shared bytes, arguments; every member's
+        block is BLOCK threads, with no dynamic shared memory: cuda_launch checks) as one launch of the group's kernel,
+        its grid their blocks in member order; one alone is launched as itself."""
+        if len(queued) < 2:
+            for kernel, (function, grid, block, shared_bytes, args) in queued.items():
+                self._call(kernel, function, grid, block, shared_bytes, args)
+            return
+        function, members = compiled.groups[group]
+        args: list[Any] = []
+        blocks: list[int] = []
+        for member, parameters in members:
+            launch = queued.get(member)
+            args.extend((0,) * parameters if launch is None else launch[4])
+            blocks.append(0 if launch is None else launch[1][0])
+        if len(queued) != sum(1 for count in blocks if count):
+            raise ValueError(f"{group} does not run {sorted(set(queued) - {member for member, _ in members})}")
+        self._call(group, function, (sum(blocks),), (BLOCK,), 0, (*args, *blocks))
+
+    def _operands(self, compiled: _Compiled, stage: str, values: dict[str, Any], prep: dict[str, tuple[Any, ...]],
+                  staged: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`values` as the implicit-GEMM `stage` reads them, the launches that lay them out added to `prep`, its pass's
+        launch group (_launch_group), launched before the stage. A stage the plan packs
         reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
-        its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs), launched
-        before the output is allocated, so that the GPU has work while the host allocates; a 16-bit `_wgmma` stage
-        reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place;
+        its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs); a 16-bit `_wgmma`
+        stage reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place;
         `staged`, role -> such a copy made by an earlier stage of the same pass, which a stage reading that role's
         copy takes instead of laying it out again (the transpose's input and weight gradients both read the upstream
         gradient channels-last, whose layout a role fixes), and to which it adds its own."""
@@ -436,38 +465,40 @@ class CupyBackend:
             elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
             if elements is None:
                 packed = self._like(values["weight"])
-                self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed})
+                self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed}, prep)
                 values = {**values, "weight": packed}
             else:
                 role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
                 values = {**values, role: self._scratch((elements,), "float32")}
-                self._launch(compiled, f"{stage}_pack", values)
+                self._launch(compiled, f"{stage}_pack", values, prep)
         source_elements = compiled.plan.source_elements.get(stage)
         if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
             role = _RESTAGED_ROLES[compiled.family][stage]
             copy = None if staged is None else staged.get(role)
             if copy is None:
                 copy = self._scratch((source_elements,), "float32")
-                self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": copy})
+                self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": copy}, prep)
                 if staged is not None:
                     staged[role] = copy
             values = {**values, role: copy}
-        return self._into_output(compiled, stage, values, output_shape)
+        return values
 
-    def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any],
-                     output_shape: tuple[int, ...]) -> Any:
+    def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...],
+                     group: dict[str, tuple[Any, ...]] | None = None,
+                     reduces: dict[str, tuple[Any, ...]] | None = None) -> Any:
         """`stage` into a new output of `output_shape` (the kernel's non-const parameter), returned; when the
         plan splits the stage's reduction, into a partial buffer [split, *output_shape] that the stage's
-        reduce kernel adds up in a fixed order."""
+        reduce kernel adds up in a fixed order. Launched now, or the stage added to `group` and its reduce to
+        `reduces` (launch groups, _launch_group) where given."""
         role = _OUTPUT_ROLES[compiled.family][stage]
         output = self._output(output_shape)
         split = compiled.plan.splits[stage]
         if split == 1:
-            self._launch(compiled, stage, {**values, role: output})
+            self._launch(compiled, stage, {**values, role: output}, group)
             return output
         partial = self._scratch((split, *output_shape), self.scalar_dtype)
-        self._launch(compiled, stage, {**values, role: partial})
-        self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial})
+        self._launch(compiled, stage, {**values, role: partial}, group)
+        self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial}, reduces)
         return output
 
     # The ops.
@@ -488,8 +519,11 @@ class CupyBackend:
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            values = {"x": x, "weight": weight, "bias": bias, "images": images}
-            return self._gemm(compiled, "forward", values, geom.output_shape), None
+            prep: dict[str, tuple[Any, ...]] = {}
+            values = self._operands(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "images": images},
+                                    prep)
+            self._launch_group(compiled, "forward_prep", prep)
+            return self._into_output(compiled, "forward", values, geom.output_shape), None
         (x,) = inputs
         y = self._output(geom.output_shape)
         values = {"x": x, "y": y, "images": images}
@@ -526,10 +560,19 @@ class CupyBackend:
             wants_weight, wants_bias, wants_x = (True, True, True) if wanted is None else wanted
             values = {"x": x, "weight": weight, "grad": grad, "images": images}
             staged: dict[str, Any] = {}  # channels-last copies of the pass's inputs, by role
-            grad_x = self._gemm(compiled, "backward_input", values, geom.input_shape, staged) if wants_x else None
-            grad_weight = (self._gemm(compiled, "backward_weight", values, weight.shape, staged) if wants_weight
-                           else None)
-            grad_bias = self._into_output(compiled, BIAS_STAGE, values, (geom.out_c,)) if wants_bias else None
+            # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
+            # weight and bias gradients' reduces.
+            prep: dict[str, tuple[Any, ...]] = {}
+            reduces: dict[str, tuple[Any, ...]] = {}
+            input_values = self._operands(compiled, "backward_input", values, prep, staged) if wants_x else None
+            weight_values = self._operands(compiled, "backward_weight", values, prep, staged) if wants_weight else None
+            grad_bias = (self._into_output(compiled, BIAS_STAGE, values, (geom.out_c,), prep, reduces) if wants_bias
+                         else None)
+            self._launch_group(compiled, "backward_prep", prep)
+            grad_x = self._into_output(compiled, "backward_input", input_values, geom.input_shape) if wants_x else None
+            grad_weight = (self._into_output(compiled, "backward_weight", weight_values, weight.shape, reduces=reduces)
+                           if wants_weight else None)
+            self._launch_group(compiled, "backward_reduces", reduces)
             return grad_weight, grad_bias, grad_x
         (x,) = inputs
         values = {"x": x, "grad": grad, "images": images, "grad_x": self._output(x.shape)}

@@ -35,6 +35,7 @@ from convgen.generated.contract import (
     GEMM_STAGES,
     HALF_MMA_MODE,
     KERNELS,
+    LAUNCH_GROUPS,
     PACKED_FIELD,
     PRECISION_MMA_MODES,
     STAGE_MMA_FIELD,
@@ -318,9 +319,14 @@ def _reduce_launch(count: int, outputs: int, split: int) -> Launch:
 
 
 def _checked(geom: Geometry, geometry_plan: Plan) -> Plan:
-    """The plan, after checking that it sets exactly the defines its source checks for."""
+    """The plan, after checking that it sets exactly the defines its source checks for, and that each launch of a
+    launch group's member takes BLOCK threads and no dynamic shared memory, as the group's launch does."""
     expected = KERNELS[(geom.family, geom.rank)].defines
     assert tuple(geometry_plan.defines) == expected, (tuple(geometry_plan.defines), expected)
+    grouped = {member for members in LAUNCH_GROUPS[geom.family].values() for member in members}
+    odd = {stage: launch for stage, launch in geometry_plan.launches.items()
+           if launch.grid and (launch.kernel or stage) in grouped and (launch.block, launch.shared_bytes) != (BLOCK, 0)}
+    assert not odd, odd
     return geometry_plan
 
 

@@ -200,9 +200,9 @@ def test_the_transpose_s_gradients_share_one_channels_last_copy_of_the_upstream_
         poison_outputs = True
         wgmma_chooser = staticmethod(channels_last_chooser)
 
-        def _launch(self, compiled, stage, values):
+        def _launch(self, compiled, stage, values, group=None):
             launched.append(stage)
-            super()._launch(compiled, stage, values)
+            super()._launch(compiled, stage, values, group)
 
     with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
         backend = Recording("bfloat16", "medium")
@@ -265,9 +265,9 @@ def test_the_16_bit_weight_gradient_reads_d_in_place_and_store_aligns_it(dtype) 
     class Recording(CupyBackend):
         poison_outputs = True
 
-        def _launch(self, compiled, stage, values):
+        def _launch(self, compiled, stage, values, group=None):
             launched.append(stage)
-            super()._launch(compiled, stage, values)
+            super()._launch(compiled, stage, values, group)
 
     cupy = emulated_cupy()
     with imports_as(cupy):  # the backend imports CuPy when it is made

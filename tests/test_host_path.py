@@ -112,3 +112,49 @@ def test_equal_geometries_compile_once_and_unknown_stages_are_named(recording_ta
     with pytest.raises(ValueError) as error:
         backend._launch(compiled, "backward_weight", {})
     assert str(error.value) == "max_pool has no stage 'backward_weight' (stages: forward, backward_input)"
+
+
+def test_a_conv_step_launches_its_layouts_and_reduces_in_groups(recording_tape):
+    """A conv's backward lays out what both GEMMs read and sums the bias gradient's parts in one launch group, runs
+    the GEMMs, then adds up the weight and bias gradients' parts in another; a group's slots are its members' own,
+    in member order, zeros for a member it does not run, then each member's blocks. A group of one member (the
+    forward's packed weight) launches that member's own kernel."""
+    backend = stand_in.stand_in_cuda_tape(convgen, "medium")._backend  # TF32 on the H200: the `_wgmma` kernels
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    weight, bias, x = (stand_in.StandInArray(shape, np.float32) for shape in geom.parent_shapes)
+    y, _ = backend.forward(geom, (weight, bias, x))
+    grad = stand_in.StandInArray(geom.output_shape, np.float32)
+    grad_weight, grad_bias, grad_x = backend.backward(geom, (weight, bias, x), None, grad)
+    symbols = [symbol.removeprefix("conv_r2_") for symbol, *_ in RecordingModule.launches]
+    assert symbols == ["forward_wgpack", "forward_wgmma", "backward_prep", "backward_input_wgmma",
+                       "backward_weight_wgmma", "backward_reduces"]
+    compiled = backend._compile(geom)
+    plan = compiled.plan
+    _, _, block, prep = RecordingModule.launches[2]
+    input_roles = [p.role for p in STAGES[Family.CONV]["backward_input_wgmma"]]
+    packed_input = RecordingModule.launches[3][3][input_roles.index("packed_weight")]
+    weight_roles = [p.role for p in STAGES[Family.CONV]["backward_weight_wgmma"]]
+    packed_d = RecordingModule.launches[4][3][weight_roles.index("packed_d")]
+    assert plan.splits["backward_bias"] > 1
+    launches = plan.launches
+    expected_members = (
+        (0, 0),  # backward_input_pack: not run (the `_wgmma` kernel reads its own pack)
+        (weight.data.ptr, packed_input),  # backward_input_wgpack
+        (0, 0, 0),  # backward_input_wgsource: 16-bit elements only
+        (grad.data.ptr, 32, packed_d),  # backward_weight_wgpack: D rounded to TF32
+        (0, 0, 0),  # backward_weight_wgsource
+    )
+    member_slots = [slot for member in expected_members for slot in member]
+    assert prep[:len(member_slots)] == tuple(member_slots)
+    bias_partial = prep[len(member_slots) + 2]
+    assert prep[len(member_slots):len(member_slots) + 2] == (grad.data.ptr, 32)
+    blocks = (0, launches["backward_input_pack"].grid, 0, launches["backward_weight_pack"].grid, 0,
+              launches["backward_bias"].grid)
+    assert prep[len(member_slots) + 3:] == blocks and block == 256
+    assert RecordingModule.launches[2][1] == sum(blocks)
+    _, reduce_grid, _, reduces = RecordingModule.launches[5]
+    weight_partial = RecordingModule.launches[4][3][-1]
+    assert reduces == (weight_partial, grad_weight.data.ptr, bias_partial, grad_bias.data.ptr,
+                       launches["backward_weight_reduce"].grid, launches["backward_bias_reduce"].grid)
+    assert reduce_grid == launches["backward_weight_reduce"].grid + launches["backward_bias_reduce"].grid
+    assert grad_x.data.ptr == RecordingModule.launches[3][3][-1] and y.data.ptr == RecordingModule.launches[1][3][-1]

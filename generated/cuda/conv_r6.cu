@@ -964,14 +964,15 @@ __device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, 
 }
 
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
-// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]). V elements a thread, as the launch
-// plan counts: four where COUNT is a multiple of four and at least SPLIT_SUM_QUAD_COUNT, else one.
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]), block `block_index` of the pass's grid.
+// V elements a thread, as the launch plan counts: four where COUNT is a multiple of four and at least
+// SPLIT_SUM_QUAD_COUNT, else one.
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
-                                          unsigned images)
+__device__ __forceinline__ void split_sum(unsigned block_index, const scalar* __restrict__ partial,
+                                          real* __restrict__ dest, unsigned images)
 {
     constexpr unsigned V = COUNT % 4 == 0 && COUNT >= SPLIT_SUM_QUAD_COUNT ? 4 : 1;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
     if (i >= count / V) return;
     // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
@@ -1287,20 +1288,37 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[128], unsigned long long 
 #endif
 #endif
 
+// The staging tile of a 16-bit `_wgsource` pass (_wgmma_pack.cu.j2): one shared array for every such pass a kernel
+// runs, so that a launch group of two (the backward's) stays within the 48 KB of static shared memory.
+typedef real WgsourceTile[BLOCK / 32][64][40];
+__device__ __forceinline__ WgsourceTile& wgsource_tile()
+{
+    __shared__ __align__(16) WgsourceTile tile;
+    return tile;
+}
+
 // P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
 // A (one k, a block of src channels) is contiguous rows.
-extern "C" __global__ void conv_r6_forward_pack(
+__device__ __forceinline__ void conv_r6_forward_pack_blocks(
+    const unsigned block_index,
     const real* __restrict__ weight,
     real* __restrict__ packed)
 {
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
     constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
     const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
     const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
     const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
     packed[i] = load_stored(weight + group_base + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+}
+
+extern "C" __global__ void conv_r6_forward_pack(
+    const real* __restrict__ weight,
+    real* __restrict__ packed)
+{
+    conv_r6_forward_pack_blocks(blockIdx.x, weight, packed);
 }
 
 // y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].
@@ -1982,7 +2000,8 @@ extern "C" __global__ void conv_r6_forward_direct(
 // P[plane, g, n block, slice, dst, src % 32] = the weight's element that A(dst, (src, k)) of the stage reads, rounded
 // to TF32 (plane 0) and, in 3xTF32, the rest rounded (plane 1); zero past the channels: a slice of one n block is WG_N
 // rows of 128 bytes.
-extern "C" __global__ void conv_r6_forward_wgpack(
+__device__ __forceinline__ void conv_r6_forward_wgpack_blocks(
+    const unsigned block_index,
     const real* __restrict__ weight,
     float* __restrict__ packed)
 {
@@ -1995,7 +2014,7 @@ extern "C" __global__ void conv_r6_forward_wgpack(
     constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
     constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * BK) return;
     const unsigned k = i % BK, n = i / BK % WG_N, slice = i / BK / WG_N % SLICES;
     const size_t rest = i / BK / WG_N / SLICES;
@@ -2019,9 +2038,17 @@ extern "C" __global__ void conv_r6_forward_wgpack(
 #endif
 }
 
+extern "C" __global__ void conv_r6_forward_wgpack(
+    const real* __restrict__ weight,
+    float* __restrict__ packed)
+{
+    conv_r6_forward_wgpack_blocks(blockIdx.x, weight, packed);
+}
+
 // S[n, g, cell, c] = x's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
 // a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
-extern "C" __global__ void conv_r6_forward_wgsource(
+__device__ __forceinline__ void conv_r6_forward_wgsource_blocks(
+    const unsigned block_index,
     const real* __restrict__ source_values,
     const unsigned images,
     float* __restrict__ staged)
@@ -2030,9 +2057,9 @@ extern "C" __global__ void conv_r6_forward_wgsource(
     constexpr unsigned SRC_C = IN_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
     constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
     static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
-    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
+    WgsourceTile& tile = wgsource_tile();
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    const size_t work = ((size_t)block_index * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
     if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
     const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
     const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
@@ -2072,6 +2099,14 @@ extern "C" __global__ void conv_r6_forward_wgsource(
         }
     }
 #endif
+}
+
+extern "C" __global__ void conv_r6_forward_wgsource(
+    const real* __restrict__ source_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+    conv_r6_forward_wgsource_blocks(blockIdx.x, source_values, images, staged);
 }
 
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
@@ -2623,28 +2658,46 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r6_forward_wgmma(
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
+__device__ __forceinline__ void conv_r6_forward_reduce_blocks(
+    const unsigned block_index,
+    const scalar* __restrict__ partial,
+    const unsigned images,
+    real* __restrict__ dest)
+{
+    split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(block_index, partial, dest,
+                                                                    images);
+}
+
 extern "C" __global__ void conv_r6_forward_reduce(
     const scalar* __restrict__ partial,
     const unsigned images,
     real* __restrict__ dest)
 {
-    split_sum<(unsigned long long)OUT_C * OUT_SIZE, FWD_SPLIT>(partial, dest, images);
+    conv_r6_forward_reduce_blocks(blockIdx.x, partial, images, dest);
 }
 
 // P[g, k, src, dst] = the weight's element that A(dst, (src, k)) of the stage reads: dst channel fastest, so a slice of
 // A (one k, a block of src channels) is contiguous rows.
-extern "C" __global__ void conv_r6_backward_input_pack(
+__device__ __forceinline__ void conv_r6_backward_input_pack_blocks(
+    const unsigned block_index,
     const real* __restrict__ weight,
     real* __restrict__ packed)
 {
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     if (i >= (size_t)GROUPS * K_SIZE * SRC_C * M) return;
     constexpr size_t PER_GROUP = (size_t)M * SRC_C * K_SIZE;
     const unsigned m = i % nonzero(M), c = i / nonzero(M) % nonzero(SRC_C);
     const unsigned kappa = i / nonzero(M) / nonzero(SRC_C) % nonzero(K_SIZE);
     const size_t group_base = i / nonzero(PER_GROUP) * PER_GROUP;
     packed[i] = load_stored(weight + group_base + ((size_t)c * M + m) * K_SIZE + kappa);
+}
+
+extern "C" __global__ void conv_r6_backward_input_pack(
+    const real* __restrict__ weight,
+    real* __restrict__ packed)
+{
+    conv_r6_backward_input_pack_blocks(blockIdx.x, weight, packed);
 }
 
 // dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].
@@ -3791,7 +3844,8 @@ extern "C" __global__ void conv_r6_backward_input_direct(
 // P[plane, g, n block, slice, dst, src % 32] = the weight's element that A(dst, (src, k)) of the stage reads, rounded
 // to TF32 (plane 0) and, in 3xTF32, the rest rounded (plane 1); zero past the channels: a slice of one n block is WG_N
 // rows of 128 bytes.
-extern "C" __global__ void conv_r6_backward_input_wgpack(
+__device__ __forceinline__ void conv_r6_backward_input_wgpack_blocks(
+    const unsigned block_index,
     const real* __restrict__ weight,
     float* __restrict__ packed)
 {
@@ -3804,7 +3858,7 @@ extern "C" __global__ void conv_r6_backward_input_wgpack(
     constexpr unsigned BLOCKS = (SRC_C + WG_BK - 1) / WG_BK * K_SIZE, SLICES = (BLOCKS + BK / WG_BK - 1) / (BK / WG_BK);
     constexpr unsigned N_BLOCKS = (M + WG_N - 1) / WG_N;
     constexpr unsigned PLANES = MMA == 3 ? 2 : 1;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     if (i >= (size_t)PLANES * GROUPS * N_BLOCKS * SLICES * WG_N * BK) return;
     const unsigned k = i % BK, n = i / BK % WG_N, slice = i / BK / WG_N % SLICES;
     const size_t rest = i / BK / WG_N / SLICES;
@@ -3828,9 +3882,17 @@ extern "C" __global__ void conv_r6_backward_input_wgpack(
 #endif
 }
 
+extern "C" __global__ void conv_r6_backward_input_wgpack(
+    const real* __restrict__ weight,
+    float* __restrict__ packed)
+{
+    conv_r6_backward_input_wgpack_blocks(blockIdx.x, weight, packed);
+}
+
 // S[n, g, cell, c] = grad's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with
 // zeros: a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
-extern "C" __global__ void conv_r6_backward_input_wgsource(
+__device__ __forceinline__ void conv_r6_backward_input_wgsource_blocks(
+    const unsigned block_index,
     const real* __restrict__ source_values,
     const unsigned images,
     float* __restrict__ staged)
@@ -3839,9 +3901,9 @@ extern "C" __global__ void conv_r6_backward_input_wgsource(
     constexpr unsigned SRC_C = OUT_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
     constexpr unsigned CELLS = OUT_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
     static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
-    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
+    WgsourceTile& tile = wgsource_tile();
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    const size_t work = ((size_t)block_index * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
     if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
     const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
     const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
@@ -3881,6 +3943,14 @@ extern "C" __global__ void conv_r6_backward_input_wgsource(
         }
     }
 #endif
+}
+
+extern "C" __global__ void conv_r6_backward_input_wgsource(
+    const real* __restrict__ source_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+    conv_r6_backward_input_wgsource_blocks(blockIdx.x, source_values, images, staged);
 }
 
 // The same sums as the stage's GEMM in the TF32 modes, with warpgroup mma (sm_90a): the dst cells are wgmma's M
@@ -4430,12 +4500,22 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r6_backward_input_wgmma(
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
+__device__ __forceinline__ void conv_r6_backward_input_reduce_blocks(
+    const unsigned block_index,
+    const scalar* __restrict__ partial,
+    const unsigned images,
+    real* __restrict__ dest)
+{
+    split_sum<(unsigned long long)IN_C * IN_SIZE, BWI_SPLIT>(block_index, partial, dest,
+                                                                    images);
+}
+
 extern "C" __global__ void conv_r6_backward_input_reduce(
     const scalar* __restrict__ partial,
     const unsigned images,
     real* __restrict__ dest)
 {
-    split_sum<(unsigned long long)IN_C * IN_SIZE, BWI_SPLIT>(partial, dest, images);
+    conv_r6_backward_input_reduce_blocks(blockIdx.x, partial, images, dest);
 }
 
 // dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].
@@ -4953,7 +5033,8 @@ extern "C" __global__ void conv_r6_backward_weight_direct(
 // P[plane, n, g, d, cell] = D's element (image n, channel d of group g), rounded to TF32 (plane 0) and, in 3xTF32, the
 // rest rounded (plane 1); zero past the channels (to whole blocks of WG_N) and past the cells (to whole slices of
 // WG_BK): a slice of one block is WG_N rows of 128 bytes.
-extern "C" __global__ void conv_r6_backward_weight_wgpack(
+__device__ __forceinline__ void conv_r6_backward_weight_wgpack_blocks(
+    const unsigned block_index,
     const real* __restrict__ d_values,
     const unsigned images,
     float* __restrict__ packed)
@@ -4967,7 +5048,7 @@ extern "C" __global__ void conv_r6_backward_weight_wgpack(
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + SLICE - 1) / SLICE * SLICE;
     static_assert(D_COLUMNS % 4 == 0, "whole quads of cells");
     const size_t plane_elements = (size_t)images * GROUPS * D_ROWS * D_COLUMNS;
-    const size_t i = 4 * ((size_t)blockIdx.x * BLOCK + threadIdx.x);  // the quad's first element in plane 0
+    const size_t i = 4 * ((size_t)block_index * BLOCK + threadIdx.x);  // the quad's first element in plane 0
     if (i >= plane_elements) return;
     const unsigned cell = i % D_COLUMNS, n = i / D_COLUMNS % D_ROWS;
     const size_t image_group = i / ((size_t)D_ROWS * D_COLUMNS);  // image * GROUPS + group
@@ -4992,9 +5073,18 @@ extern "C" __global__ void conv_r6_backward_weight_wgpack(
 #endif
 }
 
+extern "C" __global__ void conv_r6_backward_weight_wgpack(
+    const real* __restrict__ d_values,
+    const unsigned images,
+    float* __restrict__ packed)
+{
+    conv_r6_backward_weight_wgpack_blocks(blockIdx.x, d_values, images, packed);
+}
+
 // S[n, g, cell, c] = x's element (image n, channel c of group g), channels rounded up to whole blocks of 32 with zeros:
 // a block of one cell's channels is 64 contiguous bytes, which the 16-bit `_wgmma` copies 16 bytes at a time.
-extern "C" __global__ void conv_r6_backward_weight_wgsource(
+__device__ __forceinline__ void conv_r6_backward_weight_wgsource_blocks(
+    const unsigned block_index,
     const real* __restrict__ source_values,
     const unsigned images,
     float* __restrict__ staged)
@@ -5003,9 +5093,9 @@ extern "C" __global__ void conv_r6_backward_weight_wgsource(
     constexpr unsigned SRC_C = IN_C / GROUPS, SOURCE_ROW = (SRC_C + WG_BK - 1) / WG_BK * WG_BK;
     constexpr unsigned CELLS = IN_SIZE, CELL_TILES = (CELLS + 63) / 64, BLOCKS = SOURCE_ROW / 32;
     static_assert(WG_BK == 32, "a warp's block of channels is a _wgmma block");
-    __shared__ __align__(16) real tile[BLOCK / 32][64][40];
+    WgsourceTile& tile = wgsource_tile();
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const size_t work = ((size_t)blockIdx.x * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
+    const size_t work = ((size_t)block_index * BLOCK + threadIdx.x) / 32;  // (image, group, block, cell tile)
     if (work >= (size_t)images * GROUPS * BLOCKS * CELL_TILES) return;
     const unsigned cell0 = work % CELL_TILES * 64, block = work / CELL_TILES % BLOCKS;
     const size_t image_group = work / CELL_TILES / BLOCKS;  // image * GROUPS + group
@@ -5045,6 +5135,14 @@ extern "C" __global__ void conv_r6_backward_weight_wgsource(
         }
     }
 #endif
+}
+
+extern "C" __global__ void conv_r6_backward_weight_wgsource(
+    const real* __restrict__ source_values,
+    const unsigned images,
+    float* __restrict__ staged)
+{
+    conv_r6_backward_weight_wgsource_blocks(blockIdx.x, source_values, images, staged);
 }
 
 // The same sums as the weight-gradient GEMM in the TF32 modes, with warpgroup mma (sm_90a): the rows (window offset, U
@@ -5478,16 +5576,26 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r6_backward_weight_wgmma(
 }
 
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
+__device__ __forceinline__ void conv_r6_backward_weight_reduce_blocks(
+    const unsigned block_index,
+    const scalar* __restrict__ partial,
+    real* __restrict__ dest)
+{
+    split_sum<(unsigned long long)OUT_C * (IN_C / GROUPS) * K_SIZE, BWW_SPLIT>(block_index, partial, dest,
+                                                                    1u);
+}
+
 extern "C" __global__ void conv_r6_backward_weight_reduce(
     const scalar* __restrict__ partial,
     real* __restrict__ dest)
 {
-    split_sum<(unsigned long long)OUT_C * (IN_C / GROUPS) * K_SIZE, BWW_SPLIT>(partial, dest, 1u);
+    conv_r6_backward_weight_reduce_blocks(blockIdx.x, partial, dest);
 }
 
 // dB[oc] = sum of g[n, oc, :] over the images n, then the output cells: a block per channel and part (a run of the
 // cells), whose sums backward_bias_reduce adds up when there are parts.
-extern "C" __global__ void conv_r6_backward_bias(
+__device__ __forceinline__ void conv_r6_backward_bias_blocks(
+    const unsigned block_index,
     const real* __restrict__ grad,
     const unsigned images,
     real* __restrict__ bias_grad)
@@ -5495,7 +5603,7 @@ extern "C" __global__ void conv_r6_backward_bias(
     // Cells a load takes: a channel's cells then start 16-byte aligned (8-byte with four 16-bit elements).
     constexpr unsigned WIDTH = ELEMENT_BYTES == 2 && OUT_SIZE % 8 == 0 ? 8 : OUT_SIZE % 4 == 0 ? 4 : 1;
     constexpr unsigned PER_PART = ((OUT_SIZE + BIAS_SPLIT - 1) / BIAS_SPLIT + 7) / 8 * 8;  // whole loads
-    const unsigned channel = blockIdx.x % OUT_C, part = blockIdx.x / OUT_C;
+    const unsigned channel = block_index % OUT_C, part = block_index / OUT_C;
     const unsigned first = part * PER_PART, end = first + PER_PART < OUT_SIZE ? first + PER_PART : OUT_SIZE;
     const unsigned loads = first < end ? (end - first) / WIDTH : 0, count = images * loads;
     auto value = [&](unsigned i) -> scalar {  // element i of the run: load (i % loads) of image i / loads
@@ -5531,14 +5639,139 @@ extern "C" __global__ void conv_r6_backward_bias(
     block_sum(acc);
     typedef typename gemm_output<(BIAS_SPLIT > 1)>::type Out;
     if (threadIdx.x == 0) {
-        put(reinterpret_cast<Out*>(bias_grad) + blockIdx.x, acc[0]);
+        put(reinterpret_cast<Out*>(bias_grad) + block_index, acc[0]);
     }
 }
 
+extern "C" __global__ void conv_r6_backward_bias(
+    const real* __restrict__ grad,
+    const unsigned images,
+    real* __restrict__ bias_grad)
+{
+    conv_r6_backward_bias_blocks(blockIdx.x, grad, images, bias_grad);
+}
+
 // Second pass of a split reduction: dest = partial[0] + partial[1] + ..., in that order.
+__device__ __forceinline__ void conv_r6_backward_bias_reduce_blocks(
+    const unsigned block_index,
+    const scalar* __restrict__ partial,
+    real* __restrict__ dest)
+{
+    split_sum<(unsigned long long)OUT_C, BIAS_SPLIT>(block_index, partial, dest,
+                                                                    1u);
+}
+
 extern "C" __global__ void conv_r6_backward_bias_reduce(
     const scalar* __restrict__ partial,
     real* __restrict__ dest)
 {
-    split_sum<(unsigned long long)OUT_C, BIAS_SPLIT>(partial, dest, 1u);
+    conv_r6_backward_bias_reduce_blocks(blockIdx.x, partial, dest);
+}
+
+// The forward's operand layouts in one launch: the packed weight and the channels-last source.
+extern "C" __global__ void conv_r6_forward_prep(
+    const real* __restrict__ part0_weight,
+    real* __restrict__ part0_packed,
+    const real* __restrict__ part1_weight,
+    float* __restrict__ part1_packed,
+    const real* __restrict__ part2_source_values,
+    const unsigned part2_images,
+    float* __restrict__ part2_staged,
+    const unsigned part0_blocks,
+    const unsigned part1_blocks,
+    const unsigned part2_blocks)
+{
+    unsigned block_index = blockIdx.x;  // from the first block of the member it falls in
+    if (block_index < part0_blocks) {
+        conv_r6_forward_pack_blocks(block_index, part0_weight, part0_packed);
+        return;
+    }
+    block_index -= part0_blocks;
+    if (block_index < part1_blocks) {
+        conv_r6_forward_wgpack_blocks(block_index, part1_weight, part1_packed);
+        return;
+    }
+    block_index -= part1_blocks;
+    if (block_index < part2_blocks) {
+        conv_r6_forward_wgsource_blocks(block_index, part2_source_values, part2_images, part2_staged);
+        return;
+    }
+}
+
+// The backward's operand layouts and the bias gradient (or its parts) in one launch.
+extern "C" __global__ void conv_r6_backward_prep(
+    const real* __restrict__ part0_weight,
+    real* __restrict__ part0_packed,
+    const real* __restrict__ part1_weight,
+    float* __restrict__ part1_packed,
+    const real* __restrict__ part2_source_values,
+    const unsigned part2_images,
+    float* __restrict__ part2_staged,
+    const real* __restrict__ part3_d_values,
+    const unsigned part3_images,
+    float* __restrict__ part3_packed,
+    const real* __restrict__ part4_source_values,
+    const unsigned part4_images,
+    float* __restrict__ part4_staged,
+    const real* __restrict__ part5_grad,
+    const unsigned part5_images,
+    real* __restrict__ part5_bias_grad,
+    const unsigned part0_blocks,
+    const unsigned part1_blocks,
+    const unsigned part2_blocks,
+    const unsigned part3_blocks,
+    const unsigned part4_blocks,
+    const unsigned part5_blocks)
+{
+    unsigned block_index = blockIdx.x;  // from the first block of the member it falls in
+    if (block_index < part0_blocks) {
+        conv_r6_backward_input_pack_blocks(block_index, part0_weight, part0_packed);
+        return;
+    }
+    block_index -= part0_blocks;
+    if (block_index < part1_blocks) {
+        conv_r6_backward_input_wgpack_blocks(block_index, part1_weight, part1_packed);
+        return;
+    }
+    block_index -= part1_blocks;
+    if (block_index < part2_blocks) {
+        conv_r6_backward_input_wgsource_blocks(block_index, part2_source_values, part2_images, part2_staged);
+        return;
+    }
+    block_index -= part2_blocks;
+    if (block_index < part3_blocks) {
+        conv_r6_backward_weight_wgpack_blocks(block_index, part3_d_values, part3_images, part3_packed);
+        return;
+    }
+    block_index -= part3_blocks;
+    if (block_index < part4_blocks) {
+        conv_r6_backward_weight_wgsource_blocks(block_index, part4_source_values, part4_images, part4_staged);
+        return;
+    }
+    block_index -= part4_blocks;
+    if (block_index < part5_blocks) {
+        conv_r6_backward_bias_blocks(block_index, part5_grad, part5_images, part5_bias_grad);
+        return;
+    }
+}
+
+// The weight and bias gradients' split sums added up in one launch.
+extern "C" __global__ void conv_r6_backward_reduces(
+    const scalar* __restrict__ part0_partial,
+    real* __restrict__ part0_dest,
+    const scalar* __restrict__ part1_partial,
+    real* __restrict__ part1_dest,
+    const unsigned part0_blocks,
+    const unsigned part1_blocks)
+{
+    unsigned block_index = blockIdx.x;  // from the first block of the member it falls in
+    if (block_index < part0_blocks) {
+        conv_r6_backward_weight_reduce_blocks(block_index, part0_partial, part0_dest);
+        return;
+    }
+    block_index -= part0_blocks;
+    if (block_index < part1_blocks) {
+        conv_r6_backward_bias_reduce_blocks(block_index, part1_partial, part1_dest);
+        return;
+    }
 }

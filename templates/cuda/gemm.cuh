@@ -572,14 +572,15 @@ __device__ __forceinline__ void store_tile(Out* __restrict__ dest, unsigned m0, 
 }
 
 // Second pass of a split stage: dest[i] = partial[0][i] + partial[1][i] + ..., in that order, over
-// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]). V elements a thread, as the launch
-// plan counts: four where COUNT is a multiple of four and at least SPLIT_SUM_QUAD_COUNT, else one.
+// `images` outputs of COUNT elements each (partial: [SPLIT][images][COUNT]), block `block_index` of the pass's grid.
+// V elements a thread, as the launch plan counts: four where COUNT is a multiple of four and at least
+// SPLIT_SUM_QUAD_COUNT, else one.
 template <unsigned long long COUNT, unsigned SPLIT>
-__device__ __forceinline__ void split_sum(const scalar* __restrict__ partial, real* __restrict__ dest,
-                                          unsigned images)
+__device__ __forceinline__ void split_sum(unsigned block_index, const scalar* __restrict__ partial,
+                                          real* __restrict__ dest, unsigned images)
 {
     constexpr unsigned V = COUNT % 4 == 0 && COUNT >= SPLIT_SUM_QUAD_COUNT ? 4 : 1;
-    const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+    const size_t i = (size_t)block_index * BLOCK + threadIdx.x;
     const size_t count = COUNT * images;
     if (i >= count / V) return;
     // Loads a batch at a time, added in order: ptxas kept four in flight, which left 3xTF32 64->64's reduce
