@@ -1,7 +1,7 @@
 """The CUDA backend: CuPy arrays in, the generated sources of `convgen.generated` compiled with NVRTC
-for one geometry at a time (the -D defines and launch plan of `convgen.cuda_launch`), one kernel
-launch per stage out; and `Tape`, the CUDA tape that runs on it. Each kernel's arguments are
-built from its parameter list in the generated contract, by role.
+for one geometry at a time (the -D defines and launch plan of `convgen.cuda_launch`), the stages'
+kernels launched (convgen.cuda_kernels: arguments by role from the generated contract, launch groups)
+and arrays out; and `Tape`, the CUDA tape that runs on it.
 
 CuPy is imported when the backend is constructed, so `import convgen.cuda` works without it.
 """
@@ -9,20 +9,16 @@ CuPy is imported when the backend is constructed, so `import convgen.cuda` works
 from __future__ import annotations
 
 import math
-import operator
-from array import array
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from convgen.backend import BackendError, OutOfMemory
-from convgen.circular import CircularPlan, circular_plan, fits_padded
+from convgen.circular import circular_plan, fits_padded
+from convgen.cuda_kernels import Compiled, KernelLaunches, Wrapping
 from convgen.cuda_launch import (
-    BLOCK,
     CUDA_SOURCES,
     H200,
     Hardware,
-    Plan,
     TileChooser,
     arch_option,
     choose_tile,
@@ -36,11 +32,7 @@ from convgen.generated.contract import (
     ARRAY_ALIGNMENT,
     BIAS_STAGE,
     CIRCULAR_KERNELS,
-    CIRCULAR_STAGES,
     KERNELS,
-    LAUNCH_GROUPS,
-    STAGES,
-    Param,
 )
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
@@ -94,80 +86,12 @@ def unsupported(geom: Geometry, dtype: str) -> str | None:
     return None
 
 
-# cuLaunchKernel's status where the calling thread has no CUDA context bound (CUDA_ERROR_INVALID_CONTEXT).
-_NO_CONTEXT = 201
-
-
-def _float_bits(value: np.float32) -> int:
-    return int(value.view(np.uint32))
-
-
-def _array_address(value: Any) -> int:
-    return value.data.ptr
-
 # How many geometries the identity-keyed front of the compile cache holds before it starts over (the
 # size of Geometry.build's cache, which interns them).
 IDENTITY_CACHE_SIZE = 4096
 
 
-def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """role -> value to a kernel's argument tuple, in the order of its `params`: one C-level call per
-    launch instead of a generator over the parameters."""
-    pick = operator.itemgetter(*(param.role for param in params))
-    return pick if len(params) > 1 else lambda values: (pick(values),)
-
-
-# Family -> stage -> the role of the stage's output (its first non-const parameter; a GEMM stage's only
-# one), which _into_output fills per call: worked out once.
-_OUTPUT_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage: next(p.role for p in params if not p.const) for stage, params in stages.items()}
-    for family, stages in STAGES.items()}
-# Family -> stage -> the role of the input its `<stage>_wgpack` packs (the weight, or the weight gradient's D), which
-# the stage reads in the packed operand's place where the pack would only copy it (Plan.copied_packs).
-_PACKED_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage.removesuffix("_wgpack"): params[0].role for stage, params in stages.items()
-             if stage.endswith("_wgpack")}
-    for family, stages in STAGES.items()}
-# Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the stage's source, the weight
-# gradient's U), which the stage then reads from its output instead: worked out once.
-_RESTAGED_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage.removesuffix("_wgsource"): params[0].role for stage, params in stages.items()
-             if stage.endswith("_wgsource")}
-    for family, stages in STAGES.items()}
-
-
-class _Compiled:
-    """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments, kernel),
-    stages with nothing to write left out; launch group -> (function, its members with the number of parameters
-    each takes); and the plan they came from. What each call needs is resolved here once, a function as the
-    driver's handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The functions are
-    shared by every geometry with the same defines (the batch is a kernel argument)."""
-
-    def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
-        self.family = geom.family
-        self.is_conv = geom.family.is_conv
-        self.images = np.uint32(geom.images)
-        self.plan = plan
-        params = STAGES[geom.family]
-        self.launches = {stage: (functions[launch.kernel or stage].kernel.ptr, (launch.grid,), (launch.block,),
-                                 launch.shared_bytes, _arguments_of(params[launch.kernel or stage]),
-                                 launch.kernel or stage)
-                         for stage, launch in plan.launches.items() if launch.grid}
-        self.groups = {group: (functions[group].kernel.ptr, tuple((member, len(params[member])) for member in members))
-                       for group, members in LAUNCH_GROUPS[geom.family].items()}
-
-
-class _Wrapping:
-    """A circular conv's pad and fold kernels, ready to launch: stage -> (function, blocks), and
-    the plan they came from (convgen.circular)."""
-
-    def __init__(self, plan: CircularPlan, functions: dict[str, Any]) -> None:
-        self.plan = plan
-        self.launches = {"pad": (functions["pad"].kernel.ptr, plan.pad_blocks),
-                         "fold": (functions["fold"].kernel.ptr, plan.fold_blocks)}
-
-
-class CupyBackend:
+class CupyBackend(KernelLaunches):
     """Runs every op with the generated CUDA kernels on the current CuPy device; deterministic
     (no atomics), with arrays of `dtype` (float32 or float64 for a tape; convgen.torch also runs float16
     and bfloat16, computed in float32: `scalar_dtype`), kernels compiled per dtype."""
@@ -203,19 +127,15 @@ class CupyBackend:
             raise BackendError("the CUDA tape found no GPU (CUDA reports 0 devices)")
         self._xp = cupy
         self._current_device = cupy.cuda.runtime.getDevice  # looked up once: every call asks for it
-        self._launch_kernel = cupy.cuda.driver.launchKernel
-        self._driver_error = cupy.cuda.driver.CUDADriverError
-        # type -> how an argument of exactly that type fills its launch slot (_slots); any other goes through _slot.
-        self._slot_of: dict[type, Callable[[Any], int]] = {int: int, np.uint32: int, np.float32: _float_bits,
-                                                           cupy.ndarray: _array_address}
+        self._bind_driver(cupy)
         self._errors: tuple[type[BaseException], ...] = (
             cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError,
             cupy.cuda.runtime.CUDARuntimeError)
-        self._compiled: dict[tuple[Geometry, int], _Compiled] = {}
-        # (id(geom), device) -> (geom, its _Compiled): the per-call lookup, without hashing the geometry's
+        self._compiled: dict[tuple[Geometry, int], Compiled] = {}
+        # (id(geom), device) -> (geom, its Compiled): the per-call lookup, without hashing the geometry's
         # fields. It holds `geom` itself, so the id keying an entry is never reused while the entry lives.
-        self._compiled_by_identity: dict[tuple[int, int], tuple[Geometry, _Compiled]] = {}
-        self._wrappings: dict[tuple[Geometry, int], _Wrapping] = {}
+        self._compiled_by_identity: dict[tuple[int, int], tuple[Geometry, Compiled]] = {}
+        self._wrappings: dict[tuple[Geometry, int], Wrapping] = {}
         self._modules: dict[tuple, dict[str, Any]] = {}  # (source, NVRTC options, device) -> functions
         self._hardware: dict[int, Hardware] = {}
 
@@ -288,7 +208,7 @@ class CupyBackend:
 
     # Compiling and launching.
 
-    def _compile(self, geom: Geometry) -> _Compiled:
+    def _compile(self, geom: Geometry) -> Compiled:
         """The kernels of `geom`, compiled once per geometry and device (CuPy also caches the
         binary on disk, keyed by source and options, across processes)."""
         device = self._current_device()
@@ -303,7 +223,7 @@ class CupyBackend:
         self._compiled_by_identity[(id(geom), device)] = (geom, compiled)
         return compiled
 
-    def _compiled_anew(self, geom: Geometry, device: int) -> _Compiled:
+    def _compiled_anew(self, geom: Geometry, device: int) -> Compiled:
         """`geom`'s plan and kernels for `device`, or the BackendError saying why not."""
         refusal = unsupported(geom, self.dtype)
         if refusal is not None:
@@ -327,7 +247,7 @@ class CupyBackend:
                 functions[kernel].max_dynamic_shared_size_bytes = shared_bytes
         except self._errors as error:
             raise BackendError(f"{entry.source}: {error}") from error
-        return _Compiled(geom, geometry_plan, functions)
+        return Compiled(geom, geometry_plan, functions)
 
     def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
                    device: int) -> dict[str, Any]:
@@ -343,7 +263,7 @@ class CupyBackend:
             self._modules[(source_name, options, device)] = functions
         return functions
 
-    def _wrapping(self, geom: Geometry) -> _Wrapping:
+    def _wrapping(self, geom: Geometry) -> Wrapping:
         """The pad and fold kernels of a circular conv, compiled once per geometry and device."""
         device = self._current_device()
         wrapping = self._wrappings.get((geom, device))
@@ -354,7 +274,7 @@ class CupyBackend:
             circular = circular_plan(geom, self.dtype)
             entry = CIRCULAR_KERNELS[geom.rank]
             functions = self._functions(entry.source, entry.symbols, circular.options, device)
-            wrapping = self._wrappings[(geom, device)] = _Wrapping(circular, functions)
+            wrapping = self._wrappings[(geom, device)] = Wrapping(circular, functions)
         return wrapping
 
     def _stream_pointer(self) -> int:
@@ -362,144 +282,6 @@ class CupyBackend:
         another (convgen.torch gives torch's current stream); `_output`, `_scratch` and `_like` are the only places
         buffers come from, so a subclass can take them from another allocator too."""
         return self._xp.cuda.get_current_stream().ptr
-
-    def _slots(self, args: tuple[Any, ...]) -> array:
-        """The kernel arguments as 8-byte slots of cuLaunchKernel's parameters: a device array's or bare
-        allocation's address, or a 32-bit scalar's bits (images, a float beta) in the low bytes, of which the
-        driver reads the parameter's own size (a launch group's block counts and the zeros of a member it does not
-        run are ints). Looked up by type: a method call an argument cost 0.7 µs a
-        five-argument launch on the development machine."""
-        slot_of, slot = self._slot_of, self._slot
-        return array("Q", [(slot_of.get(type(value)) or slot)(value) for value in args])
-
-    def _slot(self, value: Any) -> int:
-        """The slot of an argument whose exact type _slot_of does not know (a subclass, a bare allocation)."""
-        if isinstance(value, self._xp.ndarray):
-            return value.data.ptr
-        return value.ptr  # a bare allocation (_scratch)
-
-    def _call(self, stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int,
-              args: tuple[Any, ...]) -> None:
-        """One kernel launch, through CuPy's binding of the driver's cuLaunchKernel: its parameters an array of
-        pointers to 8-byte slots, one an argument. CuPy's own launch converts each argument to an object first:
-        0.9-1.8 µs a launch more on four of five H200 hosts, the same on the fifth (benchmarks/launch_parts.py)."""
-        slots = self._slots(args)
-        first = slots.buffer_info()[0]
-        parameters = array("Q", range(first, first + 8 * len(slots), 8))
-        launch = (function, grid[0], 1, 1, block[0], 1, 1, shared_bytes, self._stream_pointer(),
-                  parameters.buffer_info()[0], 0)
-        try:
-            try:
-                self._launch_kernel(*launch)
-            except self._driver_error as error:
-                if error.status != _NO_CONTEXT:
-                    raise
-                # A thread whose CUDA calls so far needed no context (CuPy's pool can hand out a cached block
-                # without one) has none bound: a runtime call binds the current device's, as CuPy's launch does.
-                self._xp.cuda.runtime.memGetInfo()
-                self._launch_kernel(*launch)
-        except self._errors as error:
-            raise BackendError(f"{stage} kernel failed: {error}") from error
-
-    def _wrap_stage(self, wrapping: _Wrapping, stage: str, geom: Geometry, source: Any,
-                    output_shape: tuple[int, ...]) -> Any:
-        """`pad` (source x, output xp) or `fold` (source dxp, output dx) of a circular conv, into a new array."""
-        output = self._output(output_shape)
-        source_role, output_role = (p.role for p in CIRCULAR_STAGES[stage] if p.pointer)
-        function, blocks = wrapping.launches[stage]
-        if blocks:
-            values = {source_role: source, "images": np.uint32(geom.images), output_role: output}
-            self._call(stage, function, (blocks,), (BLOCK,), 0, tuple(values[p.role] for p in CIRCULAR_STAGES[stage]))
-        return output
-
-    def _launch(self, compiled: _Compiled, stage: str, values: dict[str, Any],
-                group: dict[str, tuple[Any, ...]] | None = None) -> None:
-        """Run `stage` with its arguments taken from `values` by the roles of its parameters (the
-        contract's order), or with `group` (kernel -> its launch) add it there, for _launch_group; a stage with
-        nothing to write is skipped, an unknown one is an error."""
-        launch = compiled.launches.get(stage)
-        if launch is None:
-            if stage not in STAGES[compiled.family]:
-                known = ", ".join(STAGES[compiled.family])
-                raise ValueError(f"{compiled.family.value} has no stage {stage!r} (stages: {known})")
-            return  # nothing to write
-        function, grid, block, shared_bytes, arguments, kernel = launch
-        if group is None:
-            self._call(stage, function, grid, block, shared_bytes, arguments(values))
-        else:
-            group[kernel] = (function, grid, block, shared_bytes, arguments(values))
-
-    def _launch_group(self, compiled: _Compiled, group: str, queued: dict[str, tuple[Any, ...]]) -> None:
-        """The launches `queued` for `group` (kernel -> function, grid, block, shared bytes, arguments; every member's
-        block is BLOCK threads, with no dynamic shared memory: cuda_launch checks) as one launch of the group's kernel,
-        its grid their blocks in member order; one alone is launched as itself."""
-        if len(queued) < 2:
-            for kernel, (function, grid, block, shared_bytes, args) in queued.items():
-                self._call(kernel, function, grid, block, shared_bytes, args)
-            return
-        function, members = compiled.groups[group]
-        args: list[Any] = []
-        blocks: list[int] = []
-        for member, parameters in members:
-            launch = queued.get(member)
-            args.extend((0,) * parameters if launch is None else launch[4])
-            blocks.append(0 if launch is None else launch[1][0])
-        if len(queued) != sum(1 for count in blocks if count):
-            raise ValueError(f"{group} does not run {sorted(set(queued) - {member for member, _ in members})}")
-        self._call(group, function, (sum(blocks),), (BLOCK,), 0, (*args, *blocks))
-
-    def _operands(self, compiled: _Compiled, stage: str, values: dict[str, Any], prep: dict[str, tuple[Any, ...]],
-                  staged: dict[str, Any] | None = None) -> dict[str, Any]:
-        """`values` as the implicit-GEMM `stage` reads them, the launches that lay them out added to `prep`, its pass's
-        launch group (_launch_group), launched before the stage. A stage the plan packs
-        reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
-        its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs); a 16-bit `_wgmma`
-        stage reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place;
-        `staged`, role -> such a copy made by an earlier stage of the same pass, which a stage reading that role's
-        copy takes instead of laying it out again (the transpose's input and weight gradients both read the upstream
-        gradient channels-last, whose layout a role fixes), and to which it adds its own."""
-        if stage in compiled.plan.copied_packs:  # its input is laid out as its `_wgpack` would write it
-            family = compiled.family
-            values = {**values, _OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[_PACKED_ROLES[family][stage]]}
-        elif f"{stage}_pack" in compiled.launches:
-            elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
-            if elements is None:
-                packed = self._like(values["weight"])
-                self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed}, prep)
-                values = {**values, "weight": packed}
-            else:
-                role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
-                values = {**values, role: self._scratch((elements,), "float32")}
-                self._launch(compiled, f"{stage}_pack", values, prep)
-        source_elements = compiled.plan.source_elements.get(stage)
-        if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
-            role = _RESTAGED_ROLES[compiled.family][stage]
-            copy = None if staged is None else staged.get(role)
-            if copy is None:
-                copy = self._scratch((source_elements,), "float32")
-                self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": copy}, prep)
-                if staged is not None:
-                    staged[role] = copy
-            values = {**values, role: copy}
-        return values
-
-    def _into_output(self, compiled: _Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...],
-                     group: dict[str, tuple[Any, ...]] | None = None,
-                     reduces: dict[str, tuple[Any, ...]] | None = None) -> Any:
-        """`stage` into a new output of `output_shape` (the kernel's non-const parameter), returned; when the
-        plan splits the stage's reduction, into a partial buffer [split, *output_shape] that the stage's
-        reduce kernel adds up in a fixed order. Launched now, or the stage added to `group` and its reduce to
-        `reduces` (launch groups, _launch_group) where given."""
-        role = _OUTPUT_ROLES[compiled.family][stage]
-        output = self._output(output_shape)
-        split = compiled.plan.splits[stage]
-        if split == 1:
-            self._launch(compiled, stage, {**values, role: output}, group)
-            return output
-        partial = self._scratch((split, *output_shape), self.scalar_dtype)
-        self._launch(compiled, stage, {**values, role: partial}, group)
-        self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial}, reduces)
-        return output
 
     # The ops.
 

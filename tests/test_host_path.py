@@ -12,7 +12,7 @@ import convgen.cpu
 import convgen.cuda
 import numpy as np
 import pytest
-from convgen.generated.contract import KERNELS, STAGES
+from convgen.generated.contract import KERNELS, LAUNCH_GROUPS, STAGES
 from convgen.geometry import Family, Geometry, fits_u32
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -119,7 +119,7 @@ def test_a_conv_step_launches_its_layouts_and_reduces_in_groups(recording_tape):
     the GEMMs, then adds up the weight and bias gradients' parts in another; a group's slots are its members' own,
     in member order, zeros for a member it does not run, then each member's blocks. A group of one member (the
     forward's packed weight) launches that member's own kernel."""
-    backend = stand_in.stand_in_cuda_tape(convgen, "medium")._backend  # TF32 on the H200: the `_wgmma` kernels
+    backend = stand_in.stand_in_cuda_tape(convgen, "medium")._backend  # recording; TF32 on the H200: `_wgmma`
     geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
     weight, bias, x = (stand_in.StandInArray(shape, np.float32) for shape in geom.parent_shapes)
     y, _ = backend.forward(geom, (weight, bias, x))
@@ -158,3 +158,20 @@ def test_a_conv_step_launches_its_layouts_and_reduces_in_groups(recording_tape):
                        launches["backward_weight_reduce"].grid, launches["backward_bias_reduce"].grid)
     assert reduce_grid == launches["backward_weight_reduce"].grid + launches["backward_bias_reduce"].grid
     assert grad_x.data.ptr == RecordingModule.launches[3][3][-1] and y.data.ptr == RecordingModule.launches[1][3][-1]
+
+
+def test_a_bf16_training_step_makes_six_launches(recording_tape):
+    """bf16 N32 64->64 on the H200's plans: the forward's layouts (packed weight, channels-last source) as one launch
+    and its `_wgmma`; the backward's layouts and bias parts, its two `_wgmma` kernels and their reduces as one."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):  # the recording CuPy (the fixture's)
+        backend = convgen.cuda.CupyBackend("bfloat16", "medium")
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    inputs = tuple(stand_in.StandInArray(shape, np.uint16) for shape in geom.parent_shapes)
+    backend.forward(geom, inputs)
+    backend.backward(geom, inputs, None, stand_in.StandInArray(geom.output_shape, np.uint16))
+    assert [symbol.removeprefix("conv_r2_") for symbol, *_ in RecordingModule.launches] == [
+        "forward_prep", "forward_wgmma", "backward_prep", "backward_input_wgmma", "backward_weight_wgmma",
+        "backward_reduces"]
+    members = dict(zip(LAUNCH_GROUPS[Family.CONV]["backward_prep"], RecordingModule.launches[2][3][-6:]))
+    assert [member for member, blocks in members.items() if blocks] == [
+        "backward_input_wgpack", "backward_input_wgsource", "backward_weight_wgsource", "backward_bias"]

@@ -149,11 +149,11 @@ def test_the_gemm_keeps_the_stages_wgmma_does_not_take():
 def test_a_wgmma_launch_passes_its_kernels_arguments():
     """The `_wgmma` kernel takes the packed weight beside the weight: its launch's arguments follow its own
     parameters, not the stage's GEMM's."""
-    from convgen.cuda import _Compiled
+    from convgen.cuda_kernels import Compiled
 
     made = plan(BATCHED_128, precision="medium")
     # CuPy's RawKernels, of which the launches keep the device function's handle
-    compiled = _Compiled(BATCHED_128, made, defaultdict(lambda: SimpleNamespace(kernel=SimpleNamespace(ptr=0))))
+    compiled = Compiled(BATCHED_128, made, defaultdict(lambda: SimpleNamespace(kernel=SimpleNamespace(ptr=0))))
     values = {"x": "x", "grad": "g", "weight": "w", "bias": "b", "packed_weight": "p", "images": 8, "y": "y",
               "grad_x": "dx"}
     assert compiled.launches["forward"][4](values) == ("x", "w", "b", "p", 8, "y")
