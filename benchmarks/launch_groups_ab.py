@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
-"""Launch groups against one launch a kernel, in one process: a conv's forward and training step through
-convgen.torch, timed as bench.py's user calls (GPU idle, L2 flushed, CUDA events around the Python call), rounds
-alternating between the backend as it is and the same backend launching each queued member of a group as its own
-kernel (the launches before the groups). Whole processes differ by 30-50% in speed on the H200's hosts
-(benchmarks/NOTES.md), so only A and B in one process show a few µs. Also checks that both give the same bits.
+"""Launch groups against one launch a kernel, in one process: a conv's forward and training step through convgen.torch,
+timed as bench.py's user calls (GPU idle, L2 flushed, CUDA events around the Python call), rounds alternating
+between the backend as it is and the same backend launching each queued member of a group as its own kernel (the
+launches before the groups). Whole processes differ by 30-50% in speed on the H200's hosts (benchmarks/NOTES.md), so
+only A and B in one process show a few µs. Also checks that both give the same bits. With `--stand-in` (no GPU, CuPy
+or PyTorch), the backend's own Python path of a forward and a backward on the stand-in CuPy
+(benchmarks/suite/stand_in.py), whose launches and allocations do nothing: what the groups save there is Python
+alone, before the driver's few µs a launch.
 
     python3 benchmarks/launch_groups_ab.py [--cases conv2d_64_56_n32,conv2d_128_128_n8] [--dtypes bfloat16]
-                                           [--rounds 200]
+                                           [--rounds 200] [--stand-in]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
-import convgen.torch as adapter
-import torch
-from convgen.cuda import CupyBackend
+from convgen.cuda import STORAGE_DTYPES, CupyBackend
+from suite import stand_in
 from suite.cases import CASES_BY_NAME, Case
 from suite.timing import L2_FLUSH_BYTES
 
@@ -34,15 +37,18 @@ def one_launch_a_kernel(self: CupyBackend, compiled: Any, group: str, queued: di
 MODES: dict[str, Callable[..., None]] = {"groups": GROUPED, "one a kernel": one_launch_a_kernel}
 
 
-def calls(case: Case, dtype: torch.dtype) -> tuple[dict[str, Callable[[], Any]], Callable[[], list[torch.Tensor]]]:
+def calls(case: Case, dtype: Any) -> tuple[dict[str, Callable[[], Any]], Callable[[], list[Any]]]:
     """The case's forward and training step on CUDA tensors of `dtype`, and what they leave to compare."""
+    import convgen.torch as adapter
+    import torch
+
     generator = torch.Generator(device="cuda").manual_seed(0)
     x, weight, bias = (torch.randn(shape, device="cuda", generator=generator).to(dtype).requires_grad_()
                        for shape in (case.input_shape, case.weight_shape, (case.out_c,)))
     upstream = torch.randn(case.output_shape, device="cuda", generator=generator).to(dtype)
     outputs: list[torch.Tensor] = []
 
-    def forward() -> torch.Tensor:
+    def forward() -> Any:
         return adapter.conv(x, weight, bias, case.strides, case.paddings)
 
     def step() -> None:
@@ -52,14 +58,16 @@ def calls(case: Case, dtype: torch.dtype) -> tuple[dict[str, Callable[[], Any]],
         torch.autograd.backward(y, upstream)
         outputs[:] = [y.detach(), x.grad, weight.grad, bias.grad]
 
-    def results() -> list[torch.Tensor]:
+    def results() -> list[Any]:
         step()
         return [t.clone() for t in outputs]
 
     return {"forward": forward, "forward+backward": step}, results
 
 
-def timed_ms(call: Callable[[], Any], flush: torch.Tensor) -> float:
+def timed_ms(call: Callable[[], Any], flush: Any) -> float:
+    import torch
+
     flush.zero_()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,6 +78,35 @@ def timed_ms(call: Callable[[], Any], flush: torch.Tensor) -> float:
     return start.elapsed_time(end)
 
 
+def stand_in_step_us(backend: CupyBackend, case: Case, dtype: str, rounds: int) -> dict[str, float]:
+    """Mode -> median µs of `backend`'s Python a forward and a backward of the case on stand-in arrays."""
+    geom = case.geometry
+    inputs = tuple(stand_in.StandInArray(shape, STORAGE_DTYPES[dtype]) for shape in geom.parent_shapes)
+    grad = stand_in.StandInArray(geom.output_shape, STORAGE_DTYPES[dtype])
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode, launch_group in MODES.items():
+            CupyBackend._launch_group = launch_group
+            start = time.perf_counter()
+            for _ in range(100):
+                backend.forward(geom, inputs)
+                backend.backward(geom, inputs, None, grad)
+            samples[mode].append((time.perf_counter() - start) * 1e4)
+    CupyBackend._launch_group = GROUPED
+    return {mode: statistics.median(values) for mode, values in samples.items()}
+
+
+def stand_in_ab(cases: list[Case], dtypes: list[str], precision: str, rounds: int) -> None:
+    print(f"launch groups A/B on the stand-in CuPy, µs of Python a forward + backward (median of {rounds} rounds of "
+          f"100; float32 in {precision})")
+    for case in cases:
+        for dtype in dtypes:
+            with stand_in.imports_as(stand_in.stand_in_cupy()):
+                backend = CupyBackend(dtype, precision if dtype == "float32" else "medium")
+            medians = stand_in_step_us(backend, case, dtype, rounds)
+            print(f"{case.title} {dtype:<9} " + "  ".join(f"{mode} {us:.2f}" for mode, us in medians.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="conv2d_64_56_n32,conv2d_128_128_n8")
@@ -77,11 +114,19 @@ def main() -> None:
     parser.add_argument("--precision", choices=("highest", "high", "medium"), default="medium",
                         help="convgen's float32 precision")
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--stand-in", action="store_true", help="the backend's Python alone, on the stand-in CuPy")
     args = parser.parse_args()
+    cases = [CASES_BY_NAME[name] for name in args.cases.split(",")]
+    if args.stand_in:
+        stand_in_ab(cases, args.dtypes.split(","), args.precision, args.rounds)
+        return
+    import convgen.torch as adapter
+    import torch
+
     adapter.set_float32_precision(args.precision)
     flush = torch.empty(L2_FLUSH_BYTES // 4, device="cuda")
     print(f"launch groups A/B, ms (median of {args.rounds} rounds, modes alternating; float32 in {args.precision})")
-    for case in (CASES_BY_NAME[name] for name in args.cases.split(",")):
+    for case in cases:
         for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
             ops, results = calls(case, dtype)
             same = []
