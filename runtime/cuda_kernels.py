@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,10 +60,11 @@ _RESTAGED_ROLES: dict[Family, dict[str, str]] = {
 
 class Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments, kernel),
-    stages with nothing to write left out; launch group -> (function, its members with the number of parameters
-    each takes); and the plan they came from. What each call needs is resolved here once, a function as the
-    driver's handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The functions are
-    shared by every geometry with the same defines (the batch is a kernel argument)."""
+    stages with nothing to write left out; launch group -> (function, its members each with the zeros it gets
+    when the call does not run it, one a parameter); and the plan they came from. What each call needs is
+    resolved here once, a function as the driver's handle of it on the device compiled for (CuPy's RawKernel
+    resolves it per call). The functions are shared by every geometry with the same defines (the batch is a
+    kernel argument)."""
 
     def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
         self.family = geom.family
@@ -75,7 +76,8 @@ class Compiled:
                                  launch.shared_bytes, _arguments_of(params[launch.kernel or stage]),
                                  launch.kernel or stage)
                          for stage, launch in plan.launches.items() if launch.grid}
-        self.groups = {group: (functions[group].kernel.ptr, tuple((member, len(params[member])) for member in members))
+        self.groups = {group: (functions[group].kernel.ptr, tuple((member, (0,) * len(params[member]))
+                                                                  for member in members))
                        for group, members in LAUNCH_GROUPS[geom.family].items()}
 
 
@@ -102,7 +104,7 @@ class KernelLaunches:
         self._slot_of: dict[type, Callable[[Any], int]] = {int: int, np.uint32: int, np.float32: _float_bits,
                                                            cupy.ndarray: _array_address}
 
-    def _slots(self, args: tuple[Any, ...]) -> array:
+    def _slots(self, args: Sequence[Any]) -> array:
         """The kernel arguments as 8-byte slots of cuLaunchKernel's parameters: a device array's or bare
         allocation's address, or a 32-bit scalar's bits (images, a float beta) in the low bytes, of which the
         driver reads the parameter's own size (a launch group's block counts and the zeros of a member it does not
@@ -118,7 +120,7 @@ class KernelLaunches:
         return value.ptr  # a bare allocation (_scratch)
 
     def _call(self, stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int,
-              args: tuple[Any, ...]) -> None:
+              args: Sequence[Any]) -> None:
         """One kernel launch, through CuPy's binding of the driver's cuLaunchKernel: its parameters an array of
         pointers to 8-byte slots, one an argument. CuPy's own launch converts each argument to an object first:
         0.9-1.8 µs a launch more on four of five H200 hosts, the same on the fifth (benchmarks/launch_parts.py)."""
@@ -179,13 +181,18 @@ class KernelLaunches:
         function, members = compiled.groups[group]
         args: list[Any] = []
         blocks: list[int] = []
-        for member, parameters in members:
+        for member, zeros in members:
             launch = queued.get(member)
-            args.extend((0,) * parameters if launch is None else launch[4])
-            blocks.append(0 if launch is None else launch[1][0])
-        if len(queued) != sum(1 for count in blocks if count):
+            if launch is None:
+                args += zeros
+                blocks.append(0)
+            else:
+                args += launch[4]
+                blocks.append(launch[1][0])
+        if len(queued) != len(blocks) - blocks.count(0):
             raise ValueError(f"{group} does not run {sorted(set(queued) - {member for member, _ in members})}")
-        self._call(group, function, (sum(blocks),), (BLOCK,), 0, (*args, *blocks))
+        args += blocks
+        self._call(group, function, (sum(blocks),), (BLOCK,), 0, args)
 
     def _operands(self, compiled: Compiled, stage: str, values: dict[str, Any], prep: dict[str, tuple[Any, ...]],
                   staged: dict[str, Any] | None = None) -> dict[str, Any]:
