@@ -202,10 +202,6 @@ class CupyBackend(KernelLaunches):
             memory.memset_async(0xFF, size)
         return memory
 
-    def _like(self, array: Any) -> Any:
-        """Scratch of `array`'s shape in the backend's dtype (a packed weight)."""
-        return self._scratch(array.shape)
-
     # Compiling and launching.
 
     def _compile(self, geom: Geometry) -> Compiled:
@@ -247,7 +243,7 @@ class CupyBackend(KernelLaunches):
                 functions[kernel].max_dynamic_shared_size_bytes = shared_bytes
         except self._errors as error:
             raise BackendError(f"{entry.source}: {error}") from error
-        return Compiled(geom, geometry_plan, functions)
+        return Compiled(geom, geometry_plan, functions, _ITEMSIZES[self.dtype], _ITEMSIZES[self.scalar_dtype])
 
     def _functions(self, source_name: str, symbols: dict[str, str], options: tuple[str, ...],
                    device: int) -> dict[str, Any]:
@@ -279,7 +275,7 @@ class CupyBackend(KernelLaunches):
 
     def _stream_pointer(self) -> int:
         """The raw handle of the stream every kernel launches on: CuPy's current stream. A subclass may give
-        another (convgen.torch gives torch's current stream); `_output`, `_scratch` and `_like` are the only places
+        another (convgen.torch gives torch's current stream); `_output` and `_scratch` are the only places
         buffers come from, so a subclass can take them from another allocator too."""
         return self._xp.cuda.get_current_stream().ptr
 
@@ -301,11 +297,14 @@ class CupyBackend(KernelLaunches):
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
+            layout = compiled.forward_scratch
+            buffers = layout.stages["forward"]
+            scratch, base = self._scratch_base(layout)  # held until the launches are queued
             prep: dict[str, tuple[Any, ...]] = {}
             values = self._operands(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "images": images},
-                                    prep)
+                                    prep, buffers, base)
             self._launch_group(compiled, "forward_prep", prep)
-            return self._into_output(compiled, "forward", values, geom.output_shape), None
+            return self._into_output(compiled, "forward", values, buffers, base), None
         (x,) = inputs
         y = self._output(geom.output_shape)
         values = {"x": x, "y": y, "images": images}
@@ -339,21 +338,27 @@ class CupyBackend(KernelLaunches):
         family = compiled.family
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
-            wants_weight, wants_bias, wants_x = (True, True, True) if wanted is None else wanted
+            wants_weight, wants_bias, wants_x = wanted = (True, True, True) if wanted is None else tuple(wanted)
+            layout = compiled.backward_scratch[wanted]
+            buffers = layout.stages
+            scratch, base = self._scratch_base(layout)  # held until the launches are queued
             values = {"x": x, "weight": weight, "grad": grad, "images": images}
-            staged: dict[str, Any] = {}  # channels-last copies of the pass's inputs, by role
             # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
             # weight and bias gradients' reduces.
             prep: dict[str, tuple[Any, ...]] = {}
             reduces: dict[str, tuple[Any, ...]] = {}
-            input_values = self._operands(compiled, "backward_input", values, prep, staged) if wants_x else None
-            weight_values = self._operands(compiled, "backward_weight", values, prep, staged) if wants_weight else None
-            grad_bias = (self._into_output(compiled, BIAS_STAGE, values, (geom.out_c,), prep, reduces) if wants_bias
-                         else None)
+            if wants_x:
+                input_values = self._operands(compiled, "backward_input", values, prep, buffers["backward_input"], base)
+            if wants_weight:
+                weight_values = self._operands(compiled, "backward_weight", values, prep, buffers["backward_weight"],
+                                               base)
+            grad_bias = (self._into_output(compiled, BIAS_STAGE, values, buffers[BIAS_STAGE], base, prep, reduces)
+                         if wants_bias else None)
             self._launch_group(compiled, "backward_prep", prep)
-            grad_x = self._into_output(compiled, "backward_input", input_values, geom.input_shape) if wants_x else None
-            grad_weight = (self._into_output(compiled, "backward_weight", weight_values, weight.shape, reduces=reduces)
-                           if wants_weight else None)
+            grad_x = (self._into_output(compiled, "backward_input", input_values, buffers["backward_input"], base)
+                      if wants_x else None)
+            grad_weight = (self._into_output(compiled, "backward_weight", weight_values, buffers["backward_weight"],
+                                             base, reduces=reduces) if wants_weight else None)
             self._launch_group(compiled, "backward_reduces", reduces)
             return grad_weight, grad_bias, grad_x
         (x,) = inputs

@@ -18,7 +18,18 @@ from convgen.backend import BackendError
 from convgen.circular import CircularPlan
 from convgen.cuda_launch import BLOCK, Plan
 from convgen.generated.contract import CIRCULAR_STAGES, LAUNCH_GROUPS, STAGES, Param
-from convgen.geometry import Family, Geometry
+from convgen.geometry import Geometry
+from convgen.scratch_layout import (
+    BACKWARD_STAGES,
+    OUTPUT_ROLES,
+    PACKED_ROLES,
+    RESTAGED_ROLES,
+    ScratchLayout,
+    StageScratch,
+    backward_layouts,
+    output_shape,
+    scratch_layout,
+)
 
 # cuLaunchKernel's status where the calling thread has no CUDA context bound (CUDA_ERROR_INVALID_CONTEXT).
 _NO_CONTEXT = 201
@@ -39,34 +50,17 @@ def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple
     return pick if len(params) > 1 else lambda values: (pick(values),)
 
 
-# Family -> stage -> the role of the stage's output (its first non-const parameter; a GEMM stage's only
-# one), which _into_output fills per call: worked out once.
-_OUTPUT_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage: next(p.role for p in params if not p.const) for stage, params in stages.items()}
-    for family, stages in STAGES.items()}
-# Family -> stage -> the role of the input its `<stage>_wgpack` packs (the weight, or the weight gradient's D), which
-# the stage reads in the packed operand's place where the pack would only copy it (Plan.copied_packs).
-_PACKED_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage.removesuffix("_wgpack"): params[0].role for stage, params in stages.items()
-             if stage.endswith("_wgpack")}
-    for family, stages in STAGES.items()}
-# Family -> stage -> the role of the input a `<stage>_wgsource` kernel lays out (the stage's source, the weight
-# gradient's U), which the stage then reads from its output instead: worked out once.
-_RESTAGED_ROLES: dict[Family, dict[str, str]] = {
-    family: {stage.removesuffix("_wgsource"): params[0].role for stage, params in stages.items()
-             if stage.endswith("_wgsource")}
-    for family, stages in STAGES.items()}
-
-
 class Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments, kernel),
     stages with nothing to write left out; launch group -> (function, its members each with the zeros it gets
-    when the call does not run it, one a parameter); and the plan they came from. What each call needs is
-    resolved here once, a function as the driver's handle of it on the device compiled for (CuPy's RawKernel
-    resolves it per call). The functions are shared by every geometry with the same defines (the batch is a
-    kernel argument)."""
+    when the call does not run it, one a parameter); a conv's stage outputs' shapes and each pass's scratch
+    layout; and the plan they came from. What each call needs is resolved here once, a function as the driver's
+    handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The functions are shared by
+    every geometry with the same defines (the batch is a kernel argument). `element_bytes` and `scalar_bytes` are
+    the sizes of the backend's elements and of the type it sums in."""
 
-    def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any]) -> None:
+    def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any], element_bytes: int,
+                 scalar_bytes: int) -> None:
         self.family = geom.family
         self.is_conv = geom.family.is_conv
         self.images = np.uint32(geom.images)
@@ -79,6 +73,11 @@ class Compiled:
         self.groups = {group: (functions[group].kernel.ptr, tuple((member, (0,) * len(params[member]))
                                                                   for member in members))
                        for group, members in LAUNCH_GROUPS[geom.family].items()}
+        if self.is_conv:
+            self.output_shapes = {stage: output_shape(geom, stage) for stage in ("forward", *BACKWARD_STAGES)}
+            self.forward_scratch = scratch_layout(geom, plan, ("forward",), element_bytes, scalar_bytes)
+            # (wants weight, wants bias, wants input) -> the backward's scratch
+            self.backward_scratch = backward_layouts(geom, plan, element_bytes, scalar_bytes)
 
 
 class Wrapping:
@@ -93,7 +92,7 @@ class Wrapping:
 
 class KernelLaunches:
     """The launching half of convgen.cuda's CupyBackend. The backend provides `_xp` (CuPy), `_errors` (the CUDA
-    errors a launch may raise), `scalar_dtype`, the buffers (`_output`, `_scratch`, `_like`) and `_stream_pointer`,
+    errors a launch may raise), `scalar_dtype`, the buffers (`_output`, `_scratch`) and `_stream_pointer`,
     and calls `_bind_driver` when it is made."""
 
     def _bind_driver(self, cupy: Any) -> None:
@@ -194,55 +193,52 @@ class KernelLaunches:
         args += blocks
         self._call(group, function, (sum(blocks),), (BLOCK,), 0, args)
 
+    def _scratch_base(self, layout: ScratchLayout) -> tuple[Any, int]:
+        """A pass's scratch as one allocation of `layout`'s size (None where it has none) and its address, to which
+        the layout's offsets are added: kept by the caller until the pass's last launch is queued."""
+        if not layout.size:
+            return None, 0
+        scratch = self._scratch((layout.size,), "uint8")
+        return scratch, (self._slot_of.get(type(scratch)) or self._slot)(scratch)
+
     def _operands(self, compiled: Compiled, stage: str, values: dict[str, Any], prep: dict[str, tuple[Any, ...]],
-                  staged: dict[str, Any] | None = None) -> dict[str, Any]:
+                  buffers: StageScratch, base: int) -> dict[str, Any]:
         """`values` as the implicit-GEMM `stage` reads them, the launches that lay them out added to `prep`, its pass's
-        launch group (_launch_group), launched before the stage. A stage the plan packs
-        reads the weight as its `_pack` kernel lays it out, in a scratch buffer of the weight's size (a `_wgmma` stage:
-        its `_wgpack`'s output, of its plan's packed_elements, which it reads beside its inputs); a 16-bit `_wgmma`
-        stage reads its source (the weight gradient's U) as its `_wgsource` lays it out (source_elements), in its place;
-        `staged`, role -> such a copy made by an earlier stage of the same pass, which a stage reading that role's
-        copy takes instead of laying it out again (the transpose's input and weight gradients both read the upstream
-        gradient channels-last, whose layout a role fixes), and to which it adds its own."""
+        launch group (_launch_group), launched before the stage; `buffers`, where in the pass's scratch (at address
+        `base`) they go. A stage the plan packs reads the weight as its `_pack` kernel lays it out (a `_wgmma` stage:
+        its `_wgpack`'s output, which it reads beside its inputs); a 16-bit `_wgmma` stage reads its source (the weight
+        gradient's U) as a `_wgsource` lays it out, in its place, laid out once a pass per role."""
+        family = compiled.family
         if stage in compiled.plan.copied_packs:  # its input is laid out as its `_wgpack` would write it
-            family = compiled.family
-            values = {**values, _OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[_PACKED_ROLES[family][stage]]}
-        elif f"{stage}_pack" in compiled.launches:
-            elements = compiled.plan.packed_elements.get(stage)  # a `_wgpack`'s, which its `_wgmma` reads beside
-            if elements is None:
-                packed = self._like(values["weight"])
+            values = {**values, OUTPUT_ROLES[family][f"{stage}_wgpack"]: values[PACKED_ROLES[family][stage]]}
+        elif buffers.pack is not None:
+            packed = base + buffers.pack
+            if stage in compiled.plan.packed_elements:  # a `_wgpack`: the packed weight, or D's
+                values = {**values, OUTPUT_ROLES[family][f"{stage}_wgpack"]: packed}
+                self._launch(compiled, f"{stage}_pack", values, prep)
+            else:
                 self._launch(compiled, f"{stage}_pack", {"weight": values["weight"], "packed_weight": packed}, prep)
                 values = {**values, "weight": packed}
-            else:
-                role = _OUTPUT_ROLES[compiled.family][f"{stage}_wgpack"]  # the packed weight, or D's
-                values = {**values, role: self._scratch((elements,), "float32")}
-                self._launch(compiled, f"{stage}_pack", values, prep)
-        source_elements = compiled.plan.source_elements.get(stage)
-        if source_elements is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
-            role = _RESTAGED_ROLES[compiled.family][stage]
-            copy = None if staged is None else staged.get(role)
-            if copy is None:
-                copy = self._scratch((source_elements,), "float32")
+        if buffers.source is not None:  # a 16-bit `_wgmma` stage reads its source channels-last
+            copy = base + buffers.source
+            if buffers.lays_out_source:
                 self._launch(compiled, f"{stage}_wgsource", {**values, "staged_source": copy}, prep)
-                if staged is not None:
-                    staged[role] = copy
-            values = {**values, role: copy}
+            values = {**values, RESTAGED_ROLES[family][stage]: copy}
         return values
 
-    def _into_output(self, compiled: Compiled, stage: str, values: dict[str, Any], output_shape: tuple[int, ...],
+    def _into_output(self, compiled: Compiled, stage: str, values: dict[str, Any], buffers: StageScratch, base: int,
                      group: dict[str, tuple[Any, ...]] | None = None,
                      reduces: dict[str, tuple[Any, ...]] | None = None) -> Any:
-        """`stage` into a new output of `output_shape` (the kernel's non-const parameter), returned; when the
-        plan splits the stage's reduction, into a partial buffer [split, *output_shape] that the stage's
-        reduce kernel adds up in a fixed order. Launched now, or the stage added to `group` and its reduce to
-        `reduces` (launch groups, _launch_group) where given."""
-        role = _OUTPUT_ROLES[compiled.family][stage]
-        output = self._output(output_shape)
-        split = compiled.plan.splits[stage]
-        if split == 1:
+        """`stage` into a new output of its shape (the kernel's non-const parameter), returned; when the plan splits
+        the stage's reduction, into partial sums [split, *output shape] in the pass's scratch (`buffers.partial` from
+        `base`) that the stage's reduce kernel adds up in a fixed order. Launched now, or the stage added to `group`
+        and its reduce to `reduces` (launch groups, _launch_group) where given."""
+        role = OUTPUT_ROLES[compiled.family][stage]
+        output = self._output(compiled.output_shapes[stage])
+        if buffers.partial is None:
             self._launch(compiled, stage, {**values, role: output}, group)
             return output
-        partial = self._scratch((split, *output_shape), self.scalar_dtype)
+        partial = base + buffers.partial
         self._launch(compiled, stage, {**values, role: partial}, group)
         self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial}, reduces)
         return output

@@ -175,3 +175,84 @@ def test_a_bf16_training_step_makes_six_launches(recording_tape):
     members = dict(zip(LAUNCH_GROUPS[Family.CONV]["backward_prep"], RecordingModule.launches[2][3][-6:]))
     assert [member for member, blocks in members.items() if blocks] == [
         "backward_input_wgpack", "backward_input_wgsource", "backward_weight_wgsource", "backward_bias"]
+
+
+def group_slots(group: str, slots: tuple[int, ...], family: Family = Family.CONV) -> dict[str, dict[str, int]]:
+    """A launch group's slots as member -> role -> slot, for the members it ran (those with blocks)."""
+    members = LAUNCH_GROUPS[family][group]
+    by_member, at = {}, 0
+    for member, blocks in zip(members, slots[-len(members):], strict=True):
+        roles = [p.role for p in STAGES[family][member]]
+        if blocks:
+            by_member[member] = dict(zip(roles, slots[at:at + len(roles)], strict=True))
+        at += len(roles)
+    return by_member
+
+
+def test_a_pass_takes_its_scratch_from_one_allocation(recording_tape, monkeypatch):
+    """A bf16 step's packed weights, channels-last sources and partial sums come from one allocation a pass: the
+    forward's two buffers and the backward's five, each on a 256-byte boundary of its pass's allocation and as large
+    as its plan needs, no two overlapping."""
+    cupy = stand_in.stand_in_cupy()
+    allocations = []
+
+    def allocate(size):
+        memory = stand_in.StandInMemory(size)
+        allocations.append(memory)
+        return memory
+
+    monkeypatch.setattr(cupy.cuda, "alloc", allocate)
+    with stand_in.imports_as(cupy):
+        backend = convgen.cuda.CupyBackend("bfloat16", "medium")
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    plan = backend._compile(geom).plan
+    inputs = tuple(stand_in.StandInArray(shape, np.uint16) for shape in geom.parent_shapes)
+    backend.forward(geom, inputs)
+    backend.backward(geom, inputs, None, stand_in.StandInArray(geom.output_shape, np.uint16))
+    forward_prep = group_slots("forward_prep", RecordingModule.launches[0][3])
+    backward_prep = group_slots("backward_prep", RecordingModule.launches[2][3])
+    weight_roles = [p.role for p in STAGES[Family.CONV]["backward_weight_wgmma"]]
+    floats = 4  # bytes of the packed and channels-last operands' unit (Plan.packed_elements, Plan.source_elements)
+    scalars = 4  # partial sums: float32
+    passes = {
+        "forward": {  # address -> bytes the plan needs there
+            forward_prep["forward_wgpack"]["packed_weight"]: plan.packed_elements["forward"] * floats,
+            forward_prep["forward_wgsource"]["staged_source"]: plan.source_elements["forward"] * floats,
+        },
+        "backward": {
+            backward_prep["backward_input_wgpack"]["packed_weight"]: plan.packed_elements["backward_input"] * floats,
+            backward_prep["backward_input_wgsource"]["staged_source"]: plan.source_elements["backward_input"] * floats,
+            backward_prep["backward_weight_wgsource"]["staged_source"]:
+                plan.source_elements["backward_weight"] * floats,
+            backward_prep["backward_bias"]["grad_bias"]: plan.splits["backward_bias"] * geom.out_c * scalars,
+            RecordingModule.launches[4][3][weight_roles.index("grad_weight")]:
+                plan.splits["backward_weight"] * geom.parent_numels[0] * scalars,
+        },
+    }
+    assert len(allocations) == 2
+    for allocation, buffers in zip(allocations, passes.values(), strict=True):
+        spans = sorted((address - allocation.ptr, address - allocation.ptr + size) for address, size in buffers.items())
+        assert all(start % 256 == 0 for start, _ in spans)
+        assert spans[0][0] >= 0 and spans[-1][1] <= allocation.size
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+
+
+def test_a_transposes_gradients_lay_out_the_upstream_gradient_once(recording_tape):
+    """A 16-bit conv transpose's input and weight gradients both read the upstream gradient channels-last: one
+    `_wgsource` pass lays it out, into one buffer of the backward's scratch that both `_wgmma` kernels read."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):
+        backend = convgen.cuda.CupyBackend("bfloat16", "medium")
+    geom = Geometry.build(Family.CONV_TRANSPOSE, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), batch=32)
+    inputs = tuple(stand_in.StandInArray(shape, np.uint16) for shape in geom.parent_shapes)
+    grad = stand_in.StandInArray(geom.output_shape, np.uint16)
+    backend.backward(geom, inputs, None, grad)
+    symbols = [symbol.removeprefix("conv_transpose_r2_") for symbol, *_ in RecordingModule.launches]
+    assert symbols == ["backward_prep", "backward_input_wgmma", "backward_weight_wgmma", "backward_reduces"]
+    ran = group_slots("backward_prep", RecordingModule.launches[0][3], Family.CONV_TRANSPOSE)
+    assert sorted(ran) == ["backward_bias", "backward_input_wgpack", "backward_input_wgsource",
+                           "backward_weight_wgpack"]
+    copy = ran["backward_input_wgsource"]["staged_source"]
+    assert ran["backward_input_wgsource"]["grad"] == grad.data.ptr
+    for index, stage in ((1, "backward_input_wgmma"), (2, "backward_weight_wgmma")):
+        roles = [p.role for p in STAGES[Family.CONV_TRANSPOSE][stage]]
+        assert RecordingModule.launches[index][3][roles.index("grad")] == copy

@@ -153,7 +153,7 @@ def test_a_wgmma_launch_passes_its_kernels_arguments():
 
     made = plan(BATCHED_128, precision="medium")
     # CuPy's RawKernels, of which the launches keep the device function's handle
-    compiled = Compiled(BATCHED_128, made, defaultdict(lambda: SimpleNamespace(kernel=SimpleNamespace(ptr=0))))
+    compiled = Compiled(BATCHED_128, made, defaultdict(lambda: SimpleNamespace(kernel=SimpleNamespace(ptr=0))), 4, 4)
     values = {"x": "x", "grad": "g", "weight": "w", "bias": "b", "packed_weight": "p", "images": 8, "y": "y",
               "grad_x": "dx"}
     assert compiled.launches["forward"][4](values) == ("x", "w", "b", "p", 8, "y")

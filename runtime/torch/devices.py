@@ -213,14 +213,6 @@ class _TorchCupyBackend(CupyBackend):
         # A tensor: autograd keeps the forward's state (argmax, smooth max's pivots and sums) between the passes.
         return self._output(shape, dtype)
 
-    def _like(self, tensor: torch.Tensor) -> torch.Tensor:
-        # empty_like parses fewer arguments than torch.empty: 1.7 against 3.0 µs on the H200's host
-        # (benchmarks/launch_parts.py); the tensors handed to the backend are contiguous, so is this.
-        try:
-            return torch.empty_like(tensor)
-        except torch.OutOfMemoryError:
-            raise OutOfMemory(tensor.numel() * tensor.element_size()) from None
-
 
 def device_precision(dtype: str, precision: str, capability: tuple[int, int]) -> str:
     """The precision a CUDA device of compute `capability` (torch's (major, minor)) runs `precision` in

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Launch groups against one launch a kernel, in one process: a conv's forward and training step through convgen.torch,
-timed as bench.py's user calls (GPU idle, L2 flushed, CUDA events around the Python call), rounds alternating
-between the backend as it is and the same backend launching each queued member of a group as its own kernel (the
-launches before the groups). Whole processes differ by 30-50% in speed on the H200's hosts (benchmarks/NOTES.md), so
-only A and B in one process show a few µs. Also checks that both give the same bits. With `--stand-in` (no GPU, CuPy
-or PyTorch), the backend's own Python path of a forward and a backward on the stand-in CuPy
-(benchmarks/suite/stand_in.py), whose launches and allocations do nothing: what the groups save there is Python
-alone, before the driver's few µs a launch.
+"""What the host path's launch groups and one scratch allocation a pass save, in one process: a conv's forward and
+training step through convgen.torch, timed as bench.py's user calls (GPU idle, L2 flushed, CUDA events around the
+Python call), rounds alternating between the backend as it is and the same backend with one of them undone: each
+queued member of a group launched as its own kernel (as before the groups), or an allocation a scratch buffer (as
+before one a pass: the pass's one allocation and one more for each of its other buffers, of their sizes, held as
+long; the kernels read the pass's). Whole processes differ by 30-50% in speed on the H200's hosts
+(benchmarks/NOTES.md), so only modes in one process show a few µs. Also checks that every mode gives the same bits.
+With `--stand-in` (no GPU, CuPy or PyTorch), the backend's own Python path of a forward and a backward on the stand-in
+CuPy (benchmarks/suite/stand_in.py), whose launches and allocations do nothing: what the modes differ by there is
+Python alone, before the driver's few µs a launch and the allocator's a buffer.
 
-    python3 benchmarks/launch_groups_ab.py [--cases conv2d_64_56_n32,conv2d_128_128_n8] [--dtypes bfloat16]
-                                           [--rounds 200] [--stand-in]
+    python3 benchmarks/host_path_ab.py [--cases conv2d_64_56_n32,conv2d_128_128_n8] [--dtypes bfloat16]
+                                       [--rounds 200] [--stand-in]
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from suite import stand_in
 from suite.cases import CASES_BY_NAME, Case
 from suite.timing import L2_FLUSH_BYTES
 
-GROUPED = CupyBackend._launch_group
+AS_IS = {"_launch_group": CupyBackend._launch_group, "_scratch_base": CupyBackend._scratch_base}
 
 
 def one_launch_a_kernel(self: CupyBackend, compiled: Any, group: str, queued: dict[str, tuple[Any, ...]]) -> None:
@@ -34,7 +36,38 @@ def one_launch_a_kernel(self: CupyBackend, compiled: Any, group: str, queued: di
         self._call(kernel, function, grid, block, shared_bytes, args)
 
 
-MODES: dict[str, Callable[..., None]] = {"groups": GROUPED, "one a kernel": one_launch_a_kernel}
+def buffer_sizes(layout: Any) -> list[int]:
+    """Bytes of each buffer of a pass's scratch layout, in address order."""
+    starts = sorted({offset for buffers in layout.stages.values()
+                     for offset in (buffers.pack, buffers.source, buffers.partial) if offset is not None})
+    return [end - start for start, end in zip(starts, [*starts[1:], layout.size])]
+
+
+_OTHER_BUFFERS: dict[int, tuple[Any, list[int]]] = {}  # id(layout) -> (layout, its buffers' sizes but the first)
+
+
+def an_allocation_a_buffer(self: CupyBackend, layout: Any) -> tuple[Any, int]:
+    """_scratch_base with the allocator's calls of before one allocation a pass: the pass's own, whose addresses the
+    kernels take, and one more for each other buffer of the layout, of its size, held as long (the sizes worked out
+    once, so that only the allocations differ)."""
+    scratch, base = AS_IS["_scratch_base"](self, layout)
+    known = _OTHER_BUFFERS.get(id(layout))
+    if known is None:
+        known = _OTHER_BUFFERS[id(layout)] = (layout, buffer_sizes(layout)[1:])
+    return (scratch, [self._scratch((size,), "uint8") for size in known[1]]), base
+
+
+MODES: dict[str, dict[str, Callable[..., Any]]] = {
+    "as is": {},
+    "one launch a kernel": {"_launch_group": one_launch_a_kernel},
+    "an allocation a buffer": {"_scratch_base": an_allocation_a_buffer},
+}
+
+
+def use(mode: str) -> None:
+    """The backend's methods as `mode` has them (CupyBackend's own where it changes nothing)."""
+    for name, method in {**AS_IS, **MODES[mode]}.items():
+        setattr(CupyBackend, name, method)
 
 
 def calls(case: Case, dtype: Any) -> tuple[dict[str, Callable[[], Any]], Callable[[], list[Any]]]:
@@ -85,26 +118,26 @@ def stand_in_step_us(backend: CupyBackend, case: Case, dtype: str, rounds: int) 
     grad = stand_in.StandInArray(geom.output_shape, STORAGE_DTYPES[dtype])
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(rounds):
-        for mode, launch_group in MODES.items():
-            CupyBackend._launch_group = launch_group
+        for mode in MODES:
+            use(mode)
             start = time.perf_counter()
             for _ in range(100):
                 backend.forward(geom, inputs)
                 backend.backward(geom, inputs, None, grad)
             samples[mode].append((time.perf_counter() - start) * 1e4)
-    CupyBackend._launch_group = GROUPED
+    use("as is")
     return {mode: statistics.median(values) for mode, values in samples.items()}
 
 
 def stand_in_ab(cases: list[Case], dtypes: list[str], precision: str, rounds: int) -> None:
-    print(f"launch groups A/B on the stand-in CuPy, µs of Python a forward + backward (median of {rounds} rounds of "
+    print(f"host path A/B on the stand-in CuPy, µs of Python a forward + backward (median of {rounds} rounds of "
           f"100; float32 in {precision})")
     for case in cases:
         for dtype in dtypes:
             with stand_in.imports_as(stand_in.stand_in_cupy()):
                 backend = CupyBackend(dtype, precision if dtype == "float32" else "medium")
             medians = stand_in_step_us(backend, case, dtype, rounds)
-            print(f"{case.title} {dtype:<9} " + "  ".join(f"{mode} {us:.2f}" for mode, us in medians.items()))
+            print(f"{case.title} {dtype:<9} " + "  ".join(f"{mode}: {us:.2f}" for mode, us in medians.items()))
 
 
 def main() -> None:
@@ -125,28 +158,27 @@ def main() -> None:
 
     adapter.set_float32_precision(args.precision)
     flush = torch.empty(L2_FLUSH_BYTES // 4, device="cuda")
-    print(f"launch groups A/B, ms (median of {args.rounds} rounds, modes alternating; float32 in {args.precision})")
+    print(f"host path A/B, ms (median of {args.rounds} rounds, modes alternating; float32 in {args.precision})")
     for case in cases:
         for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
             ops, results = calls(case, dtype)
             same = []
-            for mode in MODES.values():
-                CupyBackend._launch_group = mode
+            for mode in MODES:
+                use(mode)
                 for _ in range(20):  # compiles, caches, the allocator's blocks
                     results()
                 same.append(results())
-            bits = all(torch.equal(a, b) for a, b in zip(*same, strict=True))
+            bits = all(torch.equal(a, b) for other in same[1:] for a, b in zip(same[0], other, strict=True))
             for name, op in ops.items():
                 samples: dict[str, list[float]] = {mode: [] for mode in MODES}
                 for _ in range(args.rounds):
-                    for mode, launch_group in MODES.items():
-                        CupyBackend._launch_group = launch_group
+                    for mode in MODES:
+                        use(mode)
                         samples[mode].append(timed_ms(op, flush))
                 medians = {mode: statistics.median(values) for mode, values in samples.items()}
                 print(f"{case.title} {str(dtype).removeprefix('torch.'):<9} {name:<17} "
-                      + "  ".join(f"{mode} {ms:.4f}" for mode, ms in medians.items())
-                      + f"  ratio {medians['groups'] / medians['one a kernel']:.3f}  same bits: {bits}")
-    CupyBackend._launch_group = GROUPED
+                      + "  ".join(f"{mode}: {ms:.4f}" for mode, ms in medians.items()) + f"  same bits: {bits}")
+    use("as is")
 
 
 if __name__ == "__main__":
