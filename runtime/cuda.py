@@ -301,19 +301,22 @@ class CupyBackend(KernelLaunches):
             buffers = layout.stages["forward"]
             scratch, base = self._scratch_base(layout)  # held until the launches are queued
             prep: dict[str, tuple[Any, ...]] = {}
-            values = self._operands(compiled, "forward", {"x": x, "weight": weight, "bias": bias, "images": images},
-                                    prep, buffers, base)
+            address = self._address
+            values = {"x": address(x), "weight": address(weight), "bias": address(bias), "images": images}
+            values = self._operands(compiled, "forward", values, prep, buffers, base)
             self._launch_group(compiled, "forward_prep", prep)
             return self._into_output(compiled, "forward", values, buffers, base), None
         (x,) = inputs
         y = self._output(geom.output_shape)
-        values = {"x": x, "y": y, "images": images}
+        address = self._address
+        values = {"x": address(x), "y": address(y), "images": images}
         if family is Family.MAX_POOL:
-            saved = values["argmax"] = self._scratch(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
+            saved = self._scratch(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
+            values["argmax"] = address(saved)
         elif family is Family.SMOOTH_MAX_POOL:
-            saved = values["pivots"], values["sums"] = (self._scratch(geom.output_shape, self.scalar_dtype),
-                                                        self._scratch(geom.output_shape, self.scalar_dtype))
-            values["beta"] = np.float32(geom.beta)
+            saved = (self._scratch(geom.output_shape, self.scalar_dtype),
+                     self._scratch(geom.output_shape, self.scalar_dtype))
+            values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
         else:
             saved = None
         self._launch(compiled, "forward", values)
@@ -342,7 +345,8 @@ class CupyBackend(KernelLaunches):
             layout = compiled.backward_scratch[wanted]
             buffers = layout.stages
             scratch, base = self._scratch_base(layout)  # held until the launches are queued
-            values = {"x": x, "weight": weight, "grad": grad, "images": images}
+            address = self._address
+            values = {"x": address(x), "weight": address(weight), "grad": address(grad), "images": images}
             # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
             # weight and bias gradients' reduces.
             prep: dict[str, tuple[Any, ...]] = {}
@@ -362,14 +366,15 @@ class CupyBackend(KernelLaunches):
             self._launch_group(compiled, "backward_reduces", reduces)
             return grad_weight, grad_bias, grad_x
         (x,) = inputs
-        values = {"x": x, "grad": grad, "images": images, "grad_x": self._output(x.shape)}
+        grad_x = self._output(x.shape)
+        address = self._address
+        values = {"x": address(x), "grad": address(grad), "images": images, "grad_x": address(grad_x)}
         if family is Family.MAX_POOL:
-            values["argmax"] = saved
+            values["argmax"] = address(saved)
         elif family is Family.SMOOTH_MAX_POOL:
-            values["pivots"], values["sums"] = saved
-            values["beta"] = np.float32(geom.beta)
+            values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
         self._launch(compiled, "backward_input", values)
-        return (values["grad_x"],)
+        return (grad_x,)
 
 
 from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geometry, not this module)

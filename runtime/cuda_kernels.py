@@ -9,6 +9,7 @@ CuPy comes from the backend (`_bind_driver`), so this module imports without it.
 from __future__ import annotations
 
 import operator
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,7 +19,7 @@ from convgen.backend import BackendError
 from convgen.circular import CircularPlan
 from convgen.cuda_launch import BLOCK, Plan
 from convgen.generated.contract import CIRCULAR_STAGES, LAUNCH_GROUPS, STAGES, Param
-from convgen.geometry import Geometry
+from convgen.geometry import Family, Geometry
 from convgen.scratch_layout import (
     BACKWARD_STAGES,
     OUTPUT_ROLES,
@@ -33,10 +34,28 @@ from convgen.scratch_layout import (
 
 # cuLaunchKernel's status where the calling thread has no CUDA context bound (CUDA_ERROR_INVALID_CONTEXT).
 _NO_CONTEXT = 201
+# The most parameters any generated kernel takes (a launch group's).
+MAX_PARAMETERS = max(len(params) for stages in (*STAGES.values(), CIRCULAR_STAGES) for params in stages.values())
 
 
-def _float_bits(value: np.float32) -> int:
-    return int(value.view(np.uint32))
+class _ParameterSlots(threading.local):
+    """Per thread: MAX_PARAMETERS 8-byte slots for a launch's arguments and the array of pointers to them that
+    cuLaunchKernel takes, made once. The driver copies the arguments during the call, so the next launch may write
+    the slots again; made per launch the pointers took 0.6-1.5 µs of Python (the development machine)."""
+
+    def __init__(self) -> None:
+        self.slots = array("Q", bytes(8 * MAX_PARAMETERS))
+        first = self.slots.buffer_info()[0]
+        self.pointers = array("Q", range(first, first + 8 * MAX_PARAMETERS, 8))
+        self.address = self.pointers.buffer_info()[0]
+
+
+_PARAMETER_SLOTS = _ParameterSlots()
+
+
+def float_bits(value: float) -> int:
+    """The bits of `value` rounded to float32, as a kernel's float parameter reads them from its slot."""
+    return int(np.float32(value).view(np.uint32))
 
 
 def _array_address(value: Any) -> int:
@@ -63,7 +82,8 @@ class Compiled:
                  scalar_bytes: int) -> None:
         self.family = geom.family
         self.is_conv = geom.family.is_conv
-        self.images = np.uint32(geom.images)
+        self.images = geom.images
+        self.beta_bits = float_bits(geom.beta) if geom.family is Family.SMOOTH_MAX_POOL else 0
         self.plan = plan
         params = STAGES[geom.family]
         self.launches = {stage: (functions[launch.kernel or stage].kernel.ptr, (launch.grid,), (launch.block,),
@@ -96,24 +116,20 @@ class KernelLaunches:
     and calls `_bind_driver` when it is made."""
 
     def _bind_driver(self, cupy: Any) -> None:
-        """The driver's launch and its error, and the slot converters of the argument types every backend passes."""
+        """The driver's launch and its error, and the address readers of the array types every backend passes."""
         self._launch_kernel = cupy.cuda.driver.launchKernel
         self._driver_error = cupy.cuda.driver.CUDADriverError
-        # type -> how an argument of exactly that type fills its launch slot (_slots); any other goes through _slot.
-        self._slot_of: dict[type, Callable[[Any], int]] = {int: int, np.uint32: int, np.float32: _float_bits,
-                                                           cupy.ndarray: _array_address}
+        # type -> how to read the address of an array of exactly that type (_address); any other: _other_address.
+        self._address_of: dict[type, Callable[[Any], int]] = {cupy.ndarray: _array_address}
 
-    def _slots(self, args: Sequence[Any]) -> array:
-        """The kernel arguments as 8-byte slots of cuLaunchKernel's parameters: a device array's or bare
-        allocation's address, or a 32-bit scalar's bits (images, a float beta) in the low bytes, of which the
-        driver reads the parameter's own size (a launch group's block counts and the zeros of a member it does not
-        run are ints). Looked up by type: a method call an argument cost 0.7 µs a
-        five-argument launch on the development machine."""
-        slot_of, slot = self._slot_of, self._slot
-        return array("Q", [(slot_of.get(type(value)) or slot)(value) for value in args])
+    def _address(self, value: Any) -> int:
+        """The device address of an array (or tensor, or bare allocation), as a kernel's pointer parameter takes it.
+        The ops turn each array into its address once, where it comes in or is made, and launch with ints alone (an
+        address, a count, a float's bits): one type lookup an array instead of one an argument of every launch."""
+        return (self._address_of.get(type(value)) or self._other_address)(value)
 
-    def _slot(self, value: Any) -> int:
-        """The slot of an argument whose exact type _slot_of does not know (a subclass, a bare allocation)."""
+    def _other_address(self, value: Any) -> int:
+        """The address of an array whose exact type _address_of does not know (a subclass, a bare allocation)."""
         if isinstance(value, self._xp.ndarray):
             return value.data.ptr
         return value.ptr  # a bare allocation (_scratch)
@@ -121,13 +137,14 @@ class KernelLaunches:
     def _call(self, stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int,
               args: Sequence[Any]) -> None:
         """One kernel launch, through CuPy's binding of the driver's cuLaunchKernel: its parameters an array of
-        pointers to 8-byte slots, one an argument. CuPy's own launch converts each argument to an object first:
+        pointers to 8-byte slots, one an argument (ints: an address, or a 32-bit scalar in the low bytes, of which
+        the driver reads the parameter's own size). CuPy's own launch converts each argument to an object first:
         0.9-1.8 µs a launch more on four of five H200 hosts, the same on the fifth (benchmarks/launch_parts.py)."""
-        slots = self._slots(args)
-        first = slots.buffer_info()[0]
-        parameters = array("Q", range(first, first + 8 * len(slots), 8))
-        launch = (function, grid[0], 1, 1, block[0], 1, 1, shared_bytes, self._stream_pointer(),
-                  parameters.buffer_info()[0], 0)
+        parameters = _PARAMETER_SLOTS
+        if len(args) > MAX_PARAMETERS:  # would move the slots the pointers point to
+            raise ValueError(f"{stage}: {len(args)} kernel arguments, more than any kernel's {MAX_PARAMETERS}")
+        parameters.slots[:len(args)] = array("Q", args)  # as many as were there: the slots stay where they are
+        launch = (function, grid[0], 1, 1, block[0], 1, 1, shared_bytes, self._stream_pointer(), parameters.address, 0)
         try:
             try:
                 self._launch_kernel(*launch)
@@ -148,7 +165,7 @@ class KernelLaunches:
         source_role, output_role = (p.role for p in CIRCULAR_STAGES[stage] if p.pointer)
         function, blocks = wrapping.launches[stage]
         if blocks:
-            values = {source_role: source, "images": np.uint32(geom.images), output_role: output}
+            values = {source_role: self._address(source), "images": geom.images, output_role: self._address(output)}
             self._call(stage, function, (blocks,), (BLOCK,), 0, tuple(values[p.role] for p in CIRCULAR_STAGES[stage]))
         return output
 
@@ -199,7 +216,7 @@ class KernelLaunches:
         if not layout.size:
             return None, 0
         scratch = self._scratch((layout.size,), "uint8")
-        return scratch, (self._slot_of.get(type(scratch)) or self._slot)(scratch)
+        return scratch, self._address(scratch)
 
     def _operands(self, compiled: Compiled, stage: str, values: dict[str, Any], prep: dict[str, tuple[Any, ...]],
                   buffers: StageScratch, base: int) -> dict[str, Any]:
@@ -236,9 +253,9 @@ class KernelLaunches:
         role = OUTPUT_ROLES[compiled.family][stage]
         output = self._output(compiled.output_shapes[stage])
         if buffers.partial is None:
-            self._launch(compiled, stage, {**values, role: output}, group)
+            self._launch(compiled, stage, {**values, role: self._address(output)}, group)
             return output
         partial = base + buffers.partial
         self._launch(compiled, stage, {**values, role: partial}, group)
-        self._launch(compiled, f"{stage}_reduce", {**values, role: output, "partial": partial}, reduces)
+        self._launch(compiled, f"{stage}_reduce", {**values, role: self._address(output), "partial": partial}, reduces)
         return output

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import convgen.cpu
 import convgen.cuda
+import convgen.cuda_kernels as cuda_kernels
 import numpy as np
 import pytest
 from convgen.generated.contract import KERNELS, LAUNCH_GROUPS, STAGES
@@ -256,3 +258,32 @@ def test_a_transposes_gradients_lay_out_the_upstream_gradient_once(recording_tap
     for index, stage in ((1, "backward_input_wgmma"), (2, "backward_weight_wgmma")):
         roles = [p.role for p in STAGES[Family.CONV_TRANSPOSE][stage]]
         assert RecordingModule.launches[index][3][roles.index("grad")] == copy
+
+
+def test_each_thread_launches_from_slots_of_its_own(recording_tape):
+    """The argument slots and the pointers to them are made once per thread and written again by each launch: a
+    launch on another thread reads its own arguments, and one with more arguments than any kernel takes is refused
+    before it could move the slots."""
+    backend = recording_tape._backend
+    compiled = backend._compile(Geometry.build(Family.MAX_POOL, 1, 1, (4, 4), (2, 2), (2, 2), (0, 0)))
+    function, grid, block, shared_bytes, _, kernel = compiled.launches["forward"]
+    addresses = []
+
+    def launch(first: int) -> None:
+        addresses.append(cuda_kernels._PARAMETER_SLOTS.address)
+        backend._call(kernel, function, grid, block, shared_bytes, (first, 1, first + 256, first + 512))
+
+    launch(1 << 30)
+    thread = threading.Thread(target=launch, args=(1 << 31,))
+    thread.start()
+    thread.join()
+    launch(1 << 32)
+    assert [slots for *_, slots in RecordingModule.launches] == [
+        (first, 1, first + 256, first + 512) for first in (1 << 30, 1 << 31, 1 << 32)]
+    assert addresses[0] == addresses[2] != addresses[1]
+    too_many = (0,) * (cuda_kernels.MAX_PARAMETERS + 1)
+    with pytest.raises(ValueError) as error:
+        backend._call(kernel, function, grid, block, shared_bytes, too_many)
+    assert str(error.value) == (f"forward: {cuda_kernels.MAX_PARAMETERS + 1} kernel arguments, more "
+                                f"than any kernel's {cuda_kernels.MAX_PARAMETERS}")
+    assert len(RecordingModule.launches) == 3

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from convgen.cuda_kernels import float_bits  # noqa: E402
 from convgen.torch import devices  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -18,19 +18,18 @@ from suite import stand_in  # noqa: E402
 
 
 class _Subclass(torch.Tensor):
-    """A tensor subclass, which no exact-type entry of the slot table knows."""
+    """A tensor subclass, which no exact-type entry of the address table knows."""
 
 
 def test_kernel_arguments_are_the_tensors_raw_pointers() -> None:
-    """TorchCupyBackend gives the driver each tensor's data_ptr in its argument slot (Parameters and other
-    subclasses too), the image count as its value and a float scalar as its bits, and launches on the calling
-    op's stream."""
+    """TorchCupyBackend gives the kernels each tensor's data_ptr (Parameters and other subclasses too), and launches
+    on the calling op's stream."""
     with stand_in.imports_as(stand_in.stand_in_cupy()):
         backend = devices._TorchCupyBackend("float32", "highest")
     weight, x = torch.ones(3), torch.nn.Parameter(torch.zeros(2, 2))
     other = torch.zeros(4).as_subclass(_Subclass)
-    slots = backend._slots((weight, np.uint32(7), x, np.float32(1.5), other))
-    assert list(slots) == [weight.data_ptr(), 7, x.data_ptr(), 0x3FC00000, other.data_ptr()]
+    assert [backend._address(t) for t in (weight, x, other)] == [weight.data_ptr(), x.data_ptr(), other.data_ptr()]
+    assert float_bits(1.5) == 0x3FC00000 and float_bits(0.1) == 0x3DCCCCCD  # float32's bits, rounded to nearest
     backend.call.stream = 1234
     try:
         assert backend._stream_pointer() == 1234

@@ -192,15 +192,15 @@ class _TorchCupyBackend(CupyBackend):
 
     def __init__(self, dtype: str, precision: str) -> None:
         super().__init__(dtype, precision)
-        self._slot_of.update(dict.fromkeys((torch.Tensor, torch.nn.Parameter), torch.Tensor.data_ptr))
+        self._address_of.update(dict.fromkeys((torch.Tensor, torch.nn.Parameter), torch.Tensor.data_ptr))
 
     def _stream_pointer(self) -> int:
         return self.call.stream
 
-    def _slot(self, value: Any) -> int:
+    def _other_address(self, value: Any) -> int:
         if isinstance(value, torch.Tensor):  # a tensor subclass
             return value.data_ptr()
-        return super()._slot(value)
+        return super()._other_address(value)
 
     def _output(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
         torch_dtype = _TORCH_DTYPES[self.dtype if dtype is None else dtype]
