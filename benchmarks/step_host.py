@@ -8,8 +8,13 @@ returns, each started on an idle GPU; `wall`, until its kernels are done. Then a
 steps: where its host time goes. float32 runs convgen in `--precision` and torch with TF32 as that precision
 says ("highest": off). torch's conv4d is bench.py's loop of conv3d.
 
+With `--stand-in` (no GPU or CuPy: PyTorch on the CPU), convgen.torch's own host path alone: its forward and step
+on CPU tensors of the case, run through its CUDA runner on the stand-in CuPy (benchmarks/suite/stand_in.py), whose
+launches do nothing, beside a step of a trivial autograd.Function (autograd's own share), then a cProfile of the
+steps.
+
     python3 benchmarks/step_host.py [--case conv2d_64_56_n32] [--dtypes bfloat16,float32] [--precision medium]
-                                    [--calls 100]
+                                    [--calls 100] [--stand-in]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import convgen.torch as adapter
 import torch
@@ -73,6 +79,59 @@ def host_times(step: Callable[[], None], calls: int) -> tuple[float, float]:
     return statistics.median(issue), statistics.median(wall)
 
 
+class _Trivial(torch.autograd.Function):
+    """A step's floor: autograd's node and hand-over around a forward and a backward that only allocate what a conv's
+    return (an output, the three gradients)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.shapes = weight, bias
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weight, bias = ctx.shapes
+        return torch.empty_like(grad), torch.empty_like(weight), torch.empty_like(bias)
+
+
+def stand_in_steps(case: Case, dtype: torch.dtype, calls: int) -> None:
+    """The stand-in rows of --stand-in for one dtype: median µs a call on the CPU, then convgen's cProfile."""
+    from convgen.torch import devices
+    from suite.stand_in import stand_in_adapter
+
+    inputs = tuple(torch.randn(shape).to(dtype).requires_grad_() for shape in
+                   (case.input_shape, case.weight_shape, (case.out_c,)))
+    upstream = torch.randn(case.output_shape).to(dtype)
+
+    def step_of(op: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        def step() -> None:
+            for value in inputs:
+                value.grad = None
+            torch.autograd.backward(op(*inputs), upstream)
+        return step
+
+    def forward() -> None:
+        with torch.no_grad():
+            adapter.conv(*inputs, case.strides, case.paddings)
+
+    conv_step = step_of(lambda x, w, b: adapter.conv(x, w, b, case.strides, case.paddings))
+    calls_by_name = {"convgen.torch forward (no grad)": forward, "convgen.torch step": conv_step,
+                     "trivial autograd.Function step": step_of(_Trivial.apply)}
+    with stand_in_adapter(devices):
+        for name, call in calls_by_name.items():
+            for _ in range(20):  # the plan, the caches
+                call()
+            rounds = []
+            for _ in range(max(calls // 10, 5)):
+                start = time.perf_counter()
+                for _ in range(10):
+                    call()
+                rounds.append((time.perf_counter() - start) * 1e5)
+            print(f"{str(dtype).removeprefix('torch.'):<9} {name:<32} {statistics.median(rounds):8.1f} µs")
+        print(f"\n== cProfile of {calls} convgen.torch steps on the stand-ins\n"
+              f"{profile_summary(conv_step, calls, lambda: None)['text']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     conv_cases = [case.name for case in BATCHED_CASES if case.is_conv]
@@ -81,7 +140,16 @@ def main() -> None:
     parser.add_argument("--precision", choices=("highest", "high", "medium"), default="medium",
                         help="convgen's float32 precision (torch: TF32 unless highest)")
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--stand-in", action="store_true",
+                        help="convgen.torch's host path alone, on CPU tensors and the stand-in CuPy (no GPU)")
     args = parser.parse_args()
+    if args.stand_in:
+        case = CASES_BY_NAME[args.case]
+        adapter.set_float32_precision(args.precision)
+        print(f"{case.title}: convgen.torch's host path on the stand-in CuPy, median µs a call")
+        for name in args.dtypes.split(","):
+            stand_in_steps(case, getattr(torch, name), args.calls)
+        return
     if not torch.cuda.is_available():
         raise SystemExit("step_host.py times CUDA steps: no CUDA device")
     case = CASES_BY_NAME[args.case]

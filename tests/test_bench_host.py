@@ -1,7 +1,7 @@
 """The host-path scripts of benchmarks/ without a GPU, run briefly: torch_overhead.py's CPU rows (the real
-device code, and with it stubbed by allocations, whose signature must follow the device layer's) and
-host_profile.py --split (convgen's own Python on stand-ins). Their figures are only timed on the H200; here
-each path must run and report a time."""
+device code, and with it stubbed by allocations, whose signature must follow the device layer's), step_host.py
+--stand-in (convgen.torch's host path on the stand-in CuPy) and host_profile.py --split (convgen's own Python on
+stand-ins). Their figures are only timed on the H200; here each path must run and report a time."""
 
 from __future__ import annotations
 
@@ -34,3 +34,28 @@ def test_host_profile_split_times_the_max_pools_on_stand_ins(tmp_path) -> None:
     run_script("host_profile.py", "--split", "--calls", "200", "--json", str(path))
     ops = json.loads(path.read_text())["host"]["ops"]
     assert len(ops) == 4 and all(op["us_per_call"] > 0 and op["calls_per_round"] == 200 for op in ops.values())
+
+
+def test_step_host_stand_in_times_the_adapters_host_path_on_the_cpu() -> None:
+    """step_host.py --stand-in runs convgen.torch's forward and step on CPU tensors through its CUDA runner on the
+    stand-in CuPy, and leaves convgen.torch's device layer as it was."""
+    pytest.importorskip("torch")
+    out = run_script("step_host.py", "--stand-in", "--calls", "10", "--dtypes", "bfloat16")
+    rows = [line.split() for line in out.splitlines() if line.endswith(" µs")]
+    assert [" ".join(row[1:-2]) for row in rows] == [
+        "convgen.torch forward (no grad)", "convgen.torch step", "trivial autograd.Function step"]
+    assert all(row[0] == "bfloat16" and float(row[-2]) > 0 for row in rows)
+    assert "cuda.py" in out  # the profile reaches the CUDA backend
+
+
+def test_the_stand_in_adapter_is_undone_after_its_block() -> None:
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH_DIR))
+    from convgen.torch import devices
+    from suite.stand_in import stand_in_adapter
+
+    runner, capability = devices._runner, torch.cuda.get_device_capability
+    with stand_in_adapter(devices) as stand_in:
+        assert devices._runner(torch.zeros(1)) is stand_in
+    assert (devices._runner, torch.cuda.get_device_capability) == (runner, capability)
+    assert devices._runner(torch.zeros(1)) is devices._CPU

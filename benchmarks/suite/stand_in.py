@@ -130,3 +130,28 @@ def stub_cpu_tape(convgen: Any) -> Any:
             return output, None
 
     return type("StubCpuTape", (convgen.cpu.Tape,), {"backend_class": StubBackend})()
+
+
+@contextmanager
+def stand_in_adapter(devices: Any) -> Any:
+    """Inside the block, convgen.torch (its `devices` module given) runs every tensor, CPU ones included, through its
+    CUDA runner on `stand_in_cupy()`: the functional call's checks, autograd's node and the CUDA backend's Python
+    path on real CPU tensors (outputs and scratch from torch's CPU allocator), the launches doing nothing. Stream 0,
+    and the H200's compute capability for the precision."""
+    cupy = stand_in_cupy()
+
+    def backend_class(*kind: Any) -> Any:
+        with imports_as(cupy):
+            return devices._TorchCupyBackend(*kind)
+
+    runner = devices._CudaRunner()
+    runner._backend_class = backend_class
+    runner._current_stream = lambda index: 0
+    runner._current_device = lambda: None  # a CPU tensor's device index: no device switch
+    before = devices._runner, devices.torch.cuda.get_device_capability
+    devices._runner = lambda tensor: runner
+    devices.torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    try:
+        yield runner
+    finally:
+        devices._runner, devices.torch.cuda.get_device_capability = before
