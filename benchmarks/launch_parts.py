@@ -80,10 +80,10 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         "launch, driver.launchKernel, slots in an array": driver_launch,
         "driver.launchKernel alone, slots made before": lambda slots=kept: cupy.cuda.driver.launchKernel(
             function, 1, 1, 1, 32, 1, 1, 0, 0, prepared.buffer_info()[0], 0),
-        "convgen tape launch (CupyBackend._call), arrays": lambda: tape_backend._call(
-            "touch", function, (1,), (32,), 0, (a, b, c, n)),
-        "convgen.torch launch (_TorchCupyBackend._call), tensors": lambda: torch_backend._call(
-            "touch", function, (1,), (32,), 0, (a_tensor, b_tensor, c_tensor, n)),
+        "convgen tape launch (CupyBackend._call), the arrays' addresses read": lambda: tape_backend._call(
+            "touch", function, (1,), (32,), 0, (*map(tape_backend._address, (a, b, c)), 4)),
+        "convgen.torch launch (_TorchCupyBackend._call), the tensors' addresses read": lambda: torch_backend._call(
+            "touch", function, (1,), (32,), 0, (*map(torch_backend._address, (a_tensor, b_tensor, c_tensor)), 4)),
         "cupy.cuda.get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
         "array.data.ptr": lambda: a.data.ptr,
         "cupy.cuda.runtime.getDevice()": cupy.cuda.runtime.getDevice,
