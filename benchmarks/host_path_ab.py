@@ -2,9 +2,10 @@
 """What the host path's launch groups and one scratch allocation a pass save, in one process: a conv's forward and
 training step through convgen.torch, timed as bench.py's user calls (GPU idle, L2 flushed, CUDA events around the
 Python call), rounds alternating between the backend as it is and the same backend with one of them undone: each
-queued member of a group launched as its own kernel (as before the groups), or an allocation a scratch buffer (as
+queued member of a group launched as its own kernel (as before the groups), an allocation a scratch buffer (as
 before one a pass: the pass's one allocation and one more for each of its other buffers, of their sizes, held as
-long; the kernels read the pass's). Whole processes differ by 30-50% in speed on the H200's hosts
+long; the kernels read the pass's), or the pass's scratch made as a tensor (as before the caching allocator's bare
+blocks). Whole processes differ by 30-50% in speed on the H200's hosts
 (benchmarks/NOTES.md), so only modes in one process show a few µs. Also checks that every mode gives the same bits.
 With `--stand-in` (no GPU, CuPy or PyTorch), the backend's own Python path of a forward and a backward on the stand-in
 CuPy (benchmarks/suite/stand_in.py), whose launches and allocations do nothing: what the modes differ by there is
@@ -27,7 +28,8 @@ from suite import stand_in
 from suite.cases import CASES_BY_NAME, Case
 from suite.timing import L2_FLUSH_BYTES
 
-AS_IS = {"_launch_group": CupyBackend._launch_group, "_scratch_base": CupyBackend._scratch_base}
+_METHODS = ("_launch_group", "_scratch_base")
+_AS_IS: dict[type, dict[str, Callable[..., Any]]] = {}  # backend class -> its methods as they are
 
 
 def one_launch_a_kernel(self: CupyBackend, compiled: Any, group: str, queued: dict[str, tuple[Any, ...]]) -> None:
@@ -50,7 +52,7 @@ def an_allocation_a_buffer(self: CupyBackend, layout: Any) -> tuple[Any, int]:
     """_scratch_base with the allocator's calls of before one allocation a pass: the pass's own, whose addresses the
     kernels take, and one more for each other buffer of the layout, of its size, held as long (the sizes worked out
     once, so that only the allocations differ)."""
-    scratch, base = AS_IS["_scratch_base"](self, layout)
+    scratch, base = _AS_IS[type(self)]["_scratch_base"](self, layout)
     known = _OTHER_BUFFERS.get(id(layout))
     if known is None:
         known = _OTHER_BUFFERS[id(layout)] = (layout, buffer_sizes(layout)[1:])
@@ -61,13 +63,16 @@ MODES: dict[str, dict[str, Callable[..., Any]]] = {
     "as is": {},
     "one launch a kernel": {"_launch_group": one_launch_a_kernel},
     "an allocation a buffer": {"_scratch_base": an_allocation_a_buffer},
+    "scratch as a tensor": {"_scratch_base": CupyBackend._scratch_base},  # the tape's: `_scratch`, a torch tensor
 }
+STAND_IN_MODES = ("as is", "one launch a kernel", "an allocation a buffer")  # the tape's backend has no tensors
 
 
-def use(mode: str) -> None:
-    """The backend's methods as `mode` has them (CupyBackend's own where it changes nothing)."""
-    for name, method in {**AS_IS, **MODES[mode]}.items():
-        setattr(CupyBackend, name, method)
+def use(mode: str, backend_class: type) -> None:
+    """`backend_class`'s methods as `mode` has them (its own where the mode changes nothing)."""
+    as_is = _AS_IS.setdefault(backend_class, {name: getattr(backend_class, name) for name in _METHODS})
+    for name, method in {**as_is, **MODES[mode]}.items():
+        setattr(backend_class, name, method)
 
 
 def calls(case: Case, dtype: Any) -> tuple[dict[str, Callable[[], Any]], Callable[[], list[Any]]]:
@@ -116,16 +121,16 @@ def stand_in_step_us(backend: CupyBackend, case: Case, dtype: str, rounds: int) 
     geom = case.geometry
     inputs = tuple(stand_in.StandInArray(shape, STORAGE_DTYPES[dtype]) for shape in geom.parent_shapes)
     grad = stand_in.StandInArray(geom.output_shape, STORAGE_DTYPES[dtype])
-    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    samples: dict[str, list[float]] = {mode: [] for mode in STAND_IN_MODES}
     for _ in range(rounds):
-        for mode in MODES:
-            use(mode)
+        for mode in STAND_IN_MODES:
+            use(mode, CupyBackend)
             start = time.perf_counter()
             for _ in range(100):
                 backend.forward(geom, inputs)
                 backend.backward(geom, inputs, None, grad)
             samples[mode].append((time.perf_counter() - start) * 1e4)
-    use("as is")
+    use("as is", CupyBackend)
     return {mode: statistics.median(values) for mode, values in samples.items()}
 
 
@@ -155,6 +160,7 @@ def main() -> None:
         return
     import convgen.torch as adapter
     import torch
+    from convgen.torch.devices import _TorchCupyBackend as backend_class
 
     adapter.set_float32_precision(args.precision)
     flush = torch.empty(L2_FLUSH_BYTES // 4, device="cuda")
@@ -164,7 +170,7 @@ def main() -> None:
             ops, results = calls(case, dtype)
             same = []
             for mode in MODES:
-                use(mode)
+                use(mode, backend_class)
                 for _ in range(20):  # compiles, caches, the allocator's blocks
                     results()
                 same.append(results())
@@ -173,12 +179,12 @@ def main() -> None:
                 samples: dict[str, list[float]] = {mode: [] for mode in MODES}
                 for _ in range(args.rounds):
                     for mode in MODES:
-                        use(mode)
+                        use(mode, backend_class)
                         samples[mode].append(timed_ms(op, flush))
                 medians = {mode: statistics.median(values) for mode, values in samples.items()}
                 print(f"{case.title} {str(dtype).removeprefix('torch.'):<9} {name:<17} "
                       + "  ".join(f"{mode}: {ms:.4f}" for mode, ms in medians.items()) + f"  same bits: {bits}")
-    use("as is")
+    use("as is", backend_class)
 
 
 if __name__ == "__main__":

@@ -245,17 +245,25 @@ class KernelLaunches:
 
     def _into_output(self, compiled: Compiled, stage: str, values: dict[str, Any], buffers: StageScratch, base: int,
                      group: dict[str, tuple[Any, ...]] | None = None,
-                     reduces: dict[str, tuple[Any, ...]] | None = None) -> Any:
+                     reduces: dict[str, tuple[Any, ...]] | None = None, partials_queued: bool = False) -> Any:
         """`stage` into a new output of its shape (the kernel's non-const parameter), returned; when the plan splits
         the stage's reduction, into partial sums [split, *output shape] in the pass's scratch (`buffers.partial` from
         `base`) that the stage's reduce kernel adds up in a fixed order. Launched now, or the stage added to `group`
-        and its reduce to `reduces` (launch groups, _launch_group) where given."""
+        and its reduce to `reduces` (launch groups, _launch_group) where given; `partials_queued`: the stage itself was
+        queued already (_into_partials), only its reduce is left."""
         role = OUTPUT_ROLES[compiled.family][stage]
         output = self._output(compiled.output_shapes[stage])
         if buffers.partial is None:
             self._launch(compiled, stage, {**values, role: self._address(output)}, group)
             return output
-        partial = base + buffers.partial
-        self._launch(compiled, stage, {**values, role: partial}, group)
-        self._launch(compiled, f"{stage}_reduce", {**values, role: self._address(output), "partial": partial}, reduces)
+        if not partials_queued:
+            self._into_partials(compiled, stage, values, buffers, base, group)
+        reduce_values = {**values, role: self._address(output), "partial": base + buffers.partial}
+        self._launch(compiled, f"{stage}_reduce", reduce_values, reduces)
         return output
+
+    def _into_partials(self, compiled: Compiled, stage: str, values: dict[str, Any], buffers: StageScratch, base: int,
+                       group: dict[str, tuple[Any, ...]] | None) -> None:
+        """A split `stage` into its partial sums in the pass's scratch, launched now or added to `group`; its reduce
+        (into the output) comes with _into_output."""
+        self._launch(compiled, stage, {**values, OUTPUT_ROLES[compiled.family][stage]: base + buffers.partial}, group)

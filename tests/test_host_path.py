@@ -287,3 +287,28 @@ def test_each_thread_launches_from_slots_of_its_own(recording_tape):
     assert str(error.value) == (f"forward: {cuda_kernels.MAX_PARAMETERS + 1} kernel arguments, more "
                                 f"than any kernel's {cuda_kernels.MAX_PARAMETERS}")
     assert len(RecordingModule.launches) == 3
+
+
+def test_a_split_bias_gradient_is_made_after_the_first_launch_of_its_pass(recording_tape, monkeypatch):
+    """The backward's first launch (the layouts and the bias gradient's parts) waits for no allocation it does not
+    write: each gradient's output is made after the launches before its first writer, a split bias gradient's (which
+    only its reduce writes) after the GEMMs', and the reduce writes it."""
+    backend = stand_in.stand_in_cuda_tape(convgen, "medium")._backend  # recording; TF32 on the H200: `_wgmma`
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    inputs = tuple(stand_in.StandInArray(shape, np.float32) for shape in geom.parent_shapes)
+    backend.forward(geom, inputs)
+    made = []  # (shape, launches before it)
+    output = backend._output
+
+    def recorded_output(shape, dtype=None):
+        made.append((tuple(shape), len(RecordingModule.launches)))
+        return output(shape, dtype)
+
+    monkeypatch.setattr(backend, "_output", recorded_output)
+    assert backend._compile(geom).plan.splits["backward_bias"] > 1
+    grad_weight, grad_bias, grad_x = backend.backward(geom, inputs, None,
+                                                      stand_in.StandInArray(geom.output_shape, np.float32))
+    assert made == [(geom.input_shape, 3), (geom.kernel_shape, 4), ((64,), 5)]
+    roles_of_reduces = [p.role for member in LAUNCH_GROUPS[Family.CONV]["backward_reduces"]
+                        for p in STAGES[Family.CONV][member]]
+    assert RecordingModule.launches[5][3][roles_of_reduces.index("grad_bias")] == grad_bias.data.ptr

@@ -174,6 +174,50 @@ def test_graph_capture_forward_and_backward() -> None:
     torch.testing.assert_close(b.grad, b_ref.grad, rtol=1e-4, atol=1e-3)
 
 
+def _bf16_step(x, w, b, upstream):
+    for leaf in (x, w, b):
+        leaf.grad = None
+    y = ct.conv(x, w, b, padding=1)
+    y.backward(upstream)
+    return y
+
+
+def test_a_16_bit_conv_steps_scratch_is_given_back_and_replays_in_a_graph() -> None:
+    """A bf16 step's passes take their scratch (packed weights, channels-last sources, partial sums) as bare blocks
+    of torch's caching allocator: after a step only its outputs stay allocated, and under graph capture the blocks
+    come from the graph's pool, the replay giving the eager step's bits."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x, w, b = (torch.randn(shape, device="cuda", generator=generator).to(torch.bfloat16).requires_grad_()
+               for shape in ((4, 64, 28, 28), (64, 64, 3, 3), (64,)))
+    upstream = torch.randn(4, 64, 28, 28, device="cuda", generator=generator).to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles every kernel the capture will launch
+        for _ in range(2):
+            _bf16_step(x, w, b, upstream)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    x.grad = w.grad = b.grad = None
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = _bf16_step(x, w, b, upstream)
+    torch.cuda.synchronize()
+    kept = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in (y, x.grad, w.grad, b.grad))
+    assert torch.cuda.memory_allocated() - before == kept
+    assert torch.cuda.max_memory_allocated() - before > kept  # the scratch was there during the step
+    # Detached: a clone of y would keep its graph, whose leaves' AccumulateGrad nodes hold the default stream that
+    # this eager step ran on, and the captured backward would then sync with that stream.
+    eager = [t.detach().clone() for t in (y, x.grad, w.grad, b.grad)]
+    del y
+    x.grad = w.grad = b.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _bf16_step(x, w, b, upstream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, e) for a, e in zip((y, x.grad, w.grad, b.grad), eager, strict=True))
+
+
 def test_outputs_come_from_torch_memory() -> None:
     x = torch.randn(4, 8, 32, 32, device="cuda")
     w = torch.randn(16, 8, 3, 3, device="cuda")

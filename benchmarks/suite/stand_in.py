@@ -136,13 +136,16 @@ def stub_cpu_tape(convgen: Any) -> Any:
 def stand_in_adapter(devices: Any) -> Any:
     """Inside the block, convgen.torch (its `devices` module given) runs every tensor, CPU ones included, through its
     CUDA runner on `stand_in_cupy()`: the functional call's checks, autograd's node and the CUDA backend's Python
-    path on real CPU tensors (outputs and scratch from torch's CPU allocator), the launches doing nothing. Stream 0,
-    and the H200's compute capability for the precision."""
+    path on real CPU tensors (outputs and the pools' state from torch's CPU allocator, a conv pass's scratch a stand-in
+    address), the launches doing nothing. Stream 0, and the H200's compute capability for the precision."""
     cupy = stand_in_cupy()
 
     def backend_class(*kind: Any) -> Any:
         with imports_as(cupy):
-            return devices._TorchCupyBackend(*kind)
+            backend = devices._TorchCupyBackend(*kind)
+        # A pass's scratch: a stand-in address, for torch's CUDA caching allocator has no CPU memory to give.
+        backend._allocate, backend._free = lambda size, stream: next(_ADDRESSES), lambda address: None
+        return backend
 
     runner = devices._CudaRunner()
     runner._backend_class = backend_class
