@@ -4,8 +4,9 @@ training step through convgen.torch, timed as bench.py's user calls (GPU idle, L
 Python call), rounds alternating between the backend as it is and the same backend with one of them undone: each
 queued member of a group launched as its own kernel (as before the groups), an allocation a scratch buffer (as
 before one a pass: the pass's one allocation and one more for each of its other buffers, of their sizes, held as
-long; the kernels read the pass's), or the pass's scratch made as a tensor (as before the caching allocator's bare
-blocks). Whole processes differ by 30-50% in speed on the H200's hosts
+long; the kernels read the pass's), the pass's scratch made as a tensor (as before the caching allocator's bare
+blocks), or no launch programs (each call runs the pass's Python as the trace does, deciding its layouts, groups and
+outputs again, as before runtime/launch_program.py). Whole processes differ by 30-50% in speed on the H200's hosts
 (benchmarks/NOTES.md), so only modes in one process show a few µs. Also checks that every mode gives the same bits.
 With `--stand-in` (no GPU, CuPy or PyTorch), the backend's own Python path of a forward and a backward on the stand-in
 CuPy (benchmarks/suite/stand_in.py), whose launches and allocations do nothing: what the modes differ by there is
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import convgen.cuda
 from convgen.cuda import STORAGE_DTYPES, CupyBackend
 from suite import stand_in
 from suite.cases import CASES_BY_NAME, Case
@@ -59,20 +61,42 @@ def an_allocation_a_buffer(self: CupyBackend, layout: Any) -> tuple[Any, int]:
     return (scratch, [self._scratch((size,), "uint8") for size in known[1]]), base
 
 
+def _pass_itself(backend: Any, inputs: int, run: Callable[..., Any]) -> Callable[..., Any]:
+    """launch_program.trace for "no launch programs": the pass itself stands in for its program."""
+    return run
+
+
+def _pass_run(backend: Any, run: Callable[..., Any], layout: Any, addresses: tuple[int, ...]) -> tuple[Any, ...]:
+    """launch_program.replay for "no launch programs": the pass run as it is traced, deciding everything per call."""
+    returned = run(backend, *addresses)
+    return returned if isinstance(returned, tuple) else (returned,)
+
+
 MODES: dict[str, dict[str, Callable[..., Any]]] = {
     "as is": {},
     "one launch a kernel": {"_launch_group": one_launch_a_kernel},
     "an allocation a buffer": {"_scratch_base": an_allocation_a_buffer},
     "scratch as a tensor": {"_scratch_base": CupyBackend._scratch_base},  # the tape's: `_scratch`, a torch tensor
+    "no launch programs": {"trace": _pass_itself, "replay": _pass_run},  # convgen.cuda's, not the class's
 }
-STAND_IN_MODES = ("as is", "one launch a kernel", "an allocation a buffer")  # the tape's backend has no tensors
+STAND_IN_MODES = ("as is", "one launch a kernel", "an allocation a buffer", "no launch programs")  # no tensors there
+_MODULE_FUNCTIONS = {name: getattr(convgen.cuda, name) for name in ("trace", "replay")}
 
 
-def use(mode: str, backend_class: type) -> None:
-    """`backend_class`'s methods as `mode` has them (its own where the mode changes nothing)."""
+_PROGRAMS: dict[tuple[int, str], dict[Any, Any]] = {}  # (id of a Compiled, mode) -> its passes' programs in that mode
+
+
+def use(mode: str, backend_class: type, backends: Any) -> None:
+    """`backend_class`'s methods and convgen.cuda's launch-program functions as `mode` has them (as they are where the
+    mode changes nothing), and each conv geometry of `backends` with the programs traced in that mode (the first
+    call of a pass in a mode traces it)."""
     as_is = _AS_IS.setdefault(backend_class, {name: getattr(backend_class, name) for name in _METHODS})
-    for name, method in {**as_is, **MODES[mode]}.items():
-        setattr(backend_class, name, method)
+    for name, value in {**as_is, **_MODULE_FUNCTIONS, **MODES[mode]}.items():
+        setattr(convgen.cuda if name in _MODULE_FUNCTIONS else backend_class, name, value)
+    for backend in backends:
+        for compiled in backend._compiled.values():
+            if compiled.is_conv:
+                compiled.programs = _PROGRAMS.setdefault((id(compiled), mode), {})
 
 
 def calls(case: Case, dtype: Any) -> tuple[dict[str, Callable[[], Any]], Callable[[], list[Any]]]:
@@ -124,13 +148,13 @@ def stand_in_step_us(backend: CupyBackend, case: Case, dtype: str, rounds: int) 
     samples: dict[str, list[float]] = {mode: [] for mode in STAND_IN_MODES}
     for _ in range(rounds):
         for mode in STAND_IN_MODES:
-            use(mode, CupyBackend)
+            use(mode, CupyBackend, (backend,))
             start = time.perf_counter()
             for _ in range(100):
                 backend.forward(geom, inputs)
                 backend.backward(geom, inputs, None, grad)
             samples[mode].append((time.perf_counter() - start) * 1e4)
-    use("as is", CupyBackend)
+    use("as is", CupyBackend, (backend,))
     return {mode: statistics.median(values) for mode, values in samples.items()}
 
 
@@ -160,7 +184,9 @@ def main() -> None:
         return
     import convgen.torch as adapter
     import torch
-    from convgen.torch.devices import _TorchCupyBackend as backend_class
+    from convgen.torch import devices
+
+    backend_class, backends = devices._TorchCupyBackend, devices._cuda_runner()._backends.values()
 
     adapter.set_float32_precision(args.precision)
     flush = torch.empty(L2_FLUSH_BYTES // 4, device="cuda")
@@ -170,7 +196,7 @@ def main() -> None:
             ops, results = calls(case, dtype)
             same = []
             for mode in MODES:
-                use(mode, backend_class)
+                use(mode, backend_class, backends)
                 for _ in range(20):  # compiles, caches, the allocator's blocks
                     results()
                 same.append(results())
@@ -179,12 +205,12 @@ def main() -> None:
                 samples: dict[str, list[float]] = {mode: [] for mode in MODES}
                 for _ in range(args.rounds):
                     for mode in MODES:
-                        use(mode, backend_class)
+                        use(mode, backend_class, backends)
                         samples[mode].append(timed_ms(op, flush))
                 medians = {mode: statistics.median(values) for mode, values in samples.items()}
                 print(f"{case.title} {str(dtype).removeprefix('torch.'):<9} {name:<17} "
                       + "  ".join(f"{mode}: {ms:.4f}" for mode, ms in medians.items()) + f"  same bits: {bits}")
-    use("as is", backend_class)
+    use("as is", backend_class, backends)
 
 
 if __name__ == "__main__":

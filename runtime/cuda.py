@@ -35,6 +35,7 @@ from convgen.generated.contract import (
     KERNELS,
 )
 from convgen.geometry import Family, Geometry
+from convgen.launch_program import replay, trace
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
 
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
@@ -297,15 +298,13 @@ class CupyBackend(KernelLaunches):
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            layout = compiled.forward_scratch
-            buffers = layout.stages["forward"]
-            scratch, base = self._scratch_base(layout)  # held until the launches are queued
-            prep: dict[str, tuple[Any, ...]] = {}
             address = self._address
-            values = {"x": address(x), "weight": address(weight), "bias": address(bias), "images": images}
-            values = self._operands(compiled, "forward", values, prep, buffers, base)
-            self._launch_group(compiled, "forward_prep", prep)
-            return self._into_output(compiled, "forward", values, buffers, base), None
+            program = compiled.programs.get("forward")
+            if program is None:
+                program = compiled.programs["forward"] = trace(
+                    self, 3, lambda tracer, *addresses: tracer._conv_forward(compiled, *addresses))
+            (y,) = replay(self, program, compiled.forward_scratch, (address(x), address(weight), address(bias)))
+            return y, None
         (x,) = inputs
         y = self._output(geom.output_shape)
         address = self._address
@@ -341,39 +340,14 @@ class CupyBackend(KernelLaunches):
         family = compiled.family
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
-            wants_weight, wants_bias, wants_x = wanted = (True, True, True) if wanted is None else tuple(wanted)
-            layout = compiled.backward_scratch[wanted]
-            buffers = layout.stages
-            scratch, base = self._scratch_base(layout)  # held until the launches are queued
-            address = self._address
-            values = {"x": address(x), "weight": address(weight), "grad": address(grad), "images": images}
-            # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
-            # weight and bias gradients' reduces.
-            prep: dict[str, tuple[Any, ...]] = {}
-            reduces: dict[str, tuple[Any, ...]] = {}
-            if wants_x:
-                input_values = self._operands(compiled, "backward_input", values, prep, buffers["backward_input"], base)
-            if wants_weight:
-                weight_values = self._operands(compiled, "backward_weight", values, prep, buffers["backward_weight"],
-                                               base)
-            # A split bias gradient's output is first read by its reduce: made after the prep launches, which the
-            # GPU waits for (an allocation is 3-6 µs on the H200's hosts).
-            bias_buffers = buffers.get(BIAS_STAGE)  # a layout has the stages the call wants
-            split_bias = wants_bias and bias_buffers.partial is not None
-            if split_bias:
-                self._into_partials(compiled, BIAS_STAGE, values, bias_buffers, base, prep)
-            grad_bias = (self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, prep, reduces)
-                         if wants_bias and not split_bias else None)
-            self._launch_group(compiled, "backward_prep", prep)
-            grad_x = (self._into_output(compiled, "backward_input", input_values, buffers["backward_input"], base)
-                      if wants_x else None)
-            grad_weight = (self._into_output(compiled, "backward_weight", weight_values, buffers["backward_weight"],
-                                             base, reduces=reduces) if wants_weight else None)
-            if split_bias:
-                grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, reduces=reduces,
-                                              partials_queued=True)
-            self._launch_group(compiled, "backward_reduces", reduces)
-            return grad_weight, grad_bias, grad_x
+            wanted = (True, True, True) if wanted is None else tuple(wanted)
+            key = ("backward", *wanted)
+            program = compiled.programs.get(key)
+            if program is None:
+                program = compiled.programs[key] = trace(
+                    self, 3, lambda tracer, *addresses: tracer._conv_backward(compiled, wanted, *addresses))
+            addresses = (self._address(x), self._address(weight), self._address(grad))
+            return replay(self, program, compiled.backward_scratch[wanted], addresses)
         (x,) = inputs
         grad_x = self._output(x.shape)
         address = self._address
@@ -384,6 +358,53 @@ class CupyBackend(KernelLaunches):
             values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
         self._launch(compiled, "backward_input", values)
         return (grad_x,)
+
+    # A conv pass as traced into its program (convgen.launch_program): from its inputs' addresses, its scratch, the
+    # launches of its layouts, GEMMs and reduces, and its outputs.
+
+    def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
+        layout = compiled.forward_scratch
+        buffers = layout.stages["forward"]
+        scratch, base = self._scratch_base(layout)  # held until the launches are queued
+        prep: dict[str, tuple[Any, ...]] = {}
+        values = {"x": x, "weight": weight, "bias": bias, "images": compiled.images}
+        values = self._operands(compiled, "forward", values, prep, buffers, base)
+        self._launch_group(compiled, "forward_prep", prep)
+        return self._into_output(compiled, "forward", values, buffers, base)
+
+    def _conv_backward(self, compiled: Compiled, wanted: tuple[bool, bool, bool], x: Any, weight: Any,
+                       grad: Any) -> tuple[Any, Any, Any]:
+        wants_weight, wants_bias, wants_x = wanted
+        layout = compiled.backward_scratch[wanted]
+        buffers = layout.stages
+        scratch, base = self._scratch_base(layout)  # held until the launches are queued
+        values = {"x": x, "weight": weight, "grad": grad, "images": compiled.images}
+        # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
+        # weight and bias gradients' reduces.
+        prep: dict[str, tuple[Any, ...]] = {}
+        reduces: dict[str, tuple[Any, ...]] = {}
+        if wants_x:
+            input_values = self._operands(compiled, "backward_input", values, prep, buffers["backward_input"], base)
+        if wants_weight:
+            weight_values = self._operands(compiled, "backward_weight", values, prep, buffers["backward_weight"], base)
+        # A split bias gradient's output is first read by its reduce: made after the prep launches, which the GPU
+        # waits for (an allocation is 3-6 µs on the H200's hosts).
+        bias_buffers = buffers.get(BIAS_STAGE)  # a layout has the stages the call wants
+        split_bias = wants_bias and bias_buffers.partial is not None
+        if split_bias:
+            self._into_partials(compiled, BIAS_STAGE, values, bias_buffers, base, prep)
+        grad_bias = (self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, prep, reduces)
+                     if wants_bias and not split_bias else None)
+        self._launch_group(compiled, "backward_prep", prep)
+        grad_x = (self._into_output(compiled, "backward_input", input_values, buffers["backward_input"], base)
+                  if wants_x else None)
+        grad_weight = (self._into_output(compiled, "backward_weight", weight_values, buffers["backward_weight"],
+                                         base, reduces=reduces) if wants_weight else None)
+        if split_bias:
+            grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, reduces=reduces,
+                                          partials_queued=True)
+        self._launch_group(compiled, "backward_reduces", reduces)
+        return grad_weight, grad_bias, grad_x
 
 
 from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geometry, not this module)

@@ -98,6 +98,8 @@ class Compiled:
             self.forward_scratch = scratch_layout(geom, plan, ("forward",), element_bytes, scalar_bytes)
             # (wants weight, wants bias, wants input) -> the backward's scratch
             self.backward_scratch = backward_layouts(geom, plan, element_bytes, scalar_bytes)
+            # "forward" or ("backward", *wanted) -> the pass's launches, traced at its first call (launch_program)
+            self.programs: dict[Any, Any] = {}
 
 
 class Wrapping:
@@ -143,7 +145,8 @@ class KernelLaunches:
         parameters = _PARAMETER_SLOTS
         if len(args) > MAX_PARAMETERS:  # would move the slots the pointers point to
             raise ValueError(f"{stage}: {len(args)} kernel arguments, more than any kernel's {MAX_PARAMETERS}")
-        parameters.slots[:len(args)] = array("Q", args)  # as many as were there: the slots stay where they are
+        # As many as were there: the slots stay where they are. A traced program's launch brings its own array.
+        parameters.slots[:len(args)] = args if type(args) is array else array("Q", args)
         launch = (function, grid[0], 1, 1, block[0], 1, 1, shared_bytes, self._stream_pointer(), parameters.address, 0)
         try:
             try:

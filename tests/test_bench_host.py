@@ -59,3 +59,22 @@ def test_the_stand_in_adapter_is_undone_after_its_block() -> None:
         assert devices._runner(torch.zeros(1)) is stand_in
     assert (devices._runner, torch.cuda.get_device_capability) == (runner, capability)
     assert devices._runner(torch.zeros(1)) is devices._CPU
+
+
+def test_host_path_ab_stand_in_times_every_mode_and_leaves_the_backend_as_it_was(capsys) -> None:
+    """host_path_ab.py --stand-in times each mode's backend Python (launch groups undone, an allocation a buffer,
+    no launch programs) beside the backend as it is, and puts back what the modes replace."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import convgen.cuda
+    import host_path_ab
+    from convgen import launch_program
+
+    before = {name: getattr(convgen.cuda.CupyBackend, name) for name in ("_launch_group", "_scratch_base")}
+    case = host_path_ab.CASES_BY_NAME["conv2d_64_56_n32"]
+    host_path_ab.stand_in_ab([case], ["bfloat16"], "medium", 2)
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(case.title)]
+    timed = dict(part.split(": ") for part in row.removeprefix(case.title).removeprefix(" bfloat16").split("  ")
+                 if ": " in part)
+    assert list(timed) == list(host_path_ab.STAND_IN_MODES) and all(float(us) > 0 for us in timed.values())
+    assert (convgen.cuda.trace, convgen.cuda.replay) == (launch_program.trace, launch_program.replay)
+    assert {name: getattr(convgen.cuda.CupyBackend, name) for name in before} == before

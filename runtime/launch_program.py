@@ -1,0 +1,126 @@
+"""A conv pass's launches as a program: traced once per geometry and choice of gradients by running the backend's own
+pass on symbolic addresses, then replayed per call with the call's addresses filled in.
+
+A pass decides, per call, the same things every time for one geometry: which layouts to launch, where in its scratch
+each buffer lies, which kernels go in a launch group, which outputs to make and when. The trace records what those
+decisions produce: each output allocation (its shape, in order) and each launch (its function, grid, block, shared
+memory and arguments), an argument being a constant or an address plus a constant offset. Replaying it makes the same
+allocations and launches in the same order, without the dictionaries and calls that made them (half the Python of a
+conv step on the development machine).
+"""
+
+from __future__ import annotations
+
+import copy
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """An address while tracing: the `index`th of the pass's addresses (its inputs, then its scratch, then its
+    outputs in the order they are made) plus `offset` bytes."""
+
+    index: int
+    offset: int = 0
+
+    def __add__(self, offset: int) -> Symbol:
+        if type(offset) is not int:
+            return NotImplemented
+        return Symbol(self.index, self.offset + offset)
+
+    __radd__ = __add__
+
+
+@dataclass(frozen=True, slots=True)
+class TracedOutput:
+    """An output array while tracing: the address it will have."""
+
+    symbol: Symbol
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Make an output of `shape` and `dtype` (None: the backend's), whose address the later launches take."""
+
+    shape: tuple[int, ...]
+    dtype: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One launch: its arguments are `constants`, with the address of index `i` added to slot `s` for each (s, i) of
+    `holes`."""
+
+    stage: str
+    function: int
+    grid: tuple[int]
+    block: tuple[int]
+    shared_bytes: int
+    constants: array
+    holes: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """A pass's steps, and which of the outputs it made (by the order made, None for none) it returns."""
+
+    steps: tuple[Allocation | Launch, ...]
+    returns: tuple[int | None, ...]
+
+
+def _launch_of(stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int,
+               args: Any) -> Launch:
+    constants, holes = [], []
+    for slot, value in enumerate(args):
+        if type(value) is Symbol:
+            holes.append((slot, value.index))
+            value = value.offset
+        constants.append(value)
+    return Launch(stage, function, grid, block, shared_bytes, array("Q", constants), tuple(holes))
+
+
+def trace(backend: Any, inputs: int, run: Callable[..., Any]) -> Program:
+    """The program of `run(tracer, *addresses)`: a method of `backend`'s class making one pass from the addresses of
+    its `inputs` inputs, returning its outputs (None where it makes none), run on a copy of `backend` whose outputs,
+    scratch and launches are recorded instead of made."""
+    steps: list[Allocation | Launch] = []
+    outputs: list[TracedOutput] = []
+    base = Symbol(inputs)
+    tracer = copy.copy(backend)
+
+    def output(shape: tuple[int, ...], dtype: str | None = None) -> TracedOutput:
+        steps.append(Allocation(tuple(shape), dtype))
+        outputs.append(TracedOutput(Symbol(inputs + 1 + len(outputs))))
+        return outputs[-1]
+
+    def launch(stage: str, function: int, grid: tuple[int], block: tuple[int], shared_bytes: int, args: Any) -> None:
+        steps.append(_launch_of(stage, function, grid, block, shared_bytes, args))
+
+    tracer._output, tracer._call = output, launch
+    tracer._scratch_base = lambda layout: (None, base if layout.size else 0)
+    tracer._address_of = {**backend._address_of, TracedOutput: lambda traced: traced.symbol}
+    returned = run(tracer, *(Symbol(index) for index in range(inputs)))
+    results = returned if isinstance(returned, tuple) else (returned,)
+    return Program(tuple(steps), tuple(None if r is None else outputs.index(r) for r in results))
+
+
+def replay(backend: Any, program: Program, layout: Any, addresses: tuple[int, ...]) -> tuple[Any, ...]:
+    """`program` on the call's `addresses` (of its inputs), with the pass's scratch laid out by `layout`: its outputs
+    as it returns them."""
+    scratch, base = backend._scratch_base(layout)  # held until the launches are queued
+    values = [*addresses, base]
+    made = []
+    for step in program.steps:
+        if type(step) is Allocation:
+            output = backend._output(step.shape, step.dtype)
+            made.append(output)
+            values.append(backend._address(output))
+            continue
+        args = array("Q", step.constants)
+        for slot, index in step.holes:
+            args[slot] += values[index]
+        backend._call(step.stage, step.function, step.grid, step.block, step.shared_bytes, args)
+    return tuple(None if index is None else made[index] for index in program.returns)
