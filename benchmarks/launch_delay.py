@@ -28,6 +28,7 @@ import cupy
 import torch
 from convgen.cuda import CupyBackend
 from convgen.torch import devices, functional
+from suite.trivial import trivial_function
 
 CALLS = 300
 WARMUP_CALLS = 30
@@ -51,17 +52,8 @@ def _timestamped(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class _Trivial(torch.autograd.Function):
-    """An autograd.Function that does nothing: autograd's own cost of reaching a backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        _marks.setdefault("function", time.perf_counter())
-        return grad
+# An autograd.Function that does nothing: autograd's own cost of reaching a backward.
+_Trivial = trivial_function(lambda: _marks.setdefault("function", time.perf_counter()))
 
 
 def _install_marks() -> None:
