@@ -5,8 +5,8 @@ A pass decides, per call, the same things every time for one geometry: which lay
 each buffer lies, which kernels go in a launch group, which outputs to make and when. The trace records what those
 decisions produce: each output allocation (its shape, in order) and each launch (its function, grid, block, shared
 memory and arguments), an argument being a constant or an address plus a constant offset. Replaying it makes the same
-allocations and launches in the same order, without the dictionaries and calls that made them (half the Python of a
-conv step on the development machine).
+allocations and launches in the same order, without the dictionaries and calls that made them: a third of the
+backend's Python for a bf16 conv step (25.6 → 17.3 µs on the development machine's stand-in CuPy).
 """
 
 from __future__ import annotations
