@@ -3,6 +3,7 @@ current-stream lookup with and without torch's raw-handle function."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -75,26 +76,26 @@ def test_a_tensor_off_the_kernels_alignment_is_copied_before_a_kernel_reads_it()
     assert strided.is_contiguous() and torch.equal(strided, aligned.t())
 
 
+@contextlib.contextmanager
 def _recording_adapter(events: list, allocate=None):
     """stand_in_adapter whose backends record each scratch allocation (bytes, stream), give-back and launch in
     `events`, on stream 77; `allocate` replaces the allocator's."""
-    adapter = stand_in.stand_in_adapter(devices)
-    runner = adapter.__enter__()
-    make = runner._backend_class
+    with stand_in.stand_in_adapter(devices) as runner:
+        make = runner._backend_class
 
-    def backend_class(*kind):
-        backend = make(*kind)
+        def backend_class(*kind):
+            backend = make(*kind)
 
-        def recorded(size, stream):
-            events.append(("alloc", size, stream))
-            return 1 << 40 if allocate is None else allocate(size, stream)
+            def recorded(size, stream):
+                events.append(("alloc", size, stream))
+                return 1 << 40 if allocate is None else allocate(size, stream)
 
-        backend._allocate, backend._free = recorded, lambda address: events.append(("free", address))
-        backend._launch_kernel = lambda *launch: events.append(("launch",))
-        return backend
+            backend._allocate, backend._free = recorded, lambda address: events.append(("free", address))
+            backend._launch_kernel = lambda *launch: events.append(("launch",))
+            return backend
 
-    runner._backend_class, runner._current_stream = backend_class, lambda index: 77
-    return adapter, runner
+        runner._backend_class, runner._current_stream = backend_class, lambda index: 77
+        yield runner
 
 
 def test_a_conv_pass_takes_its_scratch_as_one_block_given_back_after_its_last_launch() -> None:
@@ -105,16 +106,13 @@ def test_a_conv_pass_takes_its_scratch_as_one_block_given_back_after_its_last_la
     from convgen.geometry import Family, Geometry
 
     events: list = []
-    adapter, runner = _recording_adapter(events)
-    try:
+    with _recording_adapter(events) as runner:
         x, w, b = (torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
                    for shape in ((2, 64, 16, 16), (64, 64, 3, 3), (64,)))
         y = ct.conv(x, w, b, padding=1)
         y.backward(torch.ones_like(y))
         compiled = runner._backend(x, ct.precision.conv_precision(torch.bfloat16))._compile(
             Geometry.build(Family.CONV, 64, 64, (16, 16), (3, 3), (1, 1), (1, 1), batch=2))
-    finally:
-        adapter.__exit__(None, None, None)
     forward_size, backward_size = compiled.forward_scratch.size, compiled.backward_scratch[(True, True, True)].size
     assert forward_size and backward_size
     frees = [at for at, event in enumerate(events) if event[0] == "free"]
@@ -131,12 +129,9 @@ def test_a_conv_pass_without_room_for_its_scratch_says_how_much_it_needs() -> No
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     events: list = []
-    adapter, _ = _recording_adapter(events, allocate)
-    try:
+    with _recording_adapter(events, allocate):
         x, w, b = (torch.randn(shape, dtype=torch.bfloat16) for shape in ((2, 64, 16, 16), (64, 64, 3, 3), (64,)))
         with pytest.raises(RuntimeError) as error:
             ct.conv(x, w, b, padding=1)
-    finally:
-        adapter.__exit__(None, None, None)
     assert str(error.value) == "convgen.torch.conv: out of memory (needs 0.0 GiB)"
     assert [event[0] for event in events] == ["alloc"]
