@@ -4,9 +4,11 @@
 
 A step is the forward and `torch.autograd.backward` with the upstream gradient, the inputs' gradients cleared
 first, as bench.py's fwd+bwd call makes it. Per dtype and library: `issue`, the median host time until a step
-returns, each started on an idle GPU; `wall`, until its kernels are done. Then a cProfile of `--calls` convgen
-steps: where its host time goes. float32 runs convgen in `--precision` and torch with TF32 as that precision
-says ("highest": off). torch's conv4d is bench.py's loop of conv3d.
+returns, each started on an idle GPU; `wall`, until its kernels are done. The libraries take turns step by step,
+so the ratio holds on a host whose speed drifts. Then a cProfile of `--calls` convgen steps: where its host time
+goes. float32 runs convgen in `--precision` and torch with TF32 as that precision says ("highest": off); torch's
+16-bit tensors are channels-last where torch has the format (bench.py's torch_bf16_cl). torch's conv4d is
+bench.py's loop of conv3d.
 
 With `--stand-in` (no GPU or CuPy: PyTorch on the CPU), convgen.torch's own host path alone: its forward and step
 on CPU tensors of the case, run through its CUDA runner on the stand-in CuPy (benchmarks/suite/stand_in.py), whose
@@ -63,20 +65,25 @@ def steps(case: Case, dtype: torch.dtype, torch_channels_last: bool = False) -> 
     return {name: step_of(*parts) for name, parts in ops.items()}
 
 
-def host_times(step: Callable[[], None], calls: int) -> tuple[float, float]:
-    """Median µs of (issue, wall) over `calls` steps, each from an idle GPU."""
-    for _ in range(20):  # compiles, caches, the allocator's blocks
-        step()
-    issue, wall = [], []
+def host_times(steps_by_library: dict[str, Callable[[], None]], calls: int) -> dict[str, tuple[float, float]]:
+    """library -> median µs of (issue, wall) over `calls` steps, each from an idle GPU; the libraries take turns
+    step by step, so that a drift of the host's speed reaches them alike."""
+    for step in steps_by_library.values():
+        for _ in range(20):  # compiles, caches, the allocator's blocks
+            step()
+    issue: dict[str, list[float]] = {library: [] for library in steps_by_library}
+    wall: dict[str, list[float]] = {library: [] for library in steps_by_library}
     for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        returned = time.perf_counter()
-        torch.cuda.synchronize()
-        issue.append((returned - start) * 1e6)
-        wall.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(issue), statistics.median(wall)
+        for library, step in steps_by_library.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            returned = time.perf_counter()
+            torch.cuda.synchronize()
+            issue[library].append((returned - start) * 1e6)
+            wall[library].append((time.perf_counter() - start) * 1e6)
+    return {library: (statistics.median(issue[library]), statistics.median(wall[library]))
+            for library in steps_by_library}
 
 
 class _Trivial(torch.autograd.Function):
@@ -159,11 +166,10 @@ def main() -> None:
     profiles = {}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
-        for library, step in steps(case, dtype).items():
-            issue, wall = host_times(step, args.calls)
+        steps_by_library = steps(case, dtype, torch_channels_last=dtype != torch.float32)
+        for library, (issue, wall) in host_times(steps_by_library, args.calls).items():
             print(f"{name:<9} {library:<14} issue {issue:8.1f}  wall {wall:8.1f}")
-            if library == "convgen.torch":
-                profiles[name] = profile_summary(step, args.calls, torch.cuda.synchronize)["text"]
+        profiles[name] = profile_summary(steps_by_library["convgen.torch"], args.calls, torch.cuda.synchronize)["text"]
     for name, text in profiles.items():
         print(f"\n== cProfile of {args.calls} convgen.torch steps, {name}\n{text}")
 
