@@ -187,8 +187,8 @@ class GeneratedOps:
             k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
             message, and this tape is unchanged.
         """
-        _checked = _validators.avg_pool(self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation)
-        return self._apply(AVG_POOL, (x_id,), _checked)
+        return self._apply(AVG_POOL, (x_id,), _validators.avg_pool,
+                           (self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation))
 
     def avg_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
         """2-D average pooling of one channels-first image, without padding.
@@ -209,8 +209,8 @@ class GeneratedOps:
             out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
             bad argument the Result holds the error message, and this tape is unchanged.
         """
-        _checked = _validators.avg_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(AVG_POOL2D, (x_id,), _checked)
+        return self._apply(AVG_POOL2D, (x_id,), _validators.avg_pool2d,
+                           (self._backend.name, k_h, k_w, in_h, in_w, in_c, stride))
 
     def avg_pool2d_pad(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
         """2-D average pooling of one channels-first image.
@@ -233,8 +233,8 @@ class GeneratedOps:
             or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
             error message, and this tape is unchanged.
         """
-        _checked = _validators.avg_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(AVG_POOL2D_PAD, (x_id,), _checked)
+        return self._apply(AVG_POOL2D_PAD, (x_id,), _validators.avg_pool2d_pad,
+                           (self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding))
 
     def conv(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, batch=None, dilation=None, groups=1, padding_mode='zeros'):
         """N-D convolution of one channels-first image or of a batch of them.
@@ -269,8 +269,8 @@ class GeneratedOps:
             dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error message, and
             this tape is unchanged.
         """
-        _checked = _validators.conv(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, padding_mode)
-        return self._apply(CONV, (kernel_id, bias_id, input_id,), _checked)
+        return self._apply(CONV, (kernel_id, bias_id, input_id,), _validators.conv,
+                           (self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, padding_mode))
 
     def conv2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
         """2-D convolution of one channels-first image.
@@ -296,8 +296,8 @@ class GeneratedOps:
             likewise, along the width). On a bad argument the Result holds the error message, and this tape
             is unchanged.
         """
-        _checked = _validators.conv2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
-        return self._apply(CONV2D, (kernel_id, bias_id, input_id,), _checked)
+        return self._apply(CONV2D, (kernel_id, bias_id, input_id,), _validators.conv2d,
+                           (self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w))
 
     def conv_transpose(self, kernel_id, bias_id, input_id, *, in_c, out_c, kernel, stride, padding, in_spatial, batch=None, dilation=None, groups=1, output_padding=None):
         """N-D transposed convolution of one channels-first image or of a batch of them.
@@ -332,8 +332,8 @@ class GeneratedOps:
             is nonzero, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the
             error message, and this tape is unchanged.
         """
-        _checked = _validators.conv_transpose(self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, output_padding)
-        return self._apply(CONV_TRANSPOSE, (kernel_id, bias_id, input_id,), _checked)
+        return self._apply(CONV_TRANSPOSE, (kernel_id, bias_id, input_id,), _validators.conv_transpose,
+                           (self._backend.name, in_c, out_c, kernel, stride, padding, in_spatial, batch, dilation, groups, output_padding))
 
     def conv_transpose2d(self, kernel_id, bias_id, input_id, *, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w):
         """2-D transposed convolution of one channels-first image.
@@ -359,8 +359,8 @@ class GeneratedOps:
             along the width). On a bad argument the Result holds the error message, and this tape is
             unchanged.
         """
-        _checked = _validators.conv_transpose2d(self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w)
-        return self._apply(CONV_TRANSPOSE2D, (kernel_id, bias_id, input_id,), _checked)
+        return self._apply(CONV_TRANSPOSE2D, (kernel_id, bias_id, input_id,), _validators.conv_transpose2d,
+                           (self._backend.name, in_c, out_c, k_h, k_w, stride, padding, in_h, in_w))
 
     def max_pool(self, x_id, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None):
         """N-D max pooling of one channels-first image or of a batch of them.
@@ -387,8 +387,8 @@ class GeneratedOps:
             k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
             message, and this tape is unchanged.
         """
-        _checked = _validators.max_pool(self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation)
-        return self._apply(MAX_POOL, (x_id,), _checked)
+        return self._apply(MAX_POOL, (x_id,), _validators.max_pool,
+                           (self._backend.name, c, in_spatial, kernel, stride, padding, batch, dilation))
 
     def max_pool2d(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride):
         """2-D max pooling of one channels-first image, without padding.
@@ -409,8 +409,8 @@ class GeneratedOps:
             out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
             bad argument the Result holds the error message, and this tape is unchanged.
         """
-        _checked = _validators.max_pool2d(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(MAX_POOL2D, (x_id,), _checked)
+        return self._apply(MAX_POOL2D, (x_id,), _validators.max_pool2d,
+                           (self._backend.name, k_h, k_w, in_h, in_w, in_c, stride))
 
     def max_pool2d_pad(self, x_id, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
         """2-D max pooling of one channels-first image.
@@ -433,8 +433,8 @@ class GeneratedOps:
             or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
             error message, and this tape is unchanged.
         """
-        _checked = _validators.max_pool2d_pad(self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(MAX_POOL2D_PAD, (x_id,), _checked)
+        return self._apply(MAX_POOL2D_PAD, (x_id,), _validators.max_pool2d_pad,
+                           (self._backend.name, k_h, k_w, in_h, in_w, in_c, stride, padding))
 
     def smooth_max_pool(self, x_id, beta, *, c, in_spatial, kernel, stride, padding, batch=None, dilation=None):
         """N-D smooth max pooling of one channels-first image or of a batch of them.
@@ -463,8 +463,8 @@ class GeneratedOps:
             k // 2, with k = dilation[i] * (kernel[i] - 1) + 1. On a bad argument the Result holds the error
             message, and this tape is unchanged.
         """
-        _checked = _validators.smooth_max_pool(self._backend.name, beta, c, in_spatial, kernel, stride, padding, batch, dilation)
-        return self._apply(SMOOTH_MAX_POOL, (x_id,), _checked)
+        return self._apply(SMOOTH_MAX_POOL, (x_id,), _validators.smooth_max_pool,
+                           (self._backend.name, beta, c, in_spatial, kernel, stride, padding, batch, dilation))
 
     def smooth_max_pool2d(self, x_id, beta, *, k_h, k_w, in_h, in_w, in_c, stride):
         """2-D smooth max pooling of one channels-first image, without padding.
@@ -487,8 +487,8 @@ class GeneratedOps:
             out_h = (in_h - k_h) // stride + 1, or 0 if in_h < k_h (out_w likewise, along the width). On a
             bad argument the Result holds the error message, and this tape is unchanged.
         """
-        _checked = _validators.smooth_max_pool2d(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride)
-        return self._apply(SMOOTH_MAX_POOL2D, (x_id,), _checked)
+        return self._apply(SMOOTH_MAX_POOL2D, (x_id,), _validators.smooth_max_pool2d,
+                           (self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride))
 
     def smooth_max_pool2d_pad(self, x_id, beta, *, k_h, k_w, in_h, in_w, in_c, stride, padding):
         """2-D smooth max pooling of one channels-first image.
@@ -514,5 +514,5 @@ class GeneratedOps:
             or padding > k_h // 2 (out_w likewise, along the width). On a bad argument the Result holds the
             error message, and this tape is unchanged.
         """
-        _checked = _validators.smooth_max_pool2d_pad(self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride, padding)
-        return self._apply(SMOOTH_MAX_POOL2D_PAD, (x_id,), _checked)
+        return self._apply(SMOOTH_MAX_POOL2D_PAD, (x_id,), _validators.smooth_max_pool2d_pad,
+                           (self._backend.name, beta, k_h, k_w, in_h, in_w, in_c, stride, padding))

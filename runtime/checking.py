@@ -1,15 +1,19 @@
 """Helpers the generated validators call to read Python arguments as the spec's types: natural
 numbers, sequences of them (`Vector ℕ d`) and β as a float32 (SEMANTICS §5 steps 1-2), and
-`describe`, which shows any argument in a message.
+`describe`, which shows any argument in a message; `validated`, a validator's answer remembered for
+arguments that cannot be told apart by equality alone.
 """
 
 from __future__ import annotations
 
 import collections.abc
+import functools
 import itertools
 import math
 import numbers
 import reprlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -121,3 +125,31 @@ def float32(value: float) -> float:
     """`value` rounded to float32 (to ±inf past its range, to ±0 below it), as a Python float."""
     with np.errstate(over="ignore", under="ignore"):
         return float(np.float32(value))
+
+
+def plain(args: tuple[Any, ...]) -> bool:
+    """Whether every argument is None, an int, a str or a tuple of ints (exactly those types): the arguments a
+    remembered answer may be keyed by, since 1 == 1.0 == True would share a key, and a list has no hash. Plain
+    loops: this runs on every op call."""
+    for value in args:
+        kind = type(value)
+        if kind is int or kind is str or value is None:
+            continue
+        if kind is not tuple:
+            return False
+        for entry in value:
+            if type(entry) is not int:
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def remembered(check: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`check(*args)`, remembered: the validators are pure. Callers key it by plain arguments alone (`plain`)."""
+    return check(*args)
+
+
+def validated(check: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """A validator's answer (a Geometry or the message) for `args`: remembered when they are plain, so a
+    repeated call skips its checks (half a tiny op's Python on the N-D pools), else computed."""
+    return remembered(check, args) if plain(args) else check(*args)

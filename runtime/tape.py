@@ -8,11 +8,12 @@ inputs, sizes the output, calls the backend and records the node. Backends subcl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from convgen.backend import DTYPES, Backend, BackendError, OutOfMemory, precision_refusal
-from convgen.checking import TOO_LARGE, describe, natural
+from convgen.checking import TOO_LARGE, describe, natural, validated
 from convgen.generated.ops import GeneratedOps
 from convgen.geometry import Geometry
 from convgen.op import OpInfo
@@ -180,7 +181,10 @@ class Tape(GeneratedOps):
         return (f"{TOO_LARGE} ({self._backend.name}: {info.name}: output shape {geom.output_shape} "
                 f"has {geom.output_numel} elements)")
 
-    def _apply(self, info: OpInfo, ids: tuple[Any, ...], checked: Geometry | str) -> Result:
+    def _apply(self, info: OpInfo, ids: tuple[Any, ...], check: Callable[..., Geometry | str],
+               args: tuple[Any, ...]) -> Result:
+        """Steps 1-5 by the op's validator `check` on `args`, then steps 6-8."""
+        checked = validated(check, args)
         if type(checked) is str:
             return Result.err(checked)
         geom: Geometry = checked

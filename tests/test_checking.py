@@ -1,5 +1,5 @@
 """`convgen.checking.describe`, which every message uses to show a value: bounded, and it never
-raises, whatever the value."""
+raises, whatever the value; and `validated`, which remembers a validator's answer only for plain arguments."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from convgen.checking import DESCRIBE_LIMIT, describe
+from convgen.checking import DESCRIBE_LIMIT, describe, plain, validated
 
 
 class FailingRepr:
@@ -36,3 +36,26 @@ def test_describe_shows_the_value(value, shown):
 def test_describe_is_bounded(value):
     text = describe(value)
     assert len(text) <= DESCRIBE_LIMIT and ("..." in text or "5001 digits" in text), text
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((), True), (("cpu", 1, None, (2, 3), ()), True), ((True,), False), ((1.0,), False), (((1, True),), False),
+    ((np.int64(1),), False), (([1, 2],), False), (((1, 2.0),), False), ((((1,),),), False),
+], ids=["none", "ints, str, None, int tuples", "bool", "float", "bool in a tuple", "numpy int", "list",
+        "float in a tuple", "nested tuple"])
+def test_only_arguments_equality_cannot_confuse_are_plain(args, expected):
+    assert plain(args) is expected
+
+
+def test_a_validators_answer_is_remembered_for_plain_arguments_alone():
+    calls = []
+
+    def check(*args):
+        calls.append(args)
+        return f"answer {len(calls)}"
+
+    assert validated(check, ("cpu", (1, 2))) == "answer 1"
+    assert validated(check, ("cpu", (1, 2))) == "answer 1"  # remembered: the check did not run again
+    assert validated(check, ("cpu", (True, 2))) == "answer 2"  # == the first key, but not plain: checked
+    assert validated(check, ("cpu", [1, 2])) == "answer 3"
+    assert calls == [("cpu", (1, 2)), ("cpu", (True, 2)), ("cpu", [1, 2])]

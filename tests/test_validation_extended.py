@@ -285,3 +285,22 @@ def test_at_their_defaults_the_validators_are_the_seeds(seed_validators, op, cha
     seed = getattr(seed_validators, op)(*positional, **geometry)
     defaults = DEFAULTS.get(op, dict(batch=None, dilation=None))
     assert getattr(validators, op)(*positional, **geometry, **defaults) == seed
+
+
+@pytest.mark.parametrize(("stride", "message"), [
+    ((True, 1), "stride[0] must be a natural number, got True"),
+    ((1.0, 1), "stride[0] must be a natural number, got 1.0"),
+    ([1, 1], None), ((np.int64(1), 1), None),
+], ids=["bool", "float", "list", "numpy int"])
+def test_a_remembered_geometry_is_not_given_to_equal_arguments_of_another_type(stride, message):
+    """A valid call's geometry is remembered; a later call whose stride equals it but in a type the validator
+    treats otherwise gets its own answer (the bool and the float rejected with their texts, the others the same
+    geometry)."""
+    tape, x = convgen.cpu.Tape().leaf(np.ones((2, 4, 4), np.float32))
+    pooled = tape.max_pool(x, **{**POOL, "stride": (1, 1)}).unwrap()
+    result = tape.max_pool(x, **{**POOL, "stride": stride})
+    if message is None:
+        again = result.unwrap()
+        assert again[0].shape(again[1]) == pooled[0].shape(pooled[1]) == (2, 3, 3)
+    else:
+        assert result.error == f"autograd: cpu: max_pool: {message}"

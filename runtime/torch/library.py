@@ -16,12 +16,12 @@ ValueErrors naming the function), which functional.py checks with before it runs
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from convgen.checking import remembered
 from convgen.generated import validators
 from convgen.geometry import Family, Geometry, axis_extent
 from convgen.torch import devices
@@ -34,16 +34,9 @@ _LABEL = "torch"  # the validators' `{device}` in `autograd: {device}: {op}: ...
 # Geometry.
 
 
-@functools.lru_cache(maxsize=4096)
-def _validated(check: Callable[..., Geometry | str], args: tuple[Any, ...]) -> Geometry | str:
-    """A validator's answer, cached: the validators are pure, and the sequences here are int tuples
-    (callers pass anything else uncached, since 1 == 1.0 == True would share a cache entry)."""
-    return check(*args)
-
-
 def _geometry(op: str, check: Callable[..., Geometry | str], args: tuple[Any, ...], cached: bool) -> Geometry:
     # Under torch.compile dynamo traces the validator itself (shapes are known while tracing).
-    checked = _validated(check, args) if cached and not torch.compiler.is_compiling() else check(*args)
+    checked = remembered(check, args) if cached and not torch.compiler.is_compiling() else check(*args)
     if type(checked) is str:
         prefix = f"autograd: {_LABEL}: {check.__name__}: "  # smooth max's window is checked by max pool's rules
         text = checked[len(prefix):] if checked.startswith(prefix) else checked.removeprefix("autograd: ")
