@@ -35,7 +35,7 @@ from convgen.generated.contract import (
     KERNELS,
 )
 from convgen.geometry import Family, Geometry
-from convgen.launch_program import replay, trace
+from convgen.launch_program import Program, replay, trace
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
 
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
@@ -299,10 +299,7 @@ class CupyBackend(KernelLaunches):
         if compiled.is_conv:
             weight, bias, x = inputs
             address = self._address
-            program = compiled.programs.get("forward")
-            if program is None:
-                program = compiled.programs["forward"] = trace(
-                    self, 3, lambda tracer, *addresses: tracer._conv_forward(compiled, *addresses))
+            program = self._program(compiled, "forward", "_conv_forward")
             (y,) = replay(self, program, compiled.forward_scratch, (address(x), address(weight), address(bias)))
             return y, None
         (x,) = inputs
@@ -320,6 +317,15 @@ class CupyBackend(KernelLaunches):
             saved = None
         self._launch(compiled, "forward", values)
         return y, saved
+
+    def _program(self, compiled: Compiled, key: Any, conv_pass: str, *leading: Any) -> Program:
+        """The launch program of `compiled`'s pass `key` (launch_program), traced at its first call by running the
+        backend's method `conv_pass` on `compiled`, `leading` and its three input addresses."""
+        program = compiled.programs.get(key)
+        if program is None:
+            program = compiled.programs[key] = trace(
+                self, 3, lambda tracer, *addresses: getattr(tracer, conv_pass)(compiled, *leading, *addresses))
+        return program
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any,
                  wanted: tuple[bool, ...] | None = None) -> tuple[Any, ...]:
@@ -341,11 +347,7 @@ class CupyBackend(KernelLaunches):
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
             wanted = (True, True, True) if wanted is None else tuple(wanted)
-            key = ("backward", *wanted)
-            program = compiled.programs.get(key)
-            if program is None:
-                program = compiled.programs[key] = trace(
-                    self, 3, lambda tracer, *addresses: tracer._conv_backward(compiled, wanted, *addresses))
+            program = self._program(compiled, ("backward", *wanted), "_conv_backward", wanted)
             addresses = (self._address(x), self._address(weight), self._address(grad))
             return replay(self, program, compiled.backward_scratch[wanted], addresses)
         (x,) = inputs
