@@ -127,15 +127,18 @@ def float32(value: float) -> float:
         return float(np.float32(value))
 
 
-def plain(args: tuple[Any, ...]) -> bool:
-    """Whether every argument is None, an int, a str or a tuple of ints (exactly those types): the arguments a
-    remembered answer may be keyed by, since 1 == 1.0 == True would share a key, and a list has no hash. Plain
-    loops: this runs on every op call."""
+def plain(args: tuple[Any, ...], sequence_type: type = tuple, floats: bool = False) -> bool:
+    """Whether every argument is None, an int, a str or a tuple (or `sequence_type`) of ints, exactly those types,
+    and with `floats` a float other than zero and NaN: arguments that a remembered answer may be keyed by. 1 == 1.0
+    == True would share a key (floats need a key that holds their type), -0.0 == 0.0 too, a NaN never equals
+    itself, and a list has no hash. Plain loops: this runs on every op call."""
     for value in args:
         kind = type(value)
         if kind is int or kind is str or value is None:
             continue
-        if kind is not tuple:
+        if kind is float and floats and value == value and value != 0.0:
+            continue
+        if kind is not tuple and kind is not sequence_type:
             return False
         for entry in value:
             if type(entry) is not int:
@@ -143,13 +146,14 @@ def plain(args: tuple[Any, ...]) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=4096)
-def remembered(check: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """`check(*args)`, remembered: the validators are pure. Callers key it by plain arguments alone (`plain`)."""
+@functools.lru_cache(maxsize=4096, typed=True)
+def remembered(check: Callable[..., Any], *args: Any) -> Any:
+    """`check(*args)`, remembered, each argument keyed with its type: the validators are pure. Callers key it by
+    plain arguments alone (`plain` with floats)."""
     return check(*args)
 
 
 def validated(check: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """A validator's answer (a Geometry or the message) for `args`: remembered when they are plain, so a
+    """A validator's answer (a Geometry or the message) for `args`: remembered when they are plain, so that a
     repeated call skips its checks (half a tiny op's Python on the N-D pools), else computed."""
-    return remembered(check, args) if plain(args) else check(*args)
+    return remembered(check, *args) if plain(args, floats=True) else check(*args)

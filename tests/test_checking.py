@@ -38,13 +38,15 @@ def test_describe_is_bounded(value):
     assert len(text) <= DESCRIBE_LIMIT and ("..." in text or "5001 digits" in text), text
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    ((), True), (("cpu", 1, None, (2, 3), ()), True), ((True,), False), ((1.0,), False), (((1, True),), False),
-    ((np.int64(1),), False), (([1, 2],), False), (((1, 2.0),), False), ((((1,),),), False),
-], ids=["none", "ints, str, None, int tuples", "bool", "float", "bool in a tuple", "numpy int", "list",
-        "float in a tuple", "nested tuple"])
-def test_only_arguments_equality_cannot_confuse_are_plain(args, expected):
-    assert plain(args) is expected
+@pytest.mark.parametrize(("args", "floats", "expected"), [
+    ((), False, True), (("cpu", 1, None, (2, 3), ()), False, True), ((True,), True, False), ((1.5,), False, False),
+    ((1.5, float("inf")), True, True), ((0.0,), True, False), ((-0.0,), True, False), ((float("nan"),), True, False),
+    (((1, True),), False, False), ((np.int64(1),), False, False), (([1, 2],), False, False),
+    (((1, 2.0),), True, False), ((((1,),),), False, False),
+], ids=["none", "ints, str, None, int tuples", "bool", "float", "floats allowed", "zero", "negative zero", "nan",
+        "bool in a tuple", "numpy int", "list", "float in a tuple", "nested tuple"])
+def test_only_arguments_equality_cannot_confuse_are_plain(args, floats, expected):
+    assert plain(args, floats=floats) is expected
 
 
 def test_a_validators_answer_is_remembered_for_plain_arguments_alone():
@@ -54,8 +56,10 @@ def test_a_validators_answer_is_remembered_for_plain_arguments_alone():
         calls.append(args)
         return f"answer {len(calls)}"
 
-    assert validated(check, ("cpu", (1, 2))) == "answer 1"
-    assert validated(check, ("cpu", (1, 2))) == "answer 1"  # remembered: the check did not run again
-    assert validated(check, ("cpu", (True, 2))) == "answer 2"  # == the first key, but not plain: checked
-    assert validated(check, ("cpu", [1, 2])) == "answer 3"
-    assert calls == [("cpu", (1, 2)), ("cpu", (True, 2)), ("cpu", [1, 2])]
+    assert validated(check, ("cpu", (1, 2), 1)) == "answer 1"
+    assert validated(check, ("cpu", (1, 2), 1)) == "answer 1"  # remembered: the check did not run again
+    assert validated(check, ("cpu", (1, 2), 1.0)) == "answer 2"  # == the first key: told apart by its type
+    assert validated(check, ("cpu", (True, 2), 1)) == "answer 3"  # == the first key, but not plain: checked
+    assert validated(check, ("cpu", [1, 2], 1)) == "answer 4"
+    assert validated(check, ("cpu", (1, 2), 1.0)) == "answer 2"
+    assert calls == [("cpu", (1, 2), 1), ("cpu", (1, 2), 1.0), ("cpu", (True, 2), 1), ("cpu", [1, 2], 1)]

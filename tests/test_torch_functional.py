@@ -344,8 +344,8 @@ def test_an_op_records_a_backward_only_where_autograd_needs_one(requires_grad: b
 
 @pytest.mark.parametrize("op", ["conv", "conv_transpose"])
 def test_a_remembered_geometry_does_not_answer_for_a_float_or_bool_argument(op: str) -> None:
-    """Repeated convolution calls reuse their validated geometry (functional._memo_key), but 1.0 and True,
-    which hash like 1, are still rejected by name after a call with 1 was remembered."""
+    """Repeated convolution calls reuse their validated geometry (functional._memo_key, and the validator's answer),
+    but 1.0 and True, which hash like 1, are still rejected by name after a call with 1 was remembered."""
     x, w = torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3)
     call = getattr(ct, op)
     expected = call(x, w, None, stride=1, groups=1)
@@ -355,8 +355,10 @@ def test_a_remembered_geometry_does_not_answer_for_a_float_or_bool_argument(op: 
         call(x, w, None, stride=1.0)
     with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: stride\[0\] must be a natural number, got 1\.0$"):
         call(x, w, None, stride=(1.0, 1))
-    with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: groups must be a natural number, got True$"):
-        call(x, w, None, stride=1, groups=True)
+    for groups in (True, 1.0):  # 1.0 passed after a call with groups=1 when floats keyed the validator's cache
+        with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: groups must be a natural number, "
+                                             rf"got {groups}$"):
+            call(x, w, None, stride=1, groups=groups)
 
 
 @pytest.mark.parametrize("transform", ["vmap", "grad"])

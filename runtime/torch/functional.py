@@ -18,6 +18,7 @@ import numbers
 from typing import Any
 
 import torch
+from convgen.checking import plain
 from convgen.geometry import Family, Geometry
 from convgen.torch import devices, library
 from convgen.torch.precision import conv_precision
@@ -46,25 +47,6 @@ def _per_axis(value: Any, rank: int) -> Any:
         if all(type(v) is int for v in items):
             return items
     return value
-
-
-def _plain(*sequences: Any, scalars: tuple[Any, ...] = ()) -> bool:
-    """Whether the validator's answer may be cached: every sequence a tuple of ints, every scalar an int
-    or (beta) a float or (padding_mode) a str, since the cache takes 1, 1.0 and True for one key. Plain
-    loops: this runs on every call."""
-    for sequence in sequences:
-        if type(sequence) is not tuple:
-            return False
-        for value in sequence:
-            if type(value) is not int:
-                return False
-    for value in scalars:
-        if type(value) not in _CACHEABLE_SCALARS:
-            return False
-    return True
-
-
-_CACHEABLE_SCALARS = (int, float, str)
 
 
 def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
@@ -166,20 +148,11 @@ _GEOMETRIES_SIZE = 4096
 
 
 def _memo_key(*parts: Any) -> tuple | None:
-    """`parts` as a memo key when each is None, an int, a str or a tuple of ints (torch.Size included), else
-    None: 1, 1.0 and True hash alike, and only the int is a valid stride, padding or groups. None under
-    torch.compile, which traces the validation itself (shapes may be symbolic there)."""
-    if torch.compiler.is_compiling():
+    """`parts` as a memo key when each is None, an int, a str or a tuple of ints (torch.Size included: an eager
+    tensor's holds ints), else None (checking.plain). None under torch.compile, which traces the validation itself
+    (shapes may be symbolic there)."""
+    if torch.compiler.is_compiling() or not plain(parts, torch.Size):
         return None
-    for part in parts:
-        kind = type(part)
-        if kind is torch.Size or kind is int or kind is str or part is None:
-            continue  # an eager tensor's torch.Size holds ints
-        if kind is not tuple:
-            return None
-        for value in part:
-            if type(value) is not int:
-                return None
     return parts
 
 
@@ -215,8 +188,7 @@ def _conv_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, 
     _check_input_dims(op, input, rank, "weight", weight.dim())
     stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
     groups = _integer(groups)
-    geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode,
-                                 _plain(stride, padding, dilation, scalars=(groups, padding_mode)))
+    geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode)
     _check_bias(op, bias, geom)
     return geom
 
@@ -247,7 +219,7 @@ def _conv_transpose_geometry(op: str, input: Tensor, weight: Tensor, bias: Tenso
                                                                              dilation))
     groups = _integer(groups)
     geom = library.conv_transpose_geometry(op, input.shape, weight.shape, stride, padding, output_padding, dilation,
-                                           groups, _plain(stride, padding, output_padding, dilation, scalars=(groups,)))
+                                           groups)
     _check_bias(op, bias, geom)
     return geom
 
@@ -271,9 +243,7 @@ def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, str
     kernel_size = _per_axis(kernel_size, rank)
     stride = kernel_size if stride is None else _per_axis(stride, rank)
     padding, dilation = _per_axis(padding, rank), None if dilation is None else _per_axis(dilation, rank)
-    sequences = (kernel_size, stride, padding) if dilation is None else (kernel_size, stride, padding, dilation)
-    return input, library.pool_geometry(op, family, input.shape, kernel_size, stride, padding, dilation, beta,
-                                        _plain(*sequences, scalars=() if beta is None else (beta,)))
+    return input, library.pool_geometry(op, family, input.shape, kernel_size, stride, padding, dilation, beta)
 
 
 def _eager(input: Tensor) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from convgen.checking import remembered
+from convgen.checking import validated
 from convgen.generated import validators
 from convgen.geometry import Family, Geometry, axis_extent
 from convgen.torch import devices
@@ -34,9 +34,9 @@ _LABEL = "torch"  # the validators' `{device}` in `autograd: {device}: {op}: ...
 # Geometry.
 
 
-def _geometry(op: str, check: Callable[..., Geometry | str], args: tuple[Any, ...], cached: bool) -> Geometry:
+def _geometry(op: str, check: Callable[..., Geometry | str], args: tuple[Any, ...]) -> Geometry:
     # Under torch.compile dynamo traces the validator itself (shapes are known while tracing).
-    checked = remembered(check, args) if cached and not torch.compiler.is_compiling() else check(*args)
+    checked = check(*args) if torch.compiler.is_compiling() else validated(check, args)
     if type(checked) is str:
         prefix = f"autograd: {_LABEL}: {check.__name__}: "  # smooth max's window is checked by max pool's rules
         text = checked[len(prefix):] if checked.startswith(prefix) else checked.removeprefix("autograd: ")
@@ -50,25 +50,25 @@ def _batch(shape: Sequence[int], rank: int) -> tuple[int | None, int]:
 
 
 def conv_geometry(op: str, input: Sequence[int], weight: Sequence[int], stride: Any, padding: Any, dilation: Any,
-                  groups: Any, padding_mode: Any, cached: bool = True) -> Geometry:
+                  groups: Any, padding_mode: Any) -> Geometry:
     """A conv's geometry from the shapes of its input and weight; ValueError when invalid or when the
     weight is not [out_c, in_c / groups, *K] for the input's channels."""
     batch, channel = _batch(input, len(weight) - 2)
     args = (_LABEL, input[channel], weight[0], tuple(weight[2:]), stride, padding, tuple(input[channel + 1:]), batch,
             dilation, groups, padding_mode)
-    geom = _geometry(op, validators.conv, args, cached)
+    geom = _geometry(op, validators.conv, args)
     _check_weight(op, weight, geom)
     return geom
 
 
 def conv_transpose_geometry(op: str, input: Sequence[int], weight: Sequence[int], stride: Any, padding: Any,
-                            output_padding: Any, dilation: Any, groups: Any, cached: bool = True) -> Geometry:
+                            output_padding: Any, dilation: Any, groups: Any) -> Geometry:
     """A transposed conv's geometry; its weight is [in_c, out_c / groups, *K]."""
     batch, channel = _batch(input, len(weight) - 2)
     out_c = weight[1] * groups if type(groups) is int else weight[1]  # a bad groups: the validator says so
     args = (_LABEL, input[channel], out_c, tuple(weight[2:]), stride, padding, tuple(input[channel + 1:]), batch,
             dilation, groups, output_padding)
-    geom = _geometry(op, validators.conv_transpose, args, cached)
+    geom = _geometry(op, validators.conv_transpose, args)
     _check_weight(op, weight, geom)
     return geom
 
@@ -82,7 +82,7 @@ def _check_weight(op: str, weight: Sequence[int], geom: Geometry) -> None:
 
 
 def pool_geometry(op: str, family: Family, input: Sequence[int], kernel_size: Any, stride: Any, padding: Any,
-                  dilation: Any, beta: Any = None, cached: bool = True) -> Geometry:
+                  dilation: Any, beta: Any = None) -> Geometry:
     """A pool's geometry; the input has len(kernel_size) + 1 or + 2 dimensions (checked by the caller)."""
     batch, channel = _batch(input, len(kernel_size))
     args = (_LABEL, input[channel], tuple(input[channel + 1:]), kernel_size, stride, padding, batch, dilation)
@@ -90,7 +90,7 @@ def pool_geometry(op: str, family: Family, input: Sequence[int], kernel_size: An
              Family.SMOOTH_MAX_POOL: validators.smooth_max_pool}[family]
     if family is Family.SMOOTH_MAX_POOL:
         args = (_LABEL, beta, *args[1:])
-    return _geometry(op, check, args, cached)
+    return _geometry(op, check, args)
 
 
 def _pool(family: Family, input: Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
