@@ -146,14 +146,28 @@ def plain(args: tuple[Any, ...], sequence_type: type = tuple, floats: bool = Fal
     return True
 
 
+class _Refused(Exception):
+    """A validator's message, raised out of `_remembered` so that its cache keeps no refusal."""
+
+
 @functools.lru_cache(maxsize=4096, typed=True)
-def remembered(check: Callable[..., Any], *args: Any) -> Any:
-    """`check(*args)`, remembered, each argument keyed with its type: the validators are pure. Callers key it by
-    plain arguments alone (`plain` with floats)."""
-    return check(*args)
+def _remembered(check: Callable[..., Any], *args: Any) -> Any:
+    """`check(*args)` where it is a Geometry, remembered (keyed with each argument's type): the validators are
+    pure. A refusal is raised, and so not kept: the arguments of an accepted call are bounded (at most 8 axes, 32-bit
+    extents), a refused one's need not be (a tuple of a million ints), and a cache of 4096 of those would keep
+    them all alive."""
+    answer = check(*args)
+    if type(answer) is str:
+        raise _Refused(answer)
+    return answer
 
 
 def validated(check: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """A validator's answer (a Geometry or the message) for `args`: remembered when they are plain, so that a
-    repeated call skips its checks (half a tiny op's Python on the N-D pools), else computed."""
-    return remembered(check, *args) if plain(args, floats=True) else check(*args)
+    """A validator's answer (a Geometry or the message) for `args`: an accepted call's remembered when its
+    arguments are plain, so that a repeated call skips its checks (half a tiny op's Python on the N-D pools)."""
+    if not plain(args, floats=True):
+        return check(*args)
+    try:
+        return _remembered(check, *args)
+    except _Refused as refusal:
+        return refusal.args[0]

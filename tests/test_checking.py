@@ -1,5 +1,5 @@
 """`convgen.checking.describe`, which every message uses to show a value: bounded, and it never
-raises, whatever the value; and `validated`, which remembers a validator's answer only for plain arguments."""
+raises, whatever the value; and `validated`, which remembers an accepted call's answer, for plain arguments only."""
 
 from __future__ import annotations
 
@@ -49,17 +49,20 @@ def test_only_arguments_equality_cannot_confuse_are_plain(args, floats, expected
     assert plain(args, floats=floats) is expected
 
 
-def test_a_validators_answer_is_remembered_for_plain_arguments_alone():
+def test_an_accepted_calls_answer_is_remembered_for_plain_arguments_alone():
     calls = []
 
     def check(*args):
         calls.append(args)
-        return f"answer {len(calls)}"
+        return ("geometry", len(calls)) if args[1] != (0, 0) else f"refusal {len(calls)}"
 
-    assert validated(check, ("cpu", (1, 2), 1)) == "answer 1"
-    assert validated(check, ("cpu", (1, 2), 1)) == "answer 1"  # remembered: the check did not run again
-    assert validated(check, ("cpu", (1, 2), 1.0)) == "answer 2"  # == the first key: told apart by its type
-    assert validated(check, ("cpu", (True, 2), 1)) == "answer 3"  # == the first key, but not plain: checked
-    assert validated(check, ("cpu", [1, 2], 1)) == "answer 4"
-    assert validated(check, ("cpu", (1, 2), 1.0)) == "answer 2"
-    assert calls == [("cpu", (1, 2), 1), ("cpu", (1, 2), 1.0), ("cpu", (True, 2), 1), ("cpu", [1, 2], 1)]
+    assert validated(check, ("cpu", (1, 2), 1)) == ("geometry", 1)
+    assert validated(check, ("cpu", (1, 2), 1)) == ("geometry", 1)  # remembered: the check did not run again
+    assert validated(check, ("cpu", (1, 2), 1.0)) == ("geometry", 2)  # == the first key: told apart by its type
+    assert validated(check, ("cpu", (True, 2), 1)) == ("geometry", 3)  # == the first key, but not plain: checked
+    assert validated(check, ("cpu", [1, 2], 1)) == ("geometry", 4)
+    assert validated(check, ("cpu", (1, 2), 1.0)) == ("geometry", 2)
+    assert validated(check, ("cpu", (0, 0), 1)) == "refusal 5"
+    assert validated(check, ("cpu", (0, 0), 1)) == "refusal 6"  # a refusal is not kept
+    assert [args[1:] for args in calls] == [((1, 2), 1), ((1, 2), 1.0), ((True, 2), 1), ([1, 2], 1), ((0, 0), 1),
+                                            ((0, 0), 1)]
