@@ -2,8 +2,8 @@
 source at load time, the NVRTC options, and each stage's grid and block.
 
 Pure Python without CuPy: `convgen compile` uses it to compile every source with no GPU present.
-The define names, stages and shared-memory layout come from the generated contract; the tiles
-from convgen.tile_model, whose names are re-exported here.
+The define names, stages and shared-memory layout come from the generated contract; the stages' GEMM
+shapes from convgen.gemm_shapes and their tiles from convgen.tile_model, whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from convgen.direct_model import (
     direct_shapes,
     weight_shape,
 )
+from convgen.gemm_shapes import HALF_MMA_K, MMA_K, GemmShape, ceil_div, gemm_shapes
 from convgen.generated.contract import (
     BIAS_PREFIX,
     BIAS_STAGE,
@@ -48,16 +49,11 @@ from convgen.geometry import Family, Geometry, dilated
 from convgen.tile_calibration import PACK_MIN_MACS
 from convgen.tile_model import (
     H200,
-    HALF_MMA_K,
-    MMA_K,
     SPLIT_WORKSPACE_BYTES,
-    GemmShape,
     GemmTile,
     Hardware,
-    ceil_div,
     choose_tile,
     gemm_cost,
-    gemm_shapes,
     packs_weight,
     tile_candidates,
 )

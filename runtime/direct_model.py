@@ -29,8 +29,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from convgen.gemm_shapes import ceil_div
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware, ceil_div
+from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware
 
 DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
 # When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...

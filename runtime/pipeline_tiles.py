@@ -4,7 +4,7 @@ stages copy their slices from global to shared memory without registers, STAGES 
 are rounded to TF32 as they are read. The TF32 tiles come by rule from a sweep of that loop on the H200; the fp32
 FMA stages keep the tile model's pick and take the pipeline where it was measured to pay (benchmarks/NOTES.md,
 twelfth session). On a GPU with wgmma the TF32 modes' conv-shaped stages that convgen.wgmma_tiles takes run their
-`_wgmma` kernels instead. Pure Python; the shape is a tile_model.GemmShape, the tile a GemmTile.
+`_wgmma` kernels instead. Pure Python; the shape is a gemm_shapes.GemmShape, the tile a tile_model.GemmTile.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tiles of the `_wgmma` kernels: the GEMM stages in the TF32 modes on Hopper's warpgroup tensor cores
 (templates/cuda/_wgmma_conv.cu.j2, _wgmma_weight.cu.j2), by rule from a prototype sweep on the H200
-(benchmarks/NOTES.md, thirteenth session). Pure Python; the shape is a tile_model.GemmShape (conv-shaped stages
+(benchmarks/NOTES.md, thirteenth session). Pure Python; the shape is a gemm_shapes.GemmShape (conv-shaped stages
 m: dst channels of a group, n: dst cells, source_c: source channels of a group; the weight gradient m: D's channels,
 source_c: U's, reduction: D's cells), the hardware a tile_model.Hardware.
 """

@@ -13,9 +13,9 @@ import reference
 import torch_oracle
 from convgen.cuda_launch import H200, plan
 from convgen.direct_model import no_direct
+from convgen.gemm_shapes import WEIGHT_BK
 from convgen.generated.contract import gemm_shared_bytes
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import WEIGHT_BK
 from cuda_support import (
     RANKS,
     GemmTape,

@@ -27,11 +27,12 @@ from convgen.cuda_launch import (
     representative_geometry,
     tile_candidates,
 )
+from convgen.gemm_shapes import phase_offsets
 from convgen.generated.contract import KERNELS, gemm_dynamic_shared_bytes, gemm_shared_bytes, gemm_slice_bytes
 from convgen.generator import contract
 from convgen.geometry import Family, Geometry
 from convgen.tile_calibration import HOST_LAUNCH_CYCLES, KERNEL_CYCLES, PACK_ANY_TILE_MACS, PACK_MIN_MACS_DIRECT
-from convgen.tile_model import a_quads, packs_weight, phase_offsets
+from convgen.tile_model import a_quads, packs_weight
 from forced_tiles import FORCED_GEOMETRY, FORCED_TILES, FORCED_TILES_FLOAT64, forced_chooser
 
 SIZES = [

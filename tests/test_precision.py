@@ -10,10 +10,11 @@ import reference
 from click.testing import CliRunner
 from convgen.cpu import Tape
 from convgen.cuda_launch import H200, PRECISIONS, gemm_shapes, plan, representative_geometry, tile_candidates
+from convgen.gemm_shapes import MMA_K
 from convgen.generated.contract import PRECISION_MMA_MODES, SHARED_ROW_PAD, TILE_FIELDS
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
-from convgen.tile_model import MMA_K, mma_tile_fits
+from convgen.tile_model import mma_tile_fits
 
 GEOMETRIES = [
     Geometry.build(Family.CONV, 3, 64, (40, 40), (7, 7), (2, 2), (3, 3), batch=2),
