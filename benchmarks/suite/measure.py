@@ -31,7 +31,7 @@ from suite.contestants import (
 )
 from suite.precision import TAPE_PRECISIONS, case_precisions, convgen_label
 from suite.report import MISMATCH_REL_ERR, CaseReport
-from suite.timing import Settings, relative_error, time_kernels, time_user_calls
+from suite.timing import Settings, UserCall, relative_error, time_kernels, time_user_calls_in_turn
 
 
 def run_case(case: Case, libs: Libraries, settings: Settings,
@@ -48,15 +48,19 @@ def run_case(case: Case, libs: Libraries, settings: Settings,
         by_mode = eager_outputs(reference_contestant, "float64 reference", report)
     reference = {name: array for outputs in by_mode.values() for name, array in outputs.items()}
     del reference_contestant, by_mode
+    contestants = []  # kept until their calls are timed, which they take in turn
     for label, build in contestant_builders(case, inputs, libs, precisions):
         try:
-            contestant = build()
+            contestants.append(build())
         except Exception as error:
             report.error(f"{label} setup", error)
             continue
-        measure_contestant(contestant, case, reference, settings, libs, report)
-        del contestant
-        release_memory(libs)
+        check_and_time_kernels(contestants[-1], case, reference, settings, report)
+    time_calls(contestants, settings, libs, report)
+    for contestant in contestants:
+        print_times(contestant.label, report)
+    del contestants
+    release_memory(libs)
     if case.rank == 4 and not case.is_batched:  # JAX's children take minutes; the unbatched case compares them
         report.jax = run_jax_children(case, inputs, reference, settings, libs.cupy.asnumpy)
     report.seconds = time.perf_counter() - started
@@ -109,6 +113,15 @@ def eager_outputs(contestant: Contestant, label: str, report: CaseReport) -> dic
 
 def measure_contestant(contestant: Contestant, case: Case, reference: dict[str, Any], settings: Settings,
                        libs: Libraries, report: CaseReport) -> None:
+    """One contestant alone: its check, kernels, memory and calls (run_case times a case's calls in turn)."""
+    check_and_time_kernels(contestant, case, reference, settings, report)
+    time_calls([contestant], settings, libs, report)
+    print_times(contestant.label, report)
+
+
+def check_and_time_kernels(contestant: Contestant, case: Case, reference: dict[str, Any], settings: Settings,
+                           report: CaseReport) -> None:
+    """The contestant's outputs against the reference, its kernels' times and its peak memory, per mode."""
     label, device = contestant.label, contestant.device
     with contestant.active() as flags:
         if flags:
@@ -120,10 +133,6 @@ def measure_contestant(contestant: Contestant, case: Case, reference: dict[str, 
             call = contestant.call_for(mode)
             timings = report.timings.setdefault(label, {}).setdefault(mode, {})
             try:
-                timings["call"] = time_user_calls(device, call, settings, libs.flush_l2)
-            except Exception as error:
-                report.error(f"{label} {mode} call timing", error)
-            try:
                 timings["kernels"] = time_kernels(device, call, settings, case.graph_copies,
                                                   lambda result, m=mode: contestant.arrays_of(result, m), eager[mode])
             except Exception as error:
@@ -132,6 +141,21 @@ def measure_contestant(contestant: Contestant, case: Case, reference: dict[str, 
                 report.memory.setdefault(label, {})[mode] = device.peak_memory(call)
             except Exception as error:
                 report.error(f"{label} {mode} memory", error)
+
+
+def time_calls(contestants: list[Contestant], settings: Settings, libs: Libraries, report: CaseReport) -> None:
+    """The user calls of every mode each contestant ran eagerly, taking turns sample by sample."""
+    calls = [UserCall((contestant.label, mode), contestant.device, contestant.call_for(mode), contestant.active)
+             for contestant in contestants for mode in report.timings.get(contestant.label, {})]
+
+    def failed(key: tuple[str, str], error: BaseException) -> None:
+        report.error(f"{key[0]} {key[1]} call timing", error)
+
+    for (label, mode), timing in time_user_calls_in_turn(calls, settings, libs.flush_l2, failed).items():
+        report.timings[label][mode]["call"] = timing
+
+
+def print_times(label: str, report: CaseReport) -> None:
     worst = report.worst_error(label)
     verdict = "-" if worst is None else f"{worst:.1e}" + ("" if worst <= MISMATCH_REL_ERR else " MISMATCH")
     times = "  ".join(f"{mode} {fmt_pair(report.median(label, mode, 'call'), report.median(label, mode, 'kernels'))}"

@@ -262,27 +262,78 @@ class JaxDevice:
         raise NotImplementedError("JAX dispatches asynchronously; no graph capture here")
 
 
-def time_user_calls(device: Device, call: Callable[[], Any], settings: Settings,
-                    flush_l2: Callable[[], None]) -> dict[str, Any]:
-    """The call as a user makes it: GPU idle and L2 flushed, events around the Python call."""
-    warm = []
+USER_CALL_METHOD = "events around the Python call (GPU idle, L2 flushed)"
+
+
+@dataclass(frozen=True)
+class UserCall:
+    """One call to time as a user makes it: `key` names it in the answer, `active` is the context it runs under
+    (a contestant's flags), entered around each sample."""
+
+    key: Any
+    device: Device
+    call: Callable[[], Any]
+    active: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+
+def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2: Callable[[], None],
+                            failed: Callable[[Any, BaseException], None]) -> dict[Any, dict[str, Any]]:
+    """The calls as a user makes them: GPU idle and L2 flushed, events around the Python call. After each one's
+    warm-up the calls take turns sample by sample, so that a drift of the host's speed in the meantime reaches
+    them alike (the H200's hosts move host-bound calls by tens of percent within minutes); each takes the samples
+    its own time allows (`settings.reps_for`). A call that raises is reported to `failed` and left out."""
+    reps: dict[Any, int] = {}
+    for entry in calls:
+        try:
+            with entry.active():
+                reps[entry.key] = settings.reps_for(_warm_up(entry, settings))
+        except Exception as error:
+            failed(entry.key, error)
+    samples: dict[Any, list[float]] = {key: [] for key in reps}
+    pending = [entry for entry in calls if entry.key in reps]
+    while pending:
+        for entry in list(pending):
+            try:
+                with entry.active():
+                    flush_l2()
+                    entry.device.synchronize()
+                    timer = entry.device.start_timer()
+                    result = entry.call()
+                    samples[entry.key].append(entry.device.stop_timer(timer, result))
+                    del result
+            except Exception as error:
+                failed(entry.key, error)
+                del samples[entry.key]
+                pending.remove(entry)
+                continue
+            if len(samples[entry.key]) >= reps[entry.key]:
+                pending.remove(entry)
+    method = USER_CALL_METHOD if len(calls) == 1 else USER_CALL_METHOD[:-1] + "; the calls of a case taking turns)"
+    return {key: summarize(values, method=method) for key, values in samples.items()}
+
+
+def _warm_up(entry: UserCall, settings: Settings) -> float:
+    """Warm-up calls (at most half the cap's time); the fastest one's seconds, to size the samples by."""
+    warm: list[float] = []
     for _ in range(settings.warmup_calls):
-        device.synchronize()
+        entry.device.synchronize()
         started = time.perf_counter()
-        device.wait(call())
+        entry.device.wait(entry.call())
         warm.append(time.perf_counter() - started)
         if sum(warm) > settings.cap_s / 2:
             break
-    reps = settings.reps_for(min(warm))
-    samples = []
-    for _ in range(reps):
-        flush_l2()
-        device.synchronize()
-        timer = device.start_timer()
-        result = call()
-        samples.append(device.stop_timer(timer, result))
-        del result
-    return summarize(samples, method="events around the Python call (GPU idle, L2 flushed)")
+    return min(warm)
+
+
+def time_user_calls(device: Device, call: Callable[[], Any], settings: Settings,
+                    flush_l2: Callable[[], None]) -> dict[str, Any]:
+    """One call as a user makes it (time_user_calls_in_turn alone); raises what the call raises."""
+    errors: list[BaseException] = []
+    timed = time_user_calls_in_turn([UserCall(None, device, call)], settings, flush_l2,
+                                    lambda _, error: errors.append(error))
+    if errors:
+        raise errors[0]
+    return timed[None]
 
 
 def verify_replay(device: Device, captured: Captured, arrays_of: Callable[[Any], dict[str, Any]],
