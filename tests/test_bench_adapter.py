@@ -33,7 +33,7 @@ from suite.contestants import (  # noqa: E402
     TorchContestant,
     load_adapter,
 )
-from suite.measure import eager_outputs, measure_contestant  # noqa: E402
+from suite.measure import check_and_time_kernels, eager_outputs, measure_contestant, time_calls  # noqa: E402
 from suite.report import MISMATCH_REL_ERR, CaseReport  # noqa: E402
 from suite.targets import HALF_MAX_REL_ERR, check_adapter, format_adapter_target  # noqa: E402
 from suite.timing import QUICK, Captured, TorchDevice, relative_error  # noqa: E402
@@ -198,6 +198,27 @@ def test_measure_contestant_checks_and_times_the_adapter(capsys, dtype, label, b
                              for mode in ("fwd", "fwd_bwd")]
     assert f"    {label} err " in capsys.readouterr().out
     assert "†" in report_module.timing_cell(report, label, "fwd")
+
+
+def test_a_cases_contestants_take_their_calls_in_turn():
+    """run_case's order: each contestant checked and its kernels timed, then the user calls of all of them timed
+    in turn; every contestant and mode gets its call timing, marked as taken in turn."""
+    case = SMALL_CASES[0]
+    inputs = host_inputs(case)
+    expected = reference_outputs(case, inputs)
+    libs = Libraries(cupy=None, torch=torch, convgen=None, flush_l2=lambda: None, adapter=convgen.torch)
+    report = CaseReport(case)
+    contestants = [AdapterContestant(case, inputs, torch, convgen.torch, dtype) for dtype in ("float32", "bfloat16")]
+    for contestant in contestants:
+        contestant.device = HostClockDevice()
+        check_and_time_kernels(contestant, case, expected, QUICK, report)
+        assert all("call" not in report.timings[contestant.label][mode] for mode in ("fwd", "fwd_bwd"))
+    time_calls(contestants, QUICK, libs, report)
+    for label in (ADAPTER, ADAPTER_BF16):
+        for mode in ("fwd", "fwd_bwd"):
+            call = report.timings[label][mode]["call"]
+            assert call["median_ms"] > 0 and call["samples"] >= QUICK.min_reps
+            assert call["method"].endswith("; the calls of a case taking turns)")
 
 
 def test_a_missing_adapter_is_skipped_with_the_reason(monkeypatch):
