@@ -367,7 +367,9 @@ class CupyBackend(KernelLaunches):
     def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
         layout = compiled.forward_scratch
         buffers = layout.stages["forward"]
-        scratch, base = self._scratch_base(layout)  # held until the launches are queued
+        # Traced, `base` is a symbol and replay makes and holds the block; run directly (host_path_ab.py's "no launch
+        # programs"), the block is held here until the launches are queued.
+        scratch, base = self._scratch_base(layout)
         prep: dict[str, tuple[Any, ...]] = {}
         values = {"x": x, "weight": weight, "bias": bias, "images": compiled.images}
         values = self._operands(compiled, "forward", values, prep, buffers, base)
@@ -379,7 +381,7 @@ class CupyBackend(KernelLaunches):
         wants_weight, wants_bias, wants_x = wanted
         layout = compiled.backward_scratch[wanted]
         buffers = layout.stages
-        scratch, base = self._scratch_base(layout)  # held until the launches are queued
+        scratch, base = self._scratch_base(layout)  # held as in _conv_forward
         values = {"x": x, "weight": weight, "grad": grad, "images": compiled.images}
         # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
         # weight and bias gradients' reduces.
