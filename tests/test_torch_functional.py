@@ -375,3 +375,20 @@ def test_torch_func_transforms_are_refused_by_name(transform: str) -> None:
             torch.func.grad(lambda xi: conv(xi).sum())(x[0])
     with pytest.raises(RuntimeError, match=r"^convgen\.torch\.max_pool: torch\.func transforms"):
         torch.func.vmap(lambda xi: ct.max_pool(xi, 2))(x)
+
+
+@pytest.mark.parametrize("op", ["conv", "max_pool"])
+def test_gradients_taken_with_create_graph_are_not_differentiated_again(op: str) -> None:
+    """The backward's kernels are not themselves differentiable: under create_graph=True the gradients come out
+    as torch's once_differentiable makes them, a second backward through them an error, not a silent zero. The
+    first gradient is the one a plain backward gives."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 2, 3, 3, dtype=torch.float64, generator=generator)
+    forward = (lambda: ct.conv(x, weight, None)) if op == "conv" else (lambda: ct.max_pool(x, 2))
+    (plain,) = torch.autograd.grad((forward() ** 2).sum(), x)
+    (first,) = torch.autograd.grad((forward() ** 2).sum(), x, create_graph=True)
+    assert torch.equal(first.detach(), plain)
+    with pytest.raises(RuntimeError, match="^trying to differentiate twice a function that was marked with "
+                                           "@once_differentiable$"):
+        first.sum().backward()

@@ -309,17 +309,29 @@ class _Eager(torch.autograd.Function):
         return output
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        geom = ctx.geom
-        parents = 3 if geom.family.is_conv else 1
-        stored = ctx.saved_tensors
-        tensors, saved = stored[:parents], stored[parents:]
-        # Only the gradients autograd will read are computed (a missing bias and a tensor that needs no
-        # gradient get None), as torch's convolution_backward does with its output_mask.
-        wanted = ctx.needs_input_grad[4:]
-        grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision, wanted)
-        return None, None, None, None, *grads
+        # Grad mode is on here only under create_graph=True: there once_differentiable's wrapper makes a second
+        # backward through these gradients an error. Elsewhere its no_grad block and checks would cost about 3 µs
+        # of autograd's device thread a step (the development machine), for nothing.
+        if torch.is_grad_enabled():
+            return _backward_once_differentiable(ctx, grad)
+        return _backward(ctx, grad)
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """_Eager's backward: the gradients of the inputs it was given, after its four leading non-tensors."""
+    geom = ctx.geom
+    parents = 3 if geom.family.is_conv else 1
+    stored = ctx.saved_tensors
+    tensors, saved = stored[:parents], stored[parents:]
+    # Only the gradients autograd will read are computed (a missing bias and a tensor that needs no
+    # gradient get None), as torch's convolution_backward does with its output_mask.
+    wanted = ctx.needs_input_grad[4:]
+    grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision, wanted)
+    return None, None, None, None, *grads
+
+
+_backward_once_differentiable = torch.autograd.function.once_differentiable(_backward)
 
 
 # Eager calls run the device code and attach the backward with _Eager; torch.compile traces the custom
