@@ -61,14 +61,14 @@ def an_allocation_a_buffer(self: CupyBackend, layout: Any) -> tuple[Any, int]:
     return (scratch, [self._scratch((size,), "uint8") for size in known[1]]), base
 
 
-def _pass_itself(backend: Any, inputs: int, run: Callable[..., Any]) -> Callable[..., Any]:
+def _pass_itself(backend: Any, input_shapes: tuple[Any, ...], run: Callable[..., Any]) -> Callable[..., Any]:
     """launch_program.trace for "no launch programs": the pass itself stands in for its program."""
     return run
 
 
-def _pass_run(backend: Any, run: Callable[..., Any], layout: Any, addresses: tuple[int, ...]) -> tuple[Any, ...]:
+def _pass_run(backend: Any, run: Callable[..., Any], layout: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """launch_program.replay for "no launch programs": the pass run as it is traced, deciding everything per call."""
-    returned = run(backend, *addresses)
+    returned = run(backend, *(backend._address(array) for array in inputs))
     return returned if isinstance(returned, tuple) else (returned,)
 
 

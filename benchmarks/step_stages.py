@@ -65,13 +65,14 @@ def instrumented() -> Iterator[None]:
 
     saved = {"forward": devices.forward, "backward": devices.backward, "apply": functional._apply_eager,
              "call": CupyBackend._call, "output": devices._TorchCupyBackend._output,
-             "scratch": devices._TorchCupyBackend._scratch_base}
+             "output_like": devices._TorchCupyBackend._output_like, "scratch": devices._TorchCupyBackend._scratch_base}
     devices.forward = _wrapped(saved["forward"], "devices.forward")
     devices.backward = _wrapped(saved["backward"], "devices.backward")
     functional._apply_eager = _wrapped(saved["apply"], "autograd node")
-    functional._Eager.backward = staticmethod(torch.autograd.function.once_differentiable(backward))
+    functional._Eager.backward = staticmethod(backward)
     CupyBackend._call = launch
     devices._TorchCupyBackend._output = _wrapped(saved["output"], "output")
+    devices._TorchCupyBackend._output_like = _wrapped(saved["output_like"], "output")
     devices._TorchCupyBackend._scratch_base = _wrapped(saved["scratch"], "scratch")
     try:
         yield
@@ -80,6 +81,7 @@ def instrumented() -> Iterator[None]:
         functional._Eager.backward = staticmethod(eager_backward)
         CupyBackend._call = saved["call"]
         devices._TorchCupyBackend._output, devices._TorchCupyBackend._scratch_base = saved["output"], saved["scratch"]
+        devices._TorchCupyBackend._output_like = saved["output_like"]
 
 
 def stages(call: Callable[[], Any], calls: int, idle: bool,

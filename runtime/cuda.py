@@ -188,6 +188,10 @@ class CupyBackend(KernelLaunches):
             array.fill(_POISON[name])
         return array
 
+    def _output_like(self, array: Any) -> Any:
+        """A new array of `array`'s shape in the backend's dtype (launch_program's outputs made like an input)."""
+        return self._output(array.shape)
+
     def _scratch(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         """Device memory for `shape` elements of `dtype` that no caller sees (max pool's window offsets, smooth
         max's state, a packed weight, a split stage's partial sums): a bare allocation from CuPy's pool, which
@@ -298,9 +302,8 @@ class CupyBackend(KernelLaunches):
         family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            address = self._address
-            program = self._program(compiled, "forward", "_conv_forward")
-            (y,) = replay(self, program, compiled.forward_scratch, (address(x), address(weight), address(bias)))
+            program = self._program(compiled, "forward", "forward")
+            (y,) = replay(self, program, compiled.forward_scratch, (x, weight, bias))
             return y, None
         (x,) = inputs
         y = self._output(geom.output_shape)
@@ -320,11 +323,13 @@ class CupyBackend(KernelLaunches):
 
     def _program(self, compiled: Compiled, key: Any, conv_pass: str, *leading: Any) -> Program:
         """The launch program of `compiled`'s pass `key` (launch_program), traced at its first call by running the
-        backend's method `conv_pass` on `compiled`, `leading` and its three input addresses."""
+        backend's method `_conv_{conv_pass}` on `compiled`, `leading` and the addresses of the pass's three inputs."""
         program = compiled.programs.get(key)
         if program is None:
+            method = f"_conv_{conv_pass}"
             program = compiled.programs[key] = trace(
-                self, 3, lambda tracer, *addresses: getattr(tracer, conv_pass)(compiled, *leading, *addresses))
+                self, compiled.pass_inputs[conv_pass],
+                lambda tracer, *addresses: getattr(tracer, method)(compiled, *leading, *addresses))
         return program
 
     def backward(self, geom: Geometry, inputs: tuple[Any, ...], saved: Any, grad: Any,
@@ -347,9 +352,8 @@ class CupyBackend(KernelLaunches):
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
             wanted = (True, True, True) if wanted is None else tuple(wanted)
-            program = self._program(compiled, ("backward", *wanted), "_conv_backward", wanted)
-            addresses = (self._address(x), self._address(weight), self._address(grad))
-            return replay(self, program, compiled.backward_scratch[wanted], addresses)
+            program = self._program(compiled, ("backward", *wanted), "backward", wanted)
+            return replay(self, program, compiled.backward_scratch[wanted], (x, weight, grad))
         (x,) = inputs
         grad_x = self._output(x.shape)
         address = self._address

@@ -72,11 +72,11 @@ def _arguments_of(params: tuple[Param, ...]) -> Callable[[dict[str, Any]], tuple
 class Compiled:
     """One geometry's kernels, ready to launch: stage -> (function, grid, block, shared bytes, arguments, kernel),
     stages with nothing to write left out; launch group -> (function, its members each with the zeros it gets
-    when the call does not run it, one a parameter); a conv's stage outputs' shapes and each pass's scratch
-    layout; and the plan they came from. What each call needs is resolved here once, a function as the driver's
-    handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The functions are shared by
-    every geometry with the same defines (the batch is a kernel argument). `element_bytes` and `scalar_bytes` are
-    the sizes of the backend's elements and of the type it sums in."""
+    when the call does not run it, one a parameter); a conv's stage outputs' shapes, each pass's scratch layout
+    and the shapes of its inputs; and the plan they came from. What each call needs is resolved here once, a
+    function as the driver's handle of it on the device compiled for (CuPy's RawKernel resolves it per call). The
+    functions are shared by every geometry with the same defines (the batch is a kernel argument). `element_bytes`
+    and `scalar_bytes` are the sizes of the backend's elements and of the type it sums in."""
 
     def __init__(self, geom: Geometry, plan: Plan, functions: dict[str, Any], element_bytes: int,
                  scalar_bytes: int) -> None:
@@ -100,6 +100,8 @@ class Compiled:
             self.backward_scratch = backward_layouts(geom, plan, element_bytes, scalar_bytes)
             # "forward" or ("backward", *wanted) -> the pass's launches, traced at its first call (launch_program)
             self.programs: dict[Any, Any] = {}
+            weight, bias, x = geom.parent_shapes
+            self.pass_inputs = {"forward": (x, weight, bias), "backward": (x, weight, geom.output_shape)}  # shapes
 
 
 class Wrapping:

@@ -43,10 +43,12 @@ class TracedOutput:
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    """Make an output of `shape` and `dtype` (None: the backend's), whose address the later launches take."""
+    """Make an output of `shape` and `dtype` (None: the backend's), whose address the later launches take; where
+    `like` is an input's index, as that input is made (its shape and the backend's dtype)."""
 
     shape: tuple[int, ...]
     dtype: str | None
+    like: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +84,22 @@ def _launch_of(stage: str, function: int, grid: tuple[int], block: tuple[int], s
     return Launch(stage, function, grid, block, shared_bytes, array("Q", constants), tuple(holes))
 
 
-def trace(backend: Any, inputs: int, run: Callable[..., Any]) -> Program:
+def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable[..., Any]) -> Program:
     """The program of `run(tracer, *addresses)`: a method of `backend`'s class making one pass from the addresses of
-    its `inputs` inputs, returning its outputs (None where it makes none), run on a copy of `backend` whose outputs,
-    scratch and launches are recorded instead of made."""
+    its inputs (arrays of the backend's dtype, of `input_shapes`), returning its outputs (None where it makes none),
+    run on a copy of `backend` whose outputs, scratch and launches are recorded instead of made. An output of an
+    input's shape and dtype is made like that input (a gradient like its tensor): torch's empty_like skips the
+    parsing of a shape, dtype and device, 1.3 of torch.empty's 3.0 µs on the H200's host."""
+    inputs = len(input_shapes)
     steps: list[Allocation | Launch] = []
     outputs: list[TracedOutput] = []
     base = Symbol(inputs)
     tracer = copy.copy(backend)
 
     def output(shape: tuple[int, ...], dtype: str | None = None) -> TracedOutput:
-        steps.append(Allocation(tuple(shape), dtype))
+        shape = tuple(shape)
+        like = input_shapes.index(shape) if dtype is None and shape in input_shapes else None
+        steps.append(Allocation(shape, dtype, like))
         outputs.append(TracedOutput(Symbol(inputs + 1 + len(outputs))))
         return outputs[-1]
 
@@ -107,17 +114,20 @@ def trace(backend: Any, inputs: int, run: Callable[..., Any]) -> Program:
     return Program(tuple(steps), tuple(None if r is None else outputs.index(r) for r in results))
 
 
-def replay(backend: Any, program: Program, layout: Any, addresses: tuple[int, ...]) -> tuple[Any, ...]:
-    """`program` on the call's `addresses` (of its inputs), with the pass's scratch laid out by `layout`: its outputs
-    as it returns them."""
+def replay(backend: Any, program: Program, layout: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`program` on the call's `inputs` (arrays), with the pass's scratch laid out by `layout`: its outputs as it
+    returns them."""
+    address = backend._address
+    values = [address(array) for array in inputs]
     scratch, base = backend._scratch_base(layout)  # held until the launches are queued
-    values = [*addresses, base]
+    values.append(base)
     made = []
     for step in program.steps:
         if type(step) is Allocation:
-            output = backend._output(step.shape, step.dtype)
+            like = step.like
+            output = backend._output(step.shape, step.dtype) if like is None else backend._output_like(inputs[like])
             made.append(output)
-            values.append(backend._address(output))
+            values.append(address(output))
             continue
         args = array("Q", step.constants)
         for slot, index in step.holes:

@@ -89,3 +89,23 @@ def test_a_traced_launch_holds_its_constants_and_where_the_addresses_go():
     for slot, index in forward.holes:
         assert roles[params[slot]] == index and forward.constants[slot] == 0
     assert forward.constants[params.index("images")] == 1 and type(forward.constants) is array
+
+
+def test_an_output_of_an_inputs_shape_is_made_like_that_input():
+    """A replayed pass makes an output of an input's shape (and the backend's dtype) with the backend's _output_like
+    of that input: 64->64 at stride 1 keeps its input's shape, and the backward's input and weight gradients are
+    their tensors' shapes; the bias gradient is made by its shape."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):
+        backend = convgen.cuda.CupyBackend("bfloat16", "medium")
+    geom = GEOMETRIES["conv N32 64->64 56^2"]
+    weight, bias, x = (stand_in.StandInArray(shape, STORAGE_DTYPES["bfloat16"]) for shape in geom.parent_shapes)
+    grad = stand_in.StandInArray(geom.output_shape, STORAGE_DTYPES["bfloat16"])
+    made_like = []
+    backend._output_like = lambda array: made_like.append(array) or stand_in.StandInArray(array.shape, array.dtype)
+    backend.forward(geom, (weight, bias, x))
+    backend.backward(geom, (weight, bias, x), None, grad)
+    assert made_like == [x, x, weight]
+    compiled = backend._compile(geom)
+    allocations = {(step.shape, step.like) for key in ("forward", ("backward", True, True, True))
+                   for step in compiled.programs[key].steps if type(step) is Allocation}
+    assert allocations == {(x.shape, 0), (weight.shape, 1), ((64,), None)}

@@ -135,3 +135,25 @@ def test_a_conv_pass_without_room_for_its_scratch_says_how_much_it_needs() -> No
             ct.conv(x, w, b, padding=1)
     assert str(error.value) == "convgen.torch.conv: out of memory (needs 0.0 GiB)"
     assert [event[0] for event in events] == ["alloc"]
+
+
+def test_outputs_made_like_a_parameter_are_plain_contiguous_tensors_that_need_no_grad(monkeypatch) -> None:
+    """A pass's output of an input's shape is torch.empty_like of that input (launch_program): of a Parameter, a plain
+    tensor that requires no grad; of a tensor whose only dimension of more than one cell would make it channels-last,
+    a contiguous one; an allocation that fails says how much it needed, by the op's error."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):
+        backend = devices._TorchCupyBackend("bfloat16", "medium")
+    weight = torch.nn.Parameter(torch.zeros(4, 3, 3, 3, dtype=torch.bfloat16))
+    made = backend._output_like(weight)
+    assert type(made) is torch.Tensor and not made.requires_grad
+    assert (made.shape, made.dtype, made.device) == (weight.shape, weight.dtype, weight.device) and made.is_contiguous()
+    column = devices._kernel_ready(torch.zeros(2, 8, 1, 1, dtype=torch.bfloat16).to(memory_format=torch.channels_last))
+    assert backend._output_like(column).is_contiguous()
+
+    def full(tensor):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "empty_like", full)
+    with pytest.raises(devices.OutOfMemory) as error:
+        backend._output_like(torch.zeros(1024, 1024))
+    assert str(error.value) == "out of memory (needs 0.0 GiB)"

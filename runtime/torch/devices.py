@@ -238,6 +238,14 @@ class _TorchCupyBackend(CupyBackend):
         except torch.OutOfMemoryError:
             raise OutOfMemory(math.prod(shape) * torch_dtype.itemsize) from None
 
+    def _output_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        # The pass's inputs are kernel-ready (contiguous), and so is what empty_like makes of them. A Parameter's is a
+        # plain tensor that requires no grad.
+        try:
+            return torch.empty_like(tensor)
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(tensor.numel() * tensor.element_size()) from None
+
     def _scratch(self, shape: tuple[int, ...], dtype: str | None = None) -> torch.Tensor:
         # A tensor: autograd keeps the forward's state (argmax, smooth max's pivots and sums) between the passes.
         return self._output(shape, dtype)
