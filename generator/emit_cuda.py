@@ -1,8 +1,8 @@
 """Emit, CUDA side: the kernel contract -> the CUDA sources of generated/cuda/ and
 generated/contract.py, the contract as the runtime reads it.
 
-Everything the templates print is worked out here, from generator/contract.py: each kernel's
-parameters, the defines a source checks, the GEMM layout of each conv stage. The Jinja-free CUDA
+Everything the templates print is worked out here, from generator/contract.py and stages.py: each
+kernel's parameters, the defines a source checks, the GEMM layout of each conv stage. The Jinja-free CUDA
 helpers (templates/cuda/*.cuh) are inlined, so every generated source is one self-contained
 NVRTC input.
 """
@@ -18,9 +18,6 @@ from convgen.generator.contract import (
     AXIS_DEFINES,
     BIAS_PREFIX,
     BIAS_STAGE,
-    CIRCULAR_AXIS_DEFINES,
-    CIRCULAR_COMMON_DEFINES,
-    CIRCULAR_STAGES,
     COLUMN_POINTER_ROW_STEP,
     COMMON_DEFINES,
     CONV_DEFINES,
@@ -28,9 +25,7 @@ from convgen.generator.contract import (
     DIRECT_FIELDS,
     DIRECT_WEIGHT_FIELDS,
     ELEMENT_TYPES,
-    FAMILY_STAGES,
     GEMM_STAGES,
-    GROUP_PART_PREFIX,
     HALF_MMA_MODE,
     MAX_RANK,
     PACKED_FIELD,
@@ -47,15 +42,7 @@ from convgen.generator.contract import (
     WG_NS,
     WG_ROW_PAD,
     WGMMA_FIELDS,
-    ConvRow,
     Family,
-    Stage,
-    WeightRow,
-    direct_defines,
-    packed_define,
-    pool_defines,
-    tile_defines,
-    wgmma_defines,
 )
 from convgen.generator.naming import (
     FAMILY_TEMPLATES,
@@ -64,6 +51,21 @@ from convgen.generator.naming import (
     circular_symbols,
     source_name,
     symbols,
+)
+from convgen.generator.stages import (
+    CIRCULAR_AXIS_DEFINES,
+    CIRCULAR_COMMON_DEFINES,
+    CIRCULAR_STAGES,
+    FAMILY_STAGES,
+    GROUP_PART_PREFIX,
+    ConvRow,
+    Stage,
+    WeightRow,
+    direct_defines,
+    packed_define,
+    pool_defines,
+    tile_defines,
+    wgmma_defines,
 )
 
 LINE_WIDTH = 120  # of the generated CUDA

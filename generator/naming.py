@@ -4,7 +4,8 @@ its `extern "C"` symbols and the test ids. Nothing parses these names back.
 
 from __future__ import annotations
 
-from convgen.generator.contract import CIRCULAR_STAGES, CIRCULAR_STEM, FAMILY_STAGES, MAX_RANK, RANKS, Family
+from convgen.generator.contract import MAX_RANK, RANKS, Family
+from convgen.generator.stages import CIRCULAR_STAGES, CIRCULAR_STEM, FAMILY_STAGES
 
 # Which template renders each family: the conv families share one, fed by their stages' rows; the
 # pooling families another, told apart by `mode`.

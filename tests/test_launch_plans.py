@@ -29,7 +29,7 @@ from convgen.cuda_launch import (
 )
 from convgen.gemm_shapes import phase_offsets
 from convgen.generated.contract import KERNELS, gemm_dynamic_shared_bytes, gemm_shared_bytes, gemm_slice_bytes
-from convgen.generator import contract
+from convgen.generator import contract, stages
 from convgen.geometry import Family, Geometry
 from convgen.tile_calibration import HOST_LAUNCH_CYCLES, KERNEL_CYCLES, PACK_ANY_TILE_MACS, PACK_MIN_MACS_DIRECT
 from convgen.tile_model import a_quads, packs_weight
@@ -152,7 +152,7 @@ def test_an_unknown_family_stage_is_named():
     with pytest.raises(ValueError, match=r"^conv has no stage 'forwrd' \(stages: forward_pack, forward, forward_direct, forward_wgpack, "
                        r"forward_wgsource, forward_wgmma, forward_reduce, "
                        r"backward_input_pack, "):
-        contract.stage(contract.Family.CONV, "forwrd")
+        stages.stage(contract.Family.CONV, "forwrd")
 
 
 def test_batch_sizes_share_the_defines_of_their_bucket():
