@@ -257,83 +257,40 @@ _BIAS_GRAD = Stage(BIAS_STAGE, (_in("grad", "grad"), IMAGES, _out("bias_grad", "
                    "and part (a run of the cells), whose sums backward_bias_reduce adds up when there are parts.")
 _BIAS_REDUCE = _reduce(BIAS_STAGE, "grad_bias", False)
 
-_CONV_FORWARD = ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)
-_CONV_BACKWARD_INPUT = ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)
-_CONV_FORWARD_STAGE = Stage(
-    "forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
-    "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].", _CONV_FORWARD)
-_CONV_BACKWARD_INPUT_STAGE = Stage(
-    "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
-    "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
-    _CONV_BACKWARD_INPUT)
-_CONV_WEIGHT_STAGE = Stage(
-    "backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
-    "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
-    WeightRow("OUT", "OUT_C", "IN", "IN_C"))
-_CONV_STAGES = (
-    _pack("forward", _CONV_FORWARD),
-    _CONV_FORWARD_STAGE,
-    _direct(_CONV_FORWARD_STAGE),
-    _wgpack("forward", _CONV_FORWARD),
-    _wgsource(_CONV_FORWARD_STAGE),
-    _wgmma(_CONV_FORWARD_STAGE),
-    _reduce("forward", "y", True),
-    _pack("backward_input", _CONV_BACKWARD_INPUT),
-    _CONV_BACKWARD_INPUT_STAGE,
-    _direct(_CONV_BACKWARD_INPUT_STAGE),
-    _wgpack("backward_input", _CONV_BACKWARD_INPUT),
-    _wgsource(_CONV_BACKWARD_INPUT_STAGE),
-    _wgmma(_CONV_BACKWARD_INPUT_STAGE),
-    _reduce("backward_input", "grad_x", True),
-    _CONV_WEIGHT_STAGE,
-    _direct(_CONV_WEIGHT_STAGE),
-    _weight_wgpack(_CONV_WEIGHT_STAGE),
-    _wgsource(_CONV_WEIGHT_STAGE),
-    _weight_wgmma(_CONV_WEIGHT_STAGE),
-    _reduce("backward_weight", "grad_weight", False),
-    _BIAS_GRAD,
-    _BIAS_REDUCE,
-)
+def _conv_family(forward: Stage, backward_input: Stage, weight: Stage) -> tuple[Stage, ...]:
+    """A conv family's kernels from its three GEMM stages: per conv-shaped stage its weight pack, the GEMM, its direct
+    kernel, the wgmma kernel's weight pack and channels-last source, the wgmma kernel and the split reduce; the weight
+    gradient's GEMM, direct kernel, packed D, source, wgmma kernel and reduce; the bias gradient and its reduce."""
+    conv_shaped = tuple(kernel for stage in (forward, backward_input) for kernel in (
+        _pack(stage.name, stage.layout), stage, _direct(stage), _wgpack(stage.name, stage.layout), _wgsource(stage),
+        _wgmma(stage), _reduce(stage.name, stage.params[-1].role, True)))
+    return (*conv_shaped, weight, _direct(weight), _weight_wgpack(weight), _wgsource(weight), _weight_wgmma(weight),
+            _reduce(weight.name, weight.params[-1].role, False), _BIAS_GRAD, _BIAS_REDUCE)
 
-_TRANSPOSE_FORWARD = ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)
-_TRANSPOSE_FORWARD_STAGE = Stage(
-    "forward", (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y")),
-    "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
-    "each output cell gathers from the input cells whose scatter reaches it.",
-    _TRANSPOSE_FORWARD)
-_TRANSPOSE_BACKWARD_INPUT = ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)
-_TRANSPOSE_BACKWARD_INPUT_STAGE = Stage(
-    "backward_input", (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x")),
-    "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
-    _TRANSPOSE_BACKWARD_INPUT)
-_TRANSPOSE_WEIGHT_STAGE = Stage(
-    "backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
-    "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",
-    WeightRow("IN", "IN_C", "OUT", "OUT_C"))
-_CONV_TRANSPOSE_STAGES = (
-    _pack("forward", _TRANSPOSE_FORWARD),
-    _TRANSPOSE_FORWARD_STAGE,
-    _direct(_TRANSPOSE_FORWARD_STAGE),
-    _wgpack("forward", _TRANSPOSE_FORWARD),
-    _wgsource(_TRANSPOSE_FORWARD_STAGE),
-    _wgmma(_TRANSPOSE_FORWARD_STAGE),
-    _reduce("forward", "y", True),
-    _pack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
-    _TRANSPOSE_BACKWARD_INPUT_STAGE,
-    _direct(_TRANSPOSE_BACKWARD_INPUT_STAGE),
-    _wgpack("backward_input", _TRANSPOSE_BACKWARD_INPUT),
-    _wgsource(_TRANSPOSE_BACKWARD_INPUT_STAGE),
-    _wgmma(_TRANSPOSE_BACKWARD_INPUT_STAGE),
-    _reduce("backward_input", "grad_x", True),
-    _TRANSPOSE_WEIGHT_STAGE,
-    _direct(_TRANSPOSE_WEIGHT_STAGE),
-    _weight_wgpack(_TRANSPOSE_WEIGHT_STAGE),
-    _wgsource(_TRANSPOSE_WEIGHT_STAGE),
-    _weight_wgmma(_TRANSPOSE_WEIGHT_STAGE),
-    _reduce("backward_weight", "grad_weight", False),
-    _BIAS_GRAD,
-    _BIAS_REDUCE,
-)
+
+_FORWARD_PARAMS = (_in("source", "x"), _in("weight", "weight"), _in("bias", "bias"), IMAGES, _out("dest", "y"))
+_BACKWARD_INPUT_PARAMS = (_in("source", "grad"), _in("weight", "weight"), IMAGES, _out("dest", "grad_x"))
+_CONV_STAGES = _conv_family(
+    Stage("forward", _FORWARD_PARAMS,
+          "y = conv(x): y[oc, o] = b[oc] + sum over (ic, k) of W[oc, ic, k] * x[ic, o*S + k - P].",
+          ConvRow("direct", "OUT", "OUT_C", "IN", "IN_C", "dst_major", True)),
+    Stage("backward_input", _BACKWARD_INPUT_PARAMS,
+          "dx = conv^T(g): dx[ic, i] = sum over (oc, k) with i = o*S + k - P of W[oc, ic, k] * g[oc, o].",
+          ConvRow("gather", "IN", "IN_C", "OUT", "OUT_C", "src_major", False)),
+    Stage("backward_weight", (_in("d_values", "grad"), _in("u_values", "x"), IMAGES, _out("dest", "grad_weight")),
+          "dW[oc, ic, k] = sum over the images n, then the cells o, of g[n, oc, o] * x[n, ic, o*S + k - P].",
+          WeightRow("OUT", "OUT_C", "IN", "IN_C")))
+_CONV_TRANSPOSE_STAGES = _conv_family(
+    Stage("forward", _FORWARD_PARAMS,
+          "y[oc, q] = b[oc] + sum over (ic, i, k) with q = i*S + k - P of x[ic, i] * W[ic, oc, k]: "
+          "each output cell gathers from the input cells whose scatter reaches it.",
+          ConvRow("gather", "OUT", "OUT_C", "IN", "IN_C", "src_major", True)),
+    Stage("backward_input", _BACKWARD_INPUT_PARAMS,
+          "dx[ic, i] = sum_oc sum_k W[ic, oc, k] * g[oc, i*S + k - P]: an ordinary convolution of g.",
+          ConvRow("direct", "IN", "IN_C", "OUT", "OUT_C", "dst_major", False)),
+    Stage("backward_weight", (_in("d_values", "x"), _in("u_values", "grad"), IMAGES, _out("dest", "grad_weight")),
+          "dW[ic, oc, k] = sum over the images n, then the cells i, of x[n, ic, i] * g[n, oc, i*S + k - P].",
+          WeightRow("IN", "IN_C", "OUT", "OUT_C")))
 
 
 def _pool_stages(forward: tuple[Param, ...], forward_summary: str, backward: tuple[Param, ...],
