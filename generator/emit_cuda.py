@@ -69,7 +69,7 @@ from convgen.generator.stages import (
 )
 
 LINE_WIDTH = 120  # of the generated CUDA
-HELPERS = ("common", "mma", "gemm", "direct")  # templates/cuda/<name>.cuh
+HELPERS = ("common", "mma", "gemm_tile", "gemm", "direct")  # templates/cuda/<name>.cuh
 
 FAMILY_TITLES: dict[Family, str] = {
     Family.CONV: "Convolution",

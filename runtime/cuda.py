@@ -30,7 +30,6 @@ from convgen.cuda_launch import (
 from convgen.direct_model import DirectChooser, choose_direct
 from convgen.generated.contract import (
     ARRAY_ALIGNMENT,
-    BIAS_STAGE,
     CIRCULAR_KERNELS,
     KERNELS,
 )
@@ -364,55 +363,6 @@ class CupyBackend(KernelLaunches):
             values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
         self._launch(compiled, "backward_input", values)
         return (grad_x,)
-
-    # A conv pass as traced into its program (convgen.launch_program): from its inputs' addresses, its scratch, the
-    # launches of its layouts, GEMMs and reduces, and its outputs.
-
-    def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
-        layout = compiled.forward_scratch
-        buffers = layout.stages["forward"]
-        # Traced, `base` is a symbol and replay makes and holds the block; run directly (host_path_ab.py's "no launch
-        # programs"), the block is held here until the launches are queued.
-        scratch, base = self._scratch_base(layout)
-        prep: dict[str, tuple[Any, ...]] = {}
-        values = {"x": x, "weight": weight, "bias": bias, "images": compiled.images}
-        values = self._operands(compiled, "forward", values, prep, buffers, base)
-        self._launch_group(compiled, "forward_prep", prep)
-        return self._into_output(compiled, "forward", values, buffers, base)
-
-    def _conv_backward(self, compiled: Compiled, wanted: tuple[bool, bool, bool], x: Any, weight: Any,
-                       grad: Any) -> tuple[Any, Any, Any]:
-        wants_weight, wants_bias, wants_x = wanted
-        layout = compiled.backward_scratch[wanted]
-        buffers = layout.stages
-        scratch, base = self._scratch_base(layout)  # held as in _conv_forward
-        values = {"x": x, "weight": weight, "grad": grad, "images": compiled.images}
-        # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
-        # weight and bias gradients' reduces.
-        prep: dict[str, tuple[Any, ...]] = {}
-        reduces: dict[str, tuple[Any, ...]] = {}
-        if wants_x:
-            input_values = self._operands(compiled, "backward_input", values, prep, buffers["backward_input"], base)
-        if wants_weight:
-            weight_values = self._operands(compiled, "backward_weight", values, prep, buffers["backward_weight"], base)
-        # A split bias gradient's output is first read by its reduce: made after the prep launches, which the GPU
-        # waits for (an allocation is 3-6 µs on the H200's hosts).
-        bias_buffers = buffers.get(BIAS_STAGE)  # a layout has the stages the call wants
-        split_bias = wants_bias and bias_buffers.partial is not None
-        if split_bias:
-            self._into_partials(compiled, BIAS_STAGE, values, bias_buffers, base, prep)
-        grad_bias = (self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, prep, reduces)
-                     if wants_bias and not split_bias else None)
-        self._launch_group(compiled, "backward_prep", prep)
-        grad_x = (self._into_output(compiled, "backward_input", input_values, buffers["backward_input"], base)
-                  if wants_x else None)
-        grad_weight = (self._into_output(compiled, "backward_weight", weight_values, buffers["backward_weight"],
-                                         base, reduces=reduces) if wants_weight else None)
-        if split_bias:
-            grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, reduces=reduces,
-                                          partials_queued=True)
-        self._launch_group(compiled, "backward_reduces", reduces)
-        return grad_weight, grad_bias, grad_x
 
 
 from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geometry, not this module)

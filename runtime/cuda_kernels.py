@@ -1,7 +1,7 @@
 """A geometry's compiled kernels and how the CUDA backend launches them: `Compiled` and `Wrapping` resolve once per
 geometry what each launch needs (the driver's function handles, grids, argument tuples by role, launch groups), and
 `KernelLaunches` is the backend's launching half: each argument in an 8-byte slot, the launch through the driver,
-launch groups, and an implicit-GEMM stage's operand layouts and output.
+launch groups, an implicit-GEMM stage's operand layouts and output, and a conv pass as its launch program traces it.
 
 CuPy comes from the backend (`_bind_driver`), so this module imports without it.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from convgen.backend import BackendError
 from convgen.circular import CircularPlan
 from convgen.cuda_launch import BLOCK, Plan
-from convgen.generated.contract import CIRCULAR_STAGES, LAUNCH_GROUPS, STAGES, Param
+from convgen.generated.contract import BIAS_STAGE, CIRCULAR_STAGES, LAUNCH_GROUPS, STAGES, Param
 from convgen.geometry import Family, Geometry
 from convgen.scratch_layout import (
     BACKWARD_STAGES,
@@ -272,3 +272,52 @@ class KernelLaunches:
         """A split `stage` into its partial sums in the pass's scratch, launched now or added to `group`; its reduce
         (into the output) comes with _into_output."""
         self._launch(compiled, stage, {**values, OUTPUT_ROLES[compiled.family][stage]: base + buffers.partial}, group)
+
+    # A conv pass as traced into its program (convgen.launch_program): from its inputs' addresses, its scratch, the
+    # launches of its layouts, GEMMs and reduces, and its outputs.
+
+    def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
+        layout = compiled.forward_scratch
+        buffers = layout.stages["forward"]
+        # Traced, `base` is a symbol and replay makes and holds the block; run directly (host_path_ab.py's "no launch
+        # programs"), the block is held here until the launches are queued.
+        scratch, base = self._scratch_base(layout)
+        prep: dict[str, tuple[Any, ...]] = {}
+        values = {"x": x, "weight": weight, "bias": bias, "images": compiled.images}
+        values = self._operands(compiled, "forward", values, prep, buffers, base)
+        self._launch_group(compiled, "forward_prep", prep)
+        return self._into_output(compiled, "forward", values, buffers, base)
+
+    def _conv_backward(self, compiled: Compiled, wanted: tuple[bool, bool, bool], x: Any, weight: Any,
+                       grad: Any) -> tuple[Any, Any, Any]:
+        wants_weight, wants_bias, wants_x = wanted
+        layout = compiled.backward_scratch[wanted]
+        buffers = layout.stages
+        scratch, base = self._scratch_base(layout)  # held as in _conv_forward
+        values = {"x": x, "weight": weight, "grad": grad, "images": compiled.images}
+        # Launch groups: the layouts both GEMMs read and the bias gradient (its parts), then the GEMMs, then the
+        # weight and bias gradients' reduces.
+        prep: dict[str, tuple[Any, ...]] = {}
+        reduces: dict[str, tuple[Any, ...]] = {}
+        if wants_x:
+            input_values = self._operands(compiled, "backward_input", values, prep, buffers["backward_input"], base)
+        if wants_weight:
+            weight_values = self._operands(compiled, "backward_weight", values, prep, buffers["backward_weight"], base)
+        # A split bias gradient's output is first read by its reduce: made after the prep launches, which the GPU
+        # waits for (an allocation is 3-6 µs on the H200's hosts).
+        bias_buffers = buffers.get(BIAS_STAGE)  # a layout has the stages the call wants
+        split_bias = wants_bias and bias_buffers.partial is not None
+        if split_bias:
+            self._into_partials(compiled, BIAS_STAGE, values, bias_buffers, base, prep)
+        grad_bias = (self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, prep, reduces)
+                     if wants_bias and not split_bias else None)
+        self._launch_group(compiled, "backward_prep", prep)
+        grad_x = (self._into_output(compiled, "backward_input", input_values, buffers["backward_input"], base)
+                  if wants_x else None)
+        grad_weight = (self._into_output(compiled, "backward_weight", weight_values, buffers["backward_weight"],
+                                         base, reduces=reduces) if wants_weight else None)
+        if split_bias:
+            grad_bias = self._into_output(compiled, BIAS_STAGE, values, bias_buffers, base, reduces=reduces,
+                                          partials_queued=True)
+        self._launch_group(compiled, "backward_reduces", reduces)
+        return grad_weight, grad_bias, grad_x

@@ -99,7 +99,7 @@ class GemmTile:
 
 
 def mma_tile_fits(bm: int, bn: int, bk: int, tm: int, tn: int, k_step: int = MMA_K) -> bool:
-    """Whether a block tile runs on the tensor cores (gemm.cuh, tile_owner): each warp an 8tm x 4tn
+    """Whether a block tile runs on the tensor cores (gemm_tile.cuh, tile_owner): each warp an 8tm x 4tn
     warp tile of whole 16 x 8 mma tiles (tm, tn even), the warp tiles filling the block tile, and
     slices of whole k steps."""
     return tm % 2 == 0 and tn % 2 == 0 and bm % (8 * tm) == 0 and bn % (4 * tn) == 0 and bk % k_step == 0

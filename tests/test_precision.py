@@ -1,6 +1,6 @@
 """The precision of the conv GEMMs without a GPU: the tape's argument and its errors, the plans'
 MMA_MODE define and tensor-core tiles, the ownership of the block tile by the mma fragments
-(gemm.cuh's formulas, replayed), mma.cuh's TF32 rounding (replayed) and the `convgen source` option."""
+(gemm_tile.cuh's formulas, replayed), mma.cuh's TF32 rounding (replayed) and the `convgen source` option."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_pool_plans_ignore_the_precision() -> None:
     assert plan(geom, precision="high") == plan(geom)
 
 
-# gemm.cuh's tensor-core ownership, replayed: tile_owner, tile_row, tile_col and slice_mma's reads.
+# gemm_tile.cuh's tensor-core ownership, replayed: tile_owner, tile_row, tile_col and slice_mma's reads.
 
 def owner(tid: int, bn: int, tn: int) -> tuple[int, int]:
     across = bn // (4 * tn)

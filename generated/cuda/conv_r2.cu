@@ -380,10 +380,10 @@ __device__ __forceinline__ void slice_mma16(const unsigned (&As)[BK / 2][BM + SH
     }
 }
 
-// Building blocks of the implicit-GEMM kernels (conv families), inlined into each generated
-// source by `convgen build`. Needs BLOCK (a define), SHARED_ROW_PAD (printed from the contract),
-// `real`, the element type, and `scalar`, the compute type (common.cuh): shared memory, registers and
-// the partial buffers of split stages hold scalars; only the operands and results are `real`.
+// Thread tiles and memory access of the implicit-GEMM kernels (conv families), inlined into each
+// generated source by `convgen build` before gemm.cuh. Needs BLOCK (a define), `real`, the element
+// type, and `scalar`, the compute type (common.cuh): shared memory, registers and the partial
+// buffers of split stages hold scalars; only the operands and results are `real`.
 
 // Greatest common divisor, for the stride phases of a dilated gather (compile-time constants).
 __device__ __forceinline__ constexpr unsigned gcd_of(unsigned a, unsigned b) { return b ? gcd_of(b, a % b) : a; }
@@ -607,6 +607,10 @@ __device__ __forceinline__ void load_tile_values(const unsigned (&tile)[K][W], u
 // a * b + c rounded once, in the element type.
 __device__ __forceinline__ float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
+
+// Staged slices of the implicit-GEMM kernels (conv families), inlined after gemm_tile.cuh: their
+// products on FMAs or tensor cores, the staging, the rare path, the stores and the split sums. Needs
+// BLOCK, and SHARED_ROW_PAD, SHARED_BUFFERS, STATIC_SHARED_BYTES and SPLIT_SUM_QUAD_COUNT (from the contract).
 
 // One staged slice: acc += As^T Bs over its BK rows (shared rows padded by SHARED_ROW_PAD elements).
 template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
@@ -997,7 +1001,7 @@ __device__ __forceinline__ void split_sum(unsigned block_index, const scalar* __
 }
 
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
-// conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
+// conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm_tile.cuh).
 
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded

@@ -1,5 +1,5 @@
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
-// conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm.cuh).
+// conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm_tile.cuh).
 
 // One window row of a thread's V cells along the last axis: `line` holds the source run they read (cell v,
 // offset k at v * S + k * D), `weights` the MQ weights of each of the K offsets (dst channels fastest, padded
