@@ -21,6 +21,7 @@ from convgen.generator.parse import parse_spec
 from convgen.geometry import Family, Geometry
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_validation import hostile_objects
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
 SEED_DECLS = Path(__file__).resolve().parent / "data" / "seed_decls.lean"
@@ -304,3 +305,53 @@ def test_a_remembered_geometry_is_not_given_to_equal_arguments_of_another_type(s
         assert again[0].shape(again[1]) == pooled[0].shape(pooled[1]) == (2, 3, 3)
     else:
         assert result.error == f"autograd: cpu: max_pool: {message}"
+
+
+_OPTIONAL = {"conv": ("batch", "dilation", "groups", "padding_mode"),
+             "conv_transpose": ("batch", "dilation", "groups", "output_padding"),
+             "max_pool": ("batch", "dilation"), "avg_pool": ("batch", "dilation"), "smooth_max_pool": ("batch", "dilation")}
+
+
+def _optional_values(images: int | None, valid: bool) -> dict:
+    """Strategies for the optional arguments: values the inputs below take, or with `valid` False any mix of those,
+    near misses and hostile objects (tests/test_validation.py's)."""
+    pair = st.tuples(st.integers(1, 2), st.integers(1, 2))
+    good = {"batch": st.just(images), "dilation": st.one_of(st.none(), pair), "groups": st.sampled_from([1, 2]),
+            "padding_mode": st.sampled_from(["zeros", "circular"]),
+            "output_padding": st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(0, 1)))}
+    if valid:
+        return good
+    small = st.one_of(st.integers(-2, 3), hostile_objects())
+    sequence = st.one_of(st.lists(small, max_size=3).map(tuple), st.lists(small, max_size=3), small, st.none())
+    bad = {"batch": st.one_of(st.none(), small), "dilation": sequence, "groups": small,
+           "padding_mode": st.one_of(st.sampled_from(["reflect", "", "ZEROS"]), small), "output_padding": sequence}
+    return {name: st.one_of(good[name], bad[name]) for name in good}
+
+
+@settings(max_examples=400, deadline=None)
+@given(op=st.sampled_from(sorted(_OPTIONAL)), data=st.data(), padding=st.sampled_from([(0, 0), (1, 1), (1, 0)]),
+       batched=st.booleans())
+def test_no_optional_argument_makes_an_op_raise(op, data, padding, batched):
+    """SEMANTICS §8's arguments, drawn valid, off by a little or hostile, on a tape holding inputs that a valid call
+    reads: every call returns a Result (an "autograd: " error or a new node), and the tape it was called on is
+    unchanged."""
+    images = 2 if batched else None
+    x_shape = (2, 2, 4, 4) if batched else (2, 4, 4)
+    tape = convgen.cpu.Tape()
+    ids = []
+    for shape in ((2, 2, 2, 2), (2,), x_shape):
+        tape, node = tape.leaf(np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7)
+        ids.append(node)
+    geometry = dict(CONV, in_c=2, out_c=2) if op.startswith("conv") else dict(POOL)
+    geometry["padding"] = padding
+    positional = tuple(ids) if op.startswith("conv") else (ids[2], 0.5) if op == "smooth_max_pool" else (ids[2],)
+    strategies = _optional_values(images, data.draw(st.booleans(), label="valid"))
+    optional = {name: data.draw(strategies[name], label=name) for name in _OPTIONAL[op]}
+    before = [tape.value(i).copy() for i in range(len(tape))]
+    result = getattr(tape, op)(*positional, **geometry, **optional)
+    if result.is_ok():
+        new_tape, node = result.unwrap()
+        assert node == 3 and new_tape.value(node).dtype == np.float32
+    else:
+        assert result.error.startswith("autograd: ") and len(result.error) < 400, result.error
+    assert len(tape) == 3 and all(np.array_equal(tape.value(i), value) for i, value in enumerate(before))

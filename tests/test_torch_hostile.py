@@ -1,0 +1,50 @@
+"""convgen.torch's functional ops on arguments drawn valid, off by a little or hostile: each call returns a tensor of
+the input's dtype or raises TypeError, ValueError or RuntimeError with a message that names the op
+("convgen.torch.<op>: ..."), never another exception from deeper down."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_validation import hostile_objects
+
+torch = pytest.importorskip("torch")
+
+import convgen.torch as ct  # noqa: E402
+
+_SMALL = st.one_of(st.integers(-2, 3), hostile_objects())
+_ANY = st.one_of(_SMALL, st.lists(_SMALL, max_size=3).map(tuple), st.lists(_SMALL, max_size=3), st.none())
+_STRIDE, _DILATION = st.one_of(st.integers(1, 2), st.tuples(st.integers(1, 2), st.integers(1, 2))), st.integers(1, 2)
+_PADDING = st.one_of(st.integers(0, 1), st.tuples(st.integers(0, 1), st.integers(0, 1)))
+_KERNEL = st.one_of(st.integers(1, 3), st.tuples(st.integers(1, 3), st.integers(1, 3)))
+# op -> its arguments after the tensors: the values the inputs below take (a pool's tuple kernel_size reads an input
+# of 3 dimensions as one image, an int one as a batch: either may be refused), each also drawn as anything.
+_ARGUMENTS = {
+    "conv": {"stride": _STRIDE, "padding": _PADDING, "dilation": _DILATION, "groups": st.sampled_from([1, 2]),
+             "padding_mode": st.sampled_from(["zeros", "circular"])},
+    "conv_transpose": {"stride": _STRIDE, "padding": _PADDING, "output_padding": st.integers(0, 1),
+                       "groups": st.sampled_from([1, 2]), "dilation": _DILATION},
+    "max_pool": {"kernel_size": _KERNEL, "stride": st.one_of(st.none(), _STRIDE), "padding": _PADDING,
+                 "dilation": _DILATION},
+    "avg_pool": {"kernel_size": _KERNEL, "stride": st.one_of(st.none(), _STRIDE), "padding": _PADDING},
+    "smooth_max_pool": {"kernel_size": _KERNEL, "beta": st.one_of(st.floats(-4, 4), st.floats()),
+                        "stride": st.one_of(st.none(), _STRIDE), "padding": _PADDING, "dilation": _DILATION},
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(sorted(_ARGUMENTS)), data=st.data(), batched=st.booleans())
+def test_no_argument_escapes_as_another_exception(op, data, batched):
+    x = torch.arange(2 * 2 * 5 * 5, dtype=torch.float32).reshape(2, 2, 5, 5) / 9
+    x = x if batched else x[0]
+    tensors = (x, torch.full((2, 2, 2, 2), 0.25), torch.zeros(2)) if op.startswith("conv") else (x,)
+    valid = data.draw(st.booleans(), label="valid")
+    arguments = {name: data.draw(strategy if valid else st.one_of(strategy, _ANY, st.just("reflect")), label=name)
+                 for name, strategy in _ARGUMENTS[op].items()}
+    try:
+        output = getattr(ct, op)(*tensors, **arguments)
+    except (TypeError, ValueError, RuntimeError) as error:
+        assert str(error).startswith(f"convgen.torch.{op}: "), repr(error)
+        return
+    assert isinstance(output, torch.Tensor) and output.dtype == torch.float32
