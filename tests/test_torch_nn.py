@@ -263,6 +263,20 @@ def test_wrong_arguments_name_the_layer_and_the_values(build, error, message):
     assert str(caught.value) == message
 
 
+@pytest.mark.parametrize(("build", "expected"), [
+    (lambda: cnn.Conv4d(2**40, 2, 3), "Conv4d: cannot make a weight of shape (2, 1099511627776, 3, 3, 3, 3): "),
+    (lambda: cnn.ConvTranspose2d(2, 4, 2**31), "ConvTranspose2d: cannot make a weight of shape "
+                                               "(2, 4, 2147483648, 2147483648): "),
+], ids=["out of memory", "too many elements"])
+def test_a_weight_torch_cannot_make_names_the_layer_and_the_shape(build, expected):
+    """A weight past the memory or past what a tensor can hold: torch's allocation error, after the layer's name and
+    the weight's shape (torch's own text varies by allocator and device, so only what comes before it is pinned)."""
+    with pytest.raises(RuntimeError) as caught:
+        build()
+    assert str(caught.value).startswith(expected) and len(str(caught.value)) > len(expected)
+
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: cnn.Conv2d(3, 4, 3)([[1.0]]), TypeError, "Conv2d: input must be a torch.Tensor, got list"),
     (lambda: cnn.MaxPool3d(2)(None), TypeError, "MaxPool3d: input must be a torch.Tensor, got NoneType"),

@@ -103,7 +103,11 @@ class _ConvLayer(_Layer):
         weight_channels = (in_channels, out_channels // groups) if self.transposed else (
             out_channels, in_channels // groups)
         factory = {"device": device, "dtype": dtype}
-        self.weight = torch.nn.Parameter(torch.empty((*weight_channels, *self.kernel_size), **factory))
+        shape = (*weight_channels, *self.kernel_size)
+        try:
+            self.weight = torch.nn.Parameter(torch.empty(shape, **factory))
+        except RuntimeError as error:  # out of memory (torch.OutOfMemoryError too), or more elements than tensors hold
+            raise RuntimeError(f"{self._name}: cannot make a weight of shape {shape}: {error}") from None
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_channels, **factory))
         else:
