@@ -54,6 +54,28 @@ def test_leaf_stores_a_float32_copy():
     assert t.value(a).dtype == np.float32 and t.value(a)[0, 0] == 1 and t.name(a) == "a"
 
 
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (object(), TypeError, "value must be numbers (an array, a nested sequence or a scalar), got <object object at "),
+    ({1: 2}, TypeError, "value must be numbers (an array, a nested sequence or a scalar), got {1: 2}: "),
+    ([[1], [2, 3]], ValueError,
+     "value must be numbers (an array, a nested sequence or a scalar), got [[1], [2, 3]]: "),
+    (10**400, OverflowError,
+     "value must be numbers (an array, a nested sequence or a scalar), got an integer of 401 digits: "),
+], ids=["object", "dict", "ragged", "huge int"])
+def test_a_leaf_value_that_is_not_numbers_is_an_error_naming_the_tape_and_the_value(value, error, message):
+    """leaf returns (tape, id), so what it cannot store is raised: NumPy's error, after the tape's device and what was
+    given (NumPy's own text varies by version, so only what comes before it is pinned)."""
+    with pytest.raises(error) as caught:
+        convgen.cpu.Tape().leaf(value)
+    assert str(caught.value).startswith(f"autograd: cpu: leaf: {message}")
+
+
+def test_a_leaf_shape_that_is_not_a_sequence_is_an_error():
+    with pytest.raises(TypeError) as caught:
+        convgen.cpu.Tape().leaf(np.ones(3, np.float32), shape=3)
+    assert str(caught.value) == "autograd: cpu: leaf: shape must be None or a sequence, got 3"
+
+
 def test_unwrap_raises_tape_error_with_the_message():
     t, a = convgen.cpu.Tape().leaf(np.ones((1, 4), np.float32))
     result = t.avg_pool(a, **dict(POOL, stride=(0,)))
