@@ -216,6 +216,21 @@ def test_wrong_input_names_the_layer_and_the_values(build, x_shape, message):
     assert str(caught.value) == message
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize(("layer", "make", "message"), [
+    (lambda: cnn.Conv2d(2, 2, 3), lambda: torch.zeros(1, 2, 5, 5).to_sparse(),
+     "Conv2d: input must be a dense tensor (torch.strided), got torch.sparse_coo"),
+    (lambda: cnn.MaxPool2d(2), lambda: torch.nested.nested_tensor([torch.zeros(2, 5, 5), torch.zeros(2, 4, 4)]),
+     "MaxPool2d: input must be a dense tensor (torch.strided), got a nested tensor"),
+], ids=["sparse", "nested"])
+def test_an_input_that_is_not_dense_names_the_layer_and_its_layout(layer, make, message):
+    """Before the layer reads the input's shape (which a nested tensor does not have)."""
+    with pytest.raises(TypeError) as caught:
+        layer()(make())
+    assert str(caught.value) == message
+
+
+
 @pytest.mark.parametrize("build, error, message", [
     (lambda: cnn.Conv4d(6, 4, 3, groups=4), ValueError,
      "Conv4d: in_channels must be divisible by groups, got in_channels=6, groups=4"),

@@ -82,15 +82,26 @@ def _checked(op: str, names: tuple[str, ...], tensors: tuple[Tensor | None, ...]
     every call, and the full check costs 4 µs of a tiny call's host time."""
     input = tensors[0]
     if isinstance(input, Tensor) and not (autocast and _any_autocast()) and not torch.compiler.is_compiling() \
-            and not _transforms_active() and input.dtype in devices.DTYPE_NAMES:
+            and not _transforms_active() and input.dtype in devices.DTYPE_NAMES and dense(input):
         dtype, device = input.dtype, input.device
         for tensor in tensors[1:]:
             if tensor is not None and not (isinstance(tensor, Tensor) and tensor.dtype is dtype
-                                           and tensor.device == device):
+                                           and tensor.device == device and dense(tensor)):
                 break
         else:
             return tensors
     return _checked_in_full(op, names, tensors, autocast)
+
+
+def dense(tensor: Tensor) -> bool:
+    """Whether `tensor` is laid out as strides over one block of memory, as the device code reads it: not sparse, not
+    jagged, not nested."""
+    return tensor.layout is torch.strided and not tensor.is_nested
+
+
+def layout_name(tensor: Tensor) -> str:
+    """A tensor's layout as the errors name it."""
+    return "a nested tensor" if tensor.is_nested else str(tensor.layout)
 
 
 def _checked_in_full(op: str, names: tuple[str, ...], tensors: tuple[Tensor | None, ...],
@@ -99,6 +110,9 @@ def _checked_in_full(op: str, names: tuple[str, ...], tensors: tuple[Tensor | No
     for name, tensor in zip(names, tensors):
         if not isinstance(tensor, Tensor) and not (tensor is None and name == "bias"):
             raise TypeError(f"convgen.torch.{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor is not None and not dense(tensor):
+            raise TypeError(f"convgen.torch.{op}: {name} must be a dense tensor (torch.strided), got "
+                            f"{layout_name(tensor)}")
     if not torch.compiler.is_compiling() and _transforms_active():
         raise RuntimeError(f"convgen.torch.{op}: torch.func transforms (vmap, grad, jacrev, ...) are not supported; "
                            f"call the op outside them (autograd and torch.compile are)")

@@ -60,6 +60,9 @@ class _Layer(torch.nn.Module):
     def _check_input(self, input: torch.Tensor, in_channels: int | None = None) -> None:
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"{self._name}: input must be a torch.Tensor, got {type(input).__name__}")
+        if not functional.dense(input):
+            raise TypeError(f"{self._name}: input must be a dense tensor (torch.strided), got "
+                            f"{functional.layout_name(input)}")
         rank = self.rank
         if input.dim() not in (rank + 1, rank + 2):
             axes = "axis" if rank == 1 else "axes"
