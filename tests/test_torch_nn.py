@@ -278,15 +278,21 @@ def test_wrong_arguments_name_the_layer_and_the_values(build, error, message):
     assert str(caught.value) == message
 
 
-@pytest.mark.parametrize(("build", "expected"), [
-    (lambda: cnn.Conv4d(2**40, 2, 3), "Conv4d: cannot make a weight of shape (2, 1099511627776, 3, 3, 3, 3): "),
-    (lambda: cnn.ConvTranspose2d(2, 4, 2**31), "ConvTranspose2d: cannot make a weight of shape "
-                                               "(2, 4, 2147483648, 2147483648): "),
-], ids=["out of memory", "too many elements"])
-def test_a_weight_torch_cannot_make_names_the_layer_and_the_shape(build, expected):
-    """A weight past the memory or past what a tensor can hold: torch's allocation error, after the layer's name and
-    the weight's shape (torch's own text varies by allocator and device, so only what comes before it is pinned)."""
-    with pytest.raises(RuntimeError) as caught:
+@pytest.mark.parametrize(("build", "error", "expected"), [
+    (lambda: cnn.Conv4d(2**40, 2, 3), RuntimeError,
+     "Conv4d: cannot make a weight of shape (2, 1099511627776, 3, 3, 3, 3): "),
+    (lambda: cnn.ConvTranspose2d(2, 4, 2**31), RuntimeError,
+     "ConvTranspose2d: cannot make a weight of shape (2, 4, 2147483648, 2147483648): "),
+    (lambda: cnn.Conv1d(2**70, 2, 3), TypeError, "Conv1d: cannot make a weight of shape (2, 1180591620717411303424, 3): "),
+    (lambda: cnn.Conv2d(2, 2, 3, dtype="float32"), TypeError, "Conv2d: cannot make a weight of shape (2, 2, 3, 3): "),
+    (lambda: cnn.Conv2d(2, 2, 3, dtype=torch.int32), RuntimeError,
+     "Conv2d: cannot make a weight of shape (2, 2, 3, 3): "),
+], ids=["out of memory", "too many elements", "past int64", "dtype a string", "integer dtype"])
+def test_a_weight_torch_cannot_make_names_the_layer_and_the_shape(build, error, expected):
+    """A weight past the memory or past what a tensor can hold, or of a dtype or device torch refuses: torch's error,
+    after the layer's name and the weight's shape (torch's own text varies by allocator and device, so only what
+    comes before it is pinned)."""
+    with pytest.raises(error) as caught:
         build()
     assert str(caught.value).startswith(expected) and len(str(caught.value)) > len(expected)
 

@@ -109,8 +109,8 @@ class _ConvLayer(_Layer):
         shape = (*weight_channels, *self.kernel_size)
         try:
             self.weight = torch.nn.Parameter(torch.empty(shape, **factory))
-        except RuntimeError as error:  # out of memory (torch.OutOfMemoryError too), or more elements than tensors hold
-            raise RuntimeError(f"{self._name}: cannot make a weight of shape {shape}: {error}") from None
+        except (RuntimeError, TypeError, ValueError) as error:  # out of memory, too many cells, a bad device or dtype
+            raise type(error)(f"{self._name}: cannot make a weight of shape {shape}: {error}") from None
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_channels, **factory))
         else:
