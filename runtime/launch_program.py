@@ -87,9 +87,11 @@ def _launch_of(stage: str, function: int, grid: tuple[int], block: tuple[int], s
 def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable[..., Any]) -> Program:
     """The program of `run(tracer, *addresses)`: a method of `backend`'s class making one pass from the addresses of
     its inputs (arrays of the backend's dtype, of `input_shapes`), returning its outputs (None where it makes none),
-    run on a copy of `backend` whose outputs, scratch and launches are recorded instead of made. An output of an
-    input's shape and dtype is made like that input (a gradient like its tensor): torch's empty_like skips the
-    parsing of a shape, dtype and device, 1.3 of torch.empty's 3.0 µs on the H200's host."""
+    run on a copy of `backend` whose outputs, scratch and launches are recorded instead of made. An output of the
+    shape and dtype of an input that the pass reads is made like that input (a gradient like its tensor): torch's
+    empty_like skips the parsing of a shape, dtype and device, 1.3 of torch.empty's 3.0 µs on the H200's host. An
+    input no launch reads may stand in with another shape (a circular conv's backward passes the unpadded input
+    where only the weight gradient would read the padded one), so no output is made like it."""
     inputs = len(input_shapes)
     steps: list[Allocation | Launch] = []
     outputs: list[TracedOutput] = []
@@ -97,9 +99,7 @@ def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable
     tracer = copy.copy(backend)
 
     def output(shape: tuple[int, ...], dtype: str | None = None) -> TracedOutput:
-        shape = tuple(shape)
-        like = input_shapes.index(shape) if dtype is None and shape in input_shapes else None
-        steps.append(Allocation(shape, dtype, like))
+        steps.append(Allocation(tuple(shape), dtype))
         outputs.append(TracedOutput(Symbol(inputs + 1 + len(outputs))))
         return outputs[-1]
 
@@ -111,6 +111,10 @@ def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable
     tracer._address_of = {**backend._address_of, TracedOutput: lambda traced: traced.symbol}
     returned = run(tracer, *(Symbol(index) for index in range(inputs)))
     results = returned if isinstance(returned, tuple) else (returned,)
+    read = {index for step in steps if type(step) is Launch for _, index in step.holes if index < inputs}
+    sources = {input_shapes[index]: index for index in sorted(read, reverse=True)}  # the first read one of a shape
+    steps = [Allocation(step.shape, None, sources.get(step.shape)) if type(step) is Allocation and step.dtype is None
+             else step for step in steps]
     return Program(tuple(steps), tuple(None if r is None else outputs.index(r) for r in results))
 
 

@@ -109,3 +109,32 @@ def test_an_output_of_an_inputs_shape_is_made_like_that_input():
     allocations = {(step.shape, step.like) for key in ("forward", ("backward", True, True, True))
                    for step in compiled.programs[key].steps if type(step) is Allocation}
     assert allocations == {(x.shape, 0), (weight.shape, 1), ((64,), None)}
+
+
+def test_no_output_is_made_like_an_input_the_pass_does_not_read():
+    """Only the weight gradient reads x: a backward without it makes the input gradient by its shape, not like x,
+    which a circular conv's backward passes unpadded in the padded input's place. There the padded input's gradient
+    that the fold reads has the padded shape, whichever gradients are asked for."""
+    with stand_in.imports_as(stand_in.stand_in_cupy()):
+        backend = convgen.cuda.CupyBackend("float32", "highest")
+    geom = GEOMETRIES["conv 1-D one image"]
+    weight, bias, x = (stand_in.StandInArray(shape, np.float32) for shape in geom.parent_shapes)
+    grad = stand_in.StandInArray(geom.output_shape, np.float32)
+    compiled = backend._compile(geom)
+    for wanted, like in (((False, False, True), None), ((True, False, True), 0)):
+        backend.backward(geom, (weight, bias, x), None, grad, wanted)
+        (allocation,) = [step for step in compiled.programs[("backward", *wanted)].steps
+                         if type(step) is Allocation and step.shape == x.shape]
+        assert allocation.like == like, wanted
+    circular = Geometry.build(Family.CONV, 3, 5, (12, 10), (3, 3), (1, 1), (1, 2), batch=2, circular=True)
+    weight, bias, x = (stand_in.StandInArray(shape, np.float32) for shape in circular.parent_shapes)
+    grad = stand_in.StandInArray(circular.output_shape, np.float32)
+    padded = backend._wrapping(circular).plan.padded
+    folded = []
+    wrap_stage = backend._wrap_stage
+    backend._wrap_stage = lambda wrapping, stage, geom, source, shape: (
+        folded.append(source.shape) if stage == "fold" else None) or wrap_stage(wrapping, stage, geom, source, shape)
+    for wanted in WANTED:
+        if wanted[2]:
+            (grad_x,) = backend.backward(circular, (weight, bias, x), None, grad, wanted)[2:]
+            assert folded[-1] == padded.input_shape and grad_x.shape == x.shape, wanted
