@@ -122,12 +122,11 @@ class Tape(GeneratedOps):
         """Record `value` as the tape's dtype with no parents; with `shape`, `value` is a flat buffer and the
         shape is recorded unchecked (the ops check what they read). A value that is not numbers, or a shape that is
         not a sequence, is the TypeError, ValueError or OverflowError NumPy or Python raise, after what was wrong."""
-        label = f"autograd: {self._backend.name}: leaf"
         try:
             stored = self._backend.store(value)
         except (TypeError, ValueError, OverflowError) as error:
-            raise type(error)(f"{label}: value must be numbers (an array, a nested sequence or a scalar), "
-                              f"got {describe(value)}: {error}") from None
+            raise type(error)(f"autograd: {self._backend.name}: leaf: value must be numbers (an array, a nested "
+                              f"sequence or a scalar), got {describe(value)}: {error}") from None
         if shape is None:
             recorded = tuple(stored.shape)
             dims: tuple[int, ...] | None = recorded
@@ -135,7 +134,8 @@ class Tape(GeneratedOps):
             try:
                 recorded = tuple(shape)
             except TypeError:
-                raise TypeError(f"{label}: shape must be None or a sequence, got {describe(shape)}") from None
+                raise TypeError(f"autograd: {self._backend.name}: leaf: shape must be None or a sequence, got "
+                                f"{describe(shape)}") from None
             stored = stored.reshape(-1)
             dims = _dims(recorded)
         return self._append(Node(stored, recorded, dims, name, bool(requires_grad), (), None))
