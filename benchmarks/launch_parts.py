@@ -69,6 +69,10 @@ def rows(cupy: Any, numpy: Any, torch: Any) -> dict[str, Callable[[], Any]]:
         "cupy.ndarray((1, 2, 2), float32)": lambda: cupy.ndarray((1, 2, 2), numpy.float32),
         "cupy.ndarray((1, 2, 2), dtype object)": lambda: cupy.ndarray((1, 2, 2), float32),
         "cupy.cuda.alloc(16)": lambda: cupy.cuda.alloc(16),
+        # An output and its scratch in one allocation: the array made over a block allocated for both.
+        "cupy.ndarray((1, 2, 2), float32, memptr=cupy.cuda.alloc(32))": lambda: cupy.ndarray(
+            (1, 2, 2), float32, cupy.cuda.alloc(32)),
+        "cupy.ndarray((1, 2, 2), float32, memptr made before)": lambda: cupy.ndarray((1, 2, 2), float32, memory),
         "launch, arrays": lambda: kernel((1,), (32,), (a, b, c, n)),
         "launch, arrays, shared memory and stream by keyword": lambda: kernel((1,), (32,), (a, b, c, n),
                                                                                shared_mem=0, stream=None),
