@@ -25,7 +25,12 @@ from suite import stand_in  # noqa: E402
 from suite.cases import BATCHED_CASES, CASES_BY_NAME, UNBATCHED_CASES, Case  # noqa: E402
 from suite.contestants import ConvgenContestant, Libraries  # noqa: E402
 from suite.measure import contestant_builders  # noqa: E402
-from suite.precision import H200_TF32_DENSE_FLOPS, TAPE_LABELS, tensor_core_peak_fraction  # noqa: E402
+from suite.precision import (  # noqa: E402
+    H200_16BIT_DENSE_FLOPS,
+    H200_TF32_DENSE_FLOPS,
+    TAPE_LABELS,
+    tensor_core_peak_fraction,
+)
 from suite.precision_table import PRECISION_TABLE_HEADER, precision_rows  # noqa: E402
 from suite.targets import (  # noqa: E402
     ACCURACY_RULES,
@@ -134,27 +139,32 @@ def test_the_precision_table_has_a_row_per_contestant_with_times_errors_and_peak
         [title, "torch_strict", "1.25 / 1.1", "3.5 / 3.4", "1.00 / 1.00", "1.00 / 1.00", "—", "—"],
         [title, "torch_tf32", "0.5 / 0.3", "1.4 / 1.1", "2.50 / 3.67", "2.50 / 3.09", "5.5e-04 grad_x", "—"],
         [title, "convgen_torch_bf16", "0.35 / 0.22", "1 / 0.8", "3.57 / 5.00", "3.50 / 4.25", "4.1e-03 grad_weight",
-         "—"],
+         "17.8% / 14.6%"],  # one bf16 product a multiply-add, of 989.5 TFLOP/s
         [title, "convgen_torch_fp16", "0.5 / 0.25", "1.1 / 0.85", "2.50 / 4.40", "3.18 / 4.00", "5.1e-04 grad_weight",
-         "—"],
+         "15.6% / 13.8%"],
         [title, "torch_bf16_cl", "0.3 / 0.2", "0.9 / 0.7", "4.17 / 5.50", "3.89 / 4.86", "—", "—"],
     ]
     only_high = {label: TABLE_TIMES[label] for label in ("convgen_high", "torch_strict")}
     assert [row[1] for row in precision_rows(made_up_report(N8_128, only_high))] == ["convgen_high", "torch_strict"]
 
 
-def test_the_tensor_core_peak_share_counts_three_products_in_high_and_one_in_medium():
-    assert H200_TF32_DENSE_FLOPS == 494.7e12
+def test_the_tensor_core_peak_share_counts_three_products_in_high_one_in_medium_and_one_16_bit():
+    assert H200_TF32_DENSE_FLOPS == 494.7e12 and H200_16BIT_DENSE_FLOPS == 989.5e12
     assert N8_128.multiply_adds == N8_128_MULTIPLY_ADDS
     assert CASES_BY_NAME["conv2d_3_224_k7_n32"].multiply_adds == 32 * 64 * 112 * 112 * 3 * 7 * 7
     assert CASES_BY_NAME["maxpool2d_1024"].multiply_adds == 0
-    high_fwd = tensor_core_peak_fraction(N8_128, "high", "fwd", 0.4)
+    high_fwd = tensor_core_peak_fraction(N8_128, "convgen_high", "fwd", 0.4)
     assert high_fwd == pytest.approx(3 * 2 * N8_128_MULTIPLY_ADDS / 0.4e-3 / 494.7e12, rel=1e-12)
     assert high_fwd == pytest.approx(0.58603, abs=1e-5)
-    medium_fwd_bwd = tensor_core_peak_fraction(N8_128, "medium", "fwd_bwd", 0.9)
+    medium_fwd_bwd = tensor_core_peak_fraction(N8_128, "convgen_medium", "fwd_bwd", 0.9)
     assert medium_fwd_bwd == pytest.approx(1 * 2 * 3 * N8_128_MULTIPLY_ADDS / 0.9e-3 / 494.7e12, rel=1e-12)
-    assert tensor_core_peak_fraction(N8_128, "highest", "fwd", 0.4) is None
-    assert tensor_core_peak_fraction(N8_128, "high", "fwd", None) is None
+    bf16_fwd_bwd = tensor_core_peak_fraction(N8_128, "convgen_torch_bf16", "fwd_bwd", 0.5)
+    assert bf16_fwd_bwd == pytest.approx(1 * 2 * 3 * N8_128_MULTIPLY_ADDS / 0.5e-3 / 989.5e12, rel=1e-12)
+    assert bf16_fwd_bwd == pytest.approx(0.23439, abs=1e-5)
+    assert tensor_core_peak_fraction(N8_128, "convgen_torch_fp16", "fwd", 0.5) == pytest.approx(bf16_fwd_bwd / 3)
+    for no_tensor_cores in ("convgen", "torch_tf32", "torch_bf16_cl", "convgen_torch"):
+        assert tensor_core_peak_fraction(N8_128, no_tensor_cores, "fwd", 0.4) is None
+    assert tensor_core_peak_fraction(N8_128, "convgen_high", "fwd", None) is None
 
 
 def reports_of(*reports):
@@ -301,10 +311,11 @@ def test_summary_and_json_carry_the_precisions(tmp_path, capsys):
     assert "| " + " | ".join(PRECISION_TABLE_HEADER) + " |" in out
     assert f"| {N8_128.title} | convgen_high | 0.6 / 0.4 | 1.9 / 1.7 |" in out
     assert UNBATCHED_CASES[0].title + " | convgen_high" not in out  # one image: not in issue 11's table
-    assert "over the H200's dense TF32 tensor-core peak, 494.7 TFLOP/s (datasheet: 989 TFLOPS with sparsity)." in out
+    assert ("over the H200's dense tensor-core peak: TF32 494.7, bf16/fp16 989.5 TFLOP/s (datasheet: 989 and 1,979 "
+            "TFLOPS with sparsity; the H100 SXM's are the same).") in out
     assert f"| {N8_128.title} | convgen_torch_bf16 | 0.35 / 0.22 | 1 / 0.8 | 3.57 / 5.00 |" in out
     assert (f"| {N8_128.title} | convgen_torch_fp16 | 0.5 / 0.25 | 1.1 / 0.85 | 2.50 / 4.40 | 3.18 / 4.00 "
-            "| 5.1e-04 grad_weight | — |") in out
+            "| 5.1e-04 grad_weight | 15.6% / 13.8% |") in out
     assert ("convgen_torch_bf16 / convgen_torch_fp16 = convgen.torch on bfloat16 / float16 tensors (NCHW, products "
             "summed in float32)") in out
     assert "- accuracy bf16 — convgen_torch_bf16 rel err ≤ 0.01: yes." in out and "- accuracy high — " in out
@@ -324,6 +335,7 @@ def test_summary_and_json_carry_the_precisions(tmp_path, capsys):
     fractions = document["cases"][0]["tensor_core_peak_fraction"]
     assert fractions["convgen_high"]["fwd"] == pytest.approx(3 * 2 * N8_128_MULTIPLY_ADDS / 0.4e-3 / 494.7e12)
     assert fractions["convgen_medium"]["fwd_bwd"] == pytest.approx(2 * 3 * N8_128_MULTIPLY_ADDS / 0.9e-3 / 494.7e12)
+    assert fractions["convgen_torch_bf16"]["fwd"] == pytest.approx(2 * N8_128_MULTIPLY_ADDS / 0.22e-3 / 989.5e12)
     (row,) = [line for line in run_script("readme_table.py", str(path)).splitlines()
               if line.startswith(f"| {N8_128.title} |") and "e-" in line]  # the tensor-core table's row
     assert row == (f"| {N8_128.title} | 1 / 3 | 0.4 / 1.7 | 0.25 / 0.9 | 1.1 / 3.4 | 0.3 / 1.1 | 0.22 / 0.8 "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from suite.cases import Case
-from suite.precision import DEFAULT_PRECISION, convgen_label
+from suite.precision import ADAPTER_BF16, ADAPTER_FP16, DEFAULT_PRECISION, convgen_label
 from suite.timing import L2_FLUSH_BYTES, CupyDevice, TorchDevice, one_line
 
 INPUT_SEED = 20260601
@@ -302,8 +302,6 @@ class TorchContestant(Contestant):
 
 
 ADAPTER = "convgen_torch"  # convgen.torch's label in the report and the JSON
-ADAPTER_BF16 = "convgen_torch_bf16"  # convgen.torch on bfloat16 tensors, beside torch_bf16_cl (issue 11)
-ADAPTER_FP16 = "convgen_torch_fp16"  # convgen.torch on float16 tensors (issue 11; no cuDNN fp16 contestant)
 ADAPTER_LABELS = {"float32": ADAPTER, "bfloat16": ADAPTER_BF16, "float16": ADAPTER_FP16}  # by its tensors' dtype
 
 
