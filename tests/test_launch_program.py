@@ -130,10 +130,15 @@ def test_no_output_is_made_like_an_input_the_pass_does_not_read():
     weight, bias, x = (stand_in.StandInArray(shape, np.float32) for shape in circular.parent_shapes)
     grad = stand_in.StandInArray(circular.output_shape, np.float32)
     padded = backend._wrapping(circular).plan.padded
-    folded = []
+    folded = []  # the shape of each gradient the fold reads
     wrap_stage = backend._wrap_stage
-    backend._wrap_stage = lambda wrapping, stage, geom, source, shape: (
-        folded.append(source.shape) if stage == "fold" else None) or wrap_stage(wrapping, stage, geom, source, shape)
+
+    def recording_wrap_stage(wrapping, stage, geom, source, shape):
+        if stage == "fold":
+            folded.append(source.shape)
+        return wrap_stage(wrapping, stage, geom, source, shape)
+
+    backend._wrap_stage = recording_wrap_stage
     for wanted in WANTED:
         if wanted[2]:
             (grad_x,) = backend.backward(circular, (weight, bias, x), None, grad, wanted)[2:]
