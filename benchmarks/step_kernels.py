@@ -3,10 +3,11 @@
 a step's GPU time goes to, as torch.profiler (CUPTI) records them. CUPTI sees every kernel of the process, so
 convgen's CuPy launches are listed as cuDNN's are.
 
-A step is bench.py's fwd+bwd call: the forward and `torch.autograd.backward` with the upstream gradient, x,
-weight and bias requiring grad. torch's 2-D and 3-D tensors are channels-last in 16-bit dtypes (bench.py's
-torch_bf16_cl); float32 runs convgen in `--precision` and torch with TF32 as that precision says. Per kernel:
-launches a step and the median µs of one launch over `--steps` profiled steps.
+A step is step_host.py's: the forward and `torch.autograd.backward` with the upstream gradient, x, weight and
+bias requiring grad (the kernels of bench.py's fwd+bwd call, which takes `torch.autograd.grad` of them). torch's
+2-D and 3-D tensors are channels-last in 16-bit dtypes (bench.py's torch_bf16_cl); float32 runs convgen in
+`--precision` and torch with TF32 as that precision says. Per kernel: launches a step and the median µs of one
+launch over `--steps` profiled steps.
 
     python3 benchmarks/step_kernels.py [--cases conv2d_64_56_n32,conv2d_128_128_n8] [--dtypes bfloat16]
                                        [--precision medium] [--steps 20]

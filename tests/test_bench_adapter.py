@@ -104,13 +104,19 @@ def test_the_16_bit_adapter_is_within_issue_11s_bound(case, dtype, label, numpy_
     assert max(errors.values()) > MISMATCH_REL_ERR and all(error <= HALF_MAX_REL_ERR for error in errors.values())
 
 
-def test_forward_backward_clears_the_gradients_first():
-    """A second step gives the same gradients, not twice them (torch.autograd.backward accumulates)."""
-    contestant = AdapterContestant(SMALL_CASES[0], host_inputs(SMALL_CASES[0]), torch, convgen.torch)
+def test_forward_backward_returns_each_calls_own_gradients_as_torchs_contestant_does():
+    """A second call gives the same gradients, not twice them, and leaves nothing in the inputs' `.grad` to be
+    freed inside a later timed call; torch's contestant makes the same call."""
+    case = SMALL_CASES[0]
+    contestant = AdapterContestant(case, host_inputs(case), torch, convgen.torch)
     first = [grad.clone() for grad in contestant.forward_backward()]
     second = contestant.forward_backward()
     for before, after in zip(first, second, strict=True):
         torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert all(tensor.grad is None for tensor in contestant.inputs)
+    theirs = TorchContestant(case, host_inputs(case), torch)
+    theirs.forward_backward()
+    assert all(tensor.grad is None for tensor in theirs.inputs)
 
 
 def test_the_adapter_runs_in_the_tapes_precision_whatever_torch_says():

@@ -241,7 +241,7 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
           "(channels_last_3d for conv3d; conv1d and conv4d have no such format and stay contiguous), autocast "
           f"off; cuDNN ref = cuDNN strict fp32 fwd / fwd+bwd measured on the H200 on {REFERENCE_DATE}. "
           "adapter = convgen.torch (issue 10) on torch tensors of the same inputs, fwd+bwd = "
-          "torch.autograd.backward after clearing the gradients; adapter/tape = its time over the tape's, "
+          "torch.autograd.grad of the inputs, as for torch; adapter/tape = its time over the tape's, "
           f"✗ above {ADAPTER_MAX_TIME_RATIO:g}.")
     if meta.get(f"{ADAPTER}_skipped"):
         print(f"- adapter not run: {meta[f'{ADAPTER}_skipped']}")
