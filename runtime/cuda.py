@@ -41,6 +41,10 @@ CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 
 # The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
 # devices are taken to sustain the same share of the boost clock they report.
 SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
+# The peak memory bandwidth the H200's attributes give: a 3.201 GHz memory clock, two transfers a cycle, a
+# 6144-bit bus (4.92 TB/s). It streamed H200.memory_bandwidth of that; other devices are taken to stream the same
+# share of theirs (an H100 SXM: 2.619 GHz and 5120 bits, 3.35 TB/s).
+H200_MEMORY_PEAK = 2 * 3.201e9 * 6144 / 8
 # mma.sync with TF32 operands (precision "high" and "medium") needs sm_80 or newer (CuPy gives a
 # device's capability as digits, "90").
 TENSOR_CORE_CAPABILITY = 80
@@ -60,7 +64,9 @@ _POISON = {"float32": np.float32("nan"), "float64": np.float64("nan"), "float16"
 
 def device_hardware(attributes: dict[str, int], compute_capability: str = "") -> Hardware:
     """The hardware record of a device from CuPy's `Device.attributes` and `compute_capability` ("90"); what a
-    device does not report (the register cap, the driver's per-block reserve, the bandwidth) is the H200's."""
+    device does not report (the register cap, the driver's per-block reserve, the memory clock and bus) is the
+    H200's."""
+    memory_peak = _memory_peak(attributes)
     return Hardware(
         sm_count=attributes.get("MultiProcessorCount", H200.sm_count),
         shared_per_block=attributes.get("MaxSharedMemoryPerBlock", H200.shared_per_block),
@@ -72,9 +78,17 @@ def device_hardware(attributes: dict[str, int], compute_capability: str = "") ->
         threads_per_sm=attributes.get("MaxThreadsPerMultiProcessor", H200.threads_per_sm),
         blocks_per_sm=attributes.get("MaxBlocksPerMultiprocessor", H200.blocks_per_sm),
         clock_hz=attributes["ClockRate"] * 1e3 * SUSTAINED_CLOCK_SHARE if "ClockRate" in attributes else H200.clock_hz,
-        memory_bandwidth=H200.memory_bandwidth,
+        memory_bandwidth=H200.memory_bandwidth * (memory_peak / H200_MEMORY_PEAK) if memory_peak else
+        H200.memory_bandwidth,
         wgmma=compute_capability == WGMMA_CAPABILITY,
     )
+
+
+def _memory_peak(attributes: dict[str, int]) -> float | None:
+    """Bytes/s at the memory's peak from CuPy's `Device.attributes` (the clock in kHz, double data rate, the bus
+    in bits), or None where the device reports no memory clock or bus."""
+    clock_khz, bus_bits = attributes.get("MemoryClockRate", 0), attributes.get("GlobalMemoryBusWidth", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz > 0 and bus_bits > 0 else None
 
 
 def unsupported(geom: Geometry, dtype: str) -> str | None:
