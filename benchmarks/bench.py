@@ -5,8 +5,7 @@ channels first.
 
 Every case is first checked against a float64 PyTorch reference, then timed forward and
 forward+backward in two ways: (a) the call as a user makes it (CUDA events around the Python call,
-GPU idle and L2 flushed before it, median of many, a case's contestants taking turns sample by sample, each
-sample after an untimed call of its own) and (b)
+GPU idle and L2 flushed before it, median of many, a case's contestants taking turns sample by sample) and (b)
 the kernels alone (CUDA-graph replay, or N back-to-back calls / N where a graph cannot be captured, which the
 output says). PyTorch runs
 with TF32 off (strict fp32) and on, and for the batched cases in bf16 channels-last too; on the batched

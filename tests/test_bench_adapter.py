@@ -224,7 +224,7 @@ def test_a_cases_contestants_take_their_calls_in_turn():
         for mode in ("fwd", "fwd_bwd"):
             call = report.timings[label][mode]["call"]
             assert call["median_ms"] > 0 and call["samples"] >= QUICK.min_reps
-            assert call["method"].endswith("; the calls of a case taking turns, each sample after an untimed call of its own)")
+            assert call["method"].endswith("; the calls of a case taking turns)")
 
 
 def test_a_missing_adapter_is_skipped_with_the_reason(monkeypatch):

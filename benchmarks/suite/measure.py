@@ -144,7 +144,7 @@ def check_and_time_kernels(contestant: Contestant, case: Case, reference: dict[s
 
 
 def time_calls(contestants: list[Contestant], settings: Settings, libs: Libraries, report: CaseReport) -> None:
-    """The user calls of every mode each contestant ran eagerly, taking turns (time_user_calls_in_turn)."""
+    """The user calls of every mode each contestant ran eagerly, taking turns sample by sample."""
     calls = [UserCall((contestant.label, mode), contestant.device, contestant.call_for(mode), contestant.active)
              for contestant in contestants for mode in report.timings.get(contestant.label, {})]
 

@@ -263,7 +263,6 @@ class JaxDevice:
 
 
 USER_CALL_METHOD = "events around the Python call (GPU idle, L2 flushed)"
-IN_TURN = "; the calls of a case taking turns, each sample after an untimed call of its own)"
 
 
 @dataclass(frozen=True)
@@ -282,11 +281,7 @@ def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2:
     """The calls as a user makes them: GPU idle and L2 flushed, events around the Python call. After each one's
     warm-up the calls take turns sample by sample, so that a drift of the host's speed in the meantime reaches
     them alike (the H200's hosts move host-bound calls by tens of percent within minutes); each takes the samples
-    its own time allows (`settings.reps_for`). Taking turns, a sample follows an untimed call of its own, so that
-    it finds the host as a repeated call does and not as the other contestants' calls left it: after them an H100
-    host took convgen.torch's conv1d and conv4d training steps 1.25-1.30× the tape's, and 1.02-1.10× where each step
-    followed one of its own (benchmarks/NOTES.md, thirty-sixth session). A call that raises is reported to
-    `failed` and left out."""
+    its own time allows (`settings.reps_for`). A call that raises is reported to `failed` and left out."""
     reps: dict[Any, int] = {}
     for entry in calls:
         try:
@@ -300,8 +295,6 @@ def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2:
         for entry in list(pending):
             try:
                 with entry.active():
-                    if len(calls) > 1:
-                        entry.device.wait(entry.call())
                     flush_l2()
                     entry.device.synchronize()
                     timer = entry.device.start_timer()
@@ -315,7 +308,7 @@ def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2:
                 continue
             if len(samples[entry.key]) >= reps[entry.key]:
                 pending.remove(entry)
-    method = USER_CALL_METHOD if len(calls) == 1 else USER_CALL_METHOD[:-1] + IN_TURN
+    method = USER_CALL_METHOD if len(calls) == 1 else USER_CALL_METHOD[:-1] + "; the calls of a case taking turns)"
     return {key: summarize(values, method=method) for key, values in samples.items()}
 
 
