@@ -9,8 +9,12 @@ the host time, the GPU waited for the host; the gaps between launches show where
 L2 flushed and the GPU synchronized before each. The events add about the same small cost to every launch of
 both contestants.
 
+With `--around-bench`, each case's timelines are taken again after bench.py has run that whole case in this
+process (its checks, kernel timings with their CUDA graphs and user calls, quick settings): whether what bench.py
+leaves behind makes a contestant's call slower there than alone.
+
     python3 benchmarks/launch_timeline.py [--cases conv2d_64_56_n32,conv1d_64_4096_n32] [--precision medium]
-                                          [--dtypes float32,bfloat16] [--calls 60]
+                                          [--dtypes float32,bfloat16] [--calls 60] [--around-bench]
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import cupy
 import torch
 from convgen.cuda import CupyBackend
 from suite.cases import BATCHED_CASES, CASES_BY_NAME
-from suite.contestants import AdapterContestant, ConvgenContestant, make_device_inputs
-from suite.timing import L2_FLUSH_BYTES
+from suite.contestants import AdapterContestant, ConvgenContestant, load_libraries, make_device_inputs
+from suite.measure import run_case
+from suite.timing import QUICK
 
 _marks: list[tuple[str, float, Any]] = []  # (stage, host time, event) of each launch of the call being timed
 _streams: dict[int, Any] = {}  # the launches' raw stream handles as CuPy streams, made once
@@ -71,6 +76,21 @@ def timeline(call: Any, calls: int, flush: Any) -> tuple[float, float, list[tupl
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples), per_launch
 
 
+def print_timelines(contestants: list[tuple[str, Any]], calls: int, flush: Any) -> None:
+    """Each contestant's timeline, forward and training step, with every launch marked while they run."""
+    original = CupyBackend._call
+    CupyBackend._call = _marked_call(original)
+    try:
+        for mode in ("fwd", "fwd_bwd"):
+            for label, contestant in contestants:
+                call_us, host_us, launches = timeline(contestant.call_for(mode), calls, flush)
+                print(f"  {label:<22} {mode:<8} call {call_us:7.1f}  host returns {host_us:6.1f}")
+                for stage, host, gpu in launches:
+                    print(f"      {stage:<32} host {host:7.1f}  GPU reaches it {gpu:7.1f}")
+    finally:
+        CupyBackend._call = original
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     conv_cases = [case.name for case in BATCHED_CASES if case.is_conv]
@@ -79,10 +99,11 @@ def main() -> None:
                         help="the tape's and convgen.torch's float32 precision")
     parser.add_argument("--dtypes", default="float32", help="convgen.torch's tensors: float32, bfloat16, float16")
     parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--around-bench", action="store_true",
+                        help="take the timelines again after bench.py's run of the whole case in this process")
     args = parser.parse_args()
-    flush_buffer = cupy.empty(L2_FLUSH_BYTES // 4, cupy.float32)
+    libs = load_libraries("launch_timeline.py")
     adapter.set_float32_precision(args.precision)
-    CupyBackend._call = _marked_call(CupyBackend._call)
     for name in args.cases.split(","):
         case = CASES_BY_NAME[name]
         inputs = make_device_inputs(case, cupy)
@@ -90,13 +111,12 @@ def main() -> None:
         contestants += [(f"convgen.torch {dtype}", AdapterContestant(case, inputs, torch, adapter, dtype))
                         for dtype in args.dtypes.split(",")]
         print(f"{case.title} ({args.precision}): µs from the call's start, medians of {args.calls}")
-        for mode in ("fwd", "fwd_bwd"):
-            for label, contestant in contestants:
-                call_us, host_us, launches = timeline(contestant.call_for(mode), args.calls,
-                                                      lambda: flush_buffer.fill(0))
-                print(f"  {label:<22} {mode:<8} call {call_us:7.1f}  host returns {host_us:6.1f}")
-                for stage, host, gpu in launches:
-                    print(f"      {stage:<32} host {host:7.1f}  GPU reaches it {gpu:7.1f}")
+        print_timelines(contestants, args.calls, libs.flush_l2)
+        if args.around_bench:
+            print(f"bench.py's run of {name}, quick settings:")
+            run_case(case, libs, QUICK)
+            print(f"{case.title} ({args.precision}), after bench.py's run of it in this process:")
+            print_timelines(contestants, args.calls, libs.flush_l2)
 
 
 if __name__ == "__main__":
