@@ -41,9 +41,9 @@ CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 
 # The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
 # devices are taken to sustain the same share of the boost clock they report.
 SUSTAINED_CLOCK_SHARE = H200.clock_hz / 1.98e9
-# The peak memory bandwidth the H200's attributes give: a 3.201 GHz memory clock, two transfers a cycle, a
+# The H200's peak memory bandwidth by its specification: a 3.201 GHz memory clock, two transfers a cycle, a
 # 6144-bit bus (4.92 TB/s). It streamed H200.memory_bandwidth of that; other devices are taken to stream the same
-# share of theirs (an H100 SXM: 2.619 GHz and 5120 bits, 3.35 TB/s).
+# share of the peak their attributes give (an H100 SXM reported 2.619 GHz and 5120 bits: 3.35 TB/s).
 H200_MEMORY_PEAK = 2 * 3.201e9 * 6144 / 8
 # mma.sync with TF32 operands (precision "high" and "medium") needs sm_80 or newer (CuPy gives a
 # device's capability as digits, "90").

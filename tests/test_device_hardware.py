@@ -7,7 +7,8 @@ import pytest
 from convgen.cuda import device_hardware
 from convgen.cuda_launch import H200
 
-# What the H200 SXM and the H100 SXM report: the memory clock in kHz, the bus in bits.
+# The memory clock in kHz and the bus in bits: the H200 SXM's by its specification, the H100 SXM's as one reported
+# them (benchmarks/measured/2026-12-05-h100-s36-24a0efa-gpu.txt).
 H200_MEMORY = {"MemoryClockRate": 3_201_000, "GlobalMemoryBusWidth": 6144}
 H100_MEMORY = {"MemoryClockRate": 2_619_000, "GlobalMemoryBusWidth": 5120}
 
