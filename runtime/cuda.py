@@ -66,7 +66,6 @@ def device_hardware(attributes: dict[str, int], compute_capability: str = "") ->
     """The hardware record of a device from CuPy's `Device.attributes` and `compute_capability` ("90"); what a
     device does not report (the register cap, the driver's per-block reserve, the memory clock and bus) is the
     H200's."""
-    memory_peak = _memory_peak(attributes)
     return Hardware(
         sm_count=attributes.get("MultiProcessorCount", H200.sm_count),
         shared_per_block=attributes.get("MaxSharedMemoryPerBlock", H200.shared_per_block),
@@ -78,17 +77,19 @@ def device_hardware(attributes: dict[str, int], compute_capability: str = "") ->
         threads_per_sm=attributes.get("MaxThreadsPerMultiProcessor", H200.threads_per_sm),
         blocks_per_sm=attributes.get("MaxBlocksPerMultiprocessor", H200.blocks_per_sm),
         clock_hz=attributes["ClockRate"] * 1e3 * SUSTAINED_CLOCK_SHARE if "ClockRate" in attributes else H200.clock_hz,
-        memory_bandwidth=H200.memory_bandwidth * (memory_peak / H200_MEMORY_PEAK) if memory_peak else
-        H200.memory_bandwidth,
+        memory_bandwidth=_memory_bandwidth(attributes),
         wgmma=compute_capability == WGMMA_CAPABILITY,
     )
 
 
-def _memory_peak(attributes: dict[str, int]) -> float | None:
-    """Bytes/s at the memory's peak from CuPy's `Device.attributes` (the clock in kHz, double data rate, the bus
-    in bits), or None where the device reports no memory clock or bus."""
+def _memory_bandwidth(attributes: dict[str, int]) -> float:
+    """Bytes/s a streaming kernel reaches: the H200's, scaled by the device's memory peak from CuPy's
+    `Device.attributes` (the clock in kHz, double data rate, the bus in bits) over the H200's; the H200's where
+    the device reports no memory clock or bus."""
     clock_khz, bus_bits = attributes.get("MemoryClockRate", 0), attributes.get("GlobalMemoryBusWidth", 0)
-    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz > 0 and bus_bits > 0 else None
+    if clock_khz <= 0 or bus_bits <= 0:
+        return H200.memory_bandwidth
+    return H200.memory_bandwidth * (2 * clock_khz * 1e3 * bus_bits / 8 / H200_MEMORY_PEAK)
 
 
 def unsupported(geom: Geometry, dtype: str) -> str | None:
