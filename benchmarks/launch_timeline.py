@@ -13,8 +13,13 @@ With `--around-bench`, each case's timelines are taken again after bench.py has 
 process (its checks, kernel timings with their CUDA graphs and user calls, quick settings): whether what bench.py
 leaves behind makes a contestant's call slower there than alone.
 
+With `--on-calling-thread`, each convgen.torch contestant runs a second time with autograd's backward on the calling
+thread (`torch.autograd.set_multithreading_enabled(False)`) instead of its CUDA device thread: what the hand-over to
+that thread and back costs the step.
+
     python3 benchmarks/launch_timeline.py [--cases conv2d_64_56_n32,conv1d_64_4096_n32] [--precision medium]
                                           [--dtypes float32,bfloat16] [--calls 60] [--around-bench]
+                                          [--on-calling-thread]
 """
 
 from __future__ import annotations
@@ -76,6 +81,22 @@ def timeline(call: Any, calls: int, flush: Any) -> tuple[float, float, list[tupl
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples), per_launch
 
 
+class OnCallingThread:
+    """`contestant`'s calls with autograd's backward on the calling thread (multithreaded backward off, as torch lets
+    a user set it per thread), not on its CUDA device thread."""
+
+    def __init__(self, contestant: Any):
+        self.contestant = contestant
+
+    def call_for(self, mode: str) -> Any:
+        call = self.contestant.call_for(mode)
+
+        def on_calling_thread() -> Any:
+            with torch.autograd.set_multithreading_enabled(False):
+                return call()
+        return on_calling_thread
+
+
 def print_timelines(contestants: list[tuple[str, Any]], calls: int, flush: Any) -> None:
     """Each contestant's timeline, forward and training step, with every launch marked while they run."""
     original = CupyBackend._call
@@ -101,6 +122,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--around-bench", action="store_true",
                         help="take the timelines again after bench.py's run of the whole case in this process")
+    parser.add_argument("--on-calling-thread", action="store_true",
+                        help="also time each convgen.torch contestant with autograd's backward on the calling thread")
     args = parser.parse_args()
     libs = load_libraries("launch_timeline.py")
     adapter.set_float32_precision(args.precision)
@@ -110,6 +133,9 @@ def main() -> None:
         contestants = [("tape", ConvgenContestant(case, inputs, convgen, cupy, args.precision))]
         contestants += [(f"convgen.torch {dtype}", AdapterContestant(case, inputs, torch, adapter, dtype))
                         for dtype in args.dtypes.split(",")]
+        if args.on_calling_thread:
+            contestants += [(f"{label}, backward on the calling thread", OnCallingThread(contestant))
+                            for label, contestant in contestants[1:]]
         print(f"{case.title} ({args.precision}): µs from the call's start, medians of {args.calls}")
         print_timelines(contestants, args.calls, libs.flush_l2)
         if args.around_bench:
