@@ -32,6 +32,7 @@ from suite.contestants import (
     load_libraries,
     make_device_inputs,
 )
+from suite.timing import TorchDevice
 
 WARM_UP_CALLS = 10
 
@@ -58,19 +59,17 @@ def main() -> None:
         raise SystemExit(f"step_threads.py: {libs.adapter_skipped}")
     libs.adapter.set_float32_precision("highest")
 
+    device = TorchDevice(torch)
+
     def sample(call: Callable[[], Any]) -> tuple[float, float]:
-        """µs of one call by CUDA events, and µs until it returned."""
+        """µs of one call by bench.py's timer (CUDA events), and µs until it returned."""
         libs.flush_l2()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        device.synchronize()
+        timer = device.start_timer()
         began = time.perf_counter()
         result = call()
         returned = time.perf_counter()
-        end.record()
-        end.synchronize()
-        del result
-        return start.elapsed_time(end) * 1e3, (returned - began) * 1e6
+        return device.stop_timer(timer, result) * 1e3, (returned - began) * 1e6
 
     for name in args.cases.split(","):
         case = CASES_BY_NAME[name]
