@@ -33,6 +33,22 @@ class OutOfMemory(BackendError):
         return cls(needed if type(needed) is int else fallback_bytes)
 
 
+# What NumPy makes of values that are not real numbers, and converts to floats all the same: strings parsed ('1.5',
+# b'2', 'nan'), dates counted in days, an imaginary part dropped. A tape refuses them (real_numbers).
+_NOT_REAL = {"U": "strings", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans", "V": "raw bytes"}
+
+
+def real_numbers(array: Any) -> Any:
+    """`array` (a NumPy or CuPy array) when it holds real numbers (booleans, integers, floats, or objects that are
+    none of the above kinds), else a TypeError saying what it holds."""
+    kind = array.dtype.kind
+    if kind == "O" and any(isinstance(value, (str, bytes)) for value in array.flat):
+        kind = "U"
+    if kind in _NOT_REAL:
+        raise TypeError(f"{_NOT_REAL[kind]} are not real numbers")
+    return array
+
+
 DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)
 # The 16-bit element types of convgen.torch's tensors: stored in 16 bits, computed in float32.
 HALF_DTYPES = ("float16", "bfloat16")

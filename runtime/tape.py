@@ -120,8 +120,9 @@ class Tape(GeneratedOps):
     def leaf(self, value: Any, *, shape: Any = None, name: str | None = None,
              requires_grad: bool = True) -> tuple[Tape, int]:
         """Record `value` as the tape's dtype with no parents; with `shape`, `value` is a flat buffer and the
-        shape is recorded unchecked (the ops check what they read). A value that is not numbers, or a shape that is
-        not a sequence, is the TypeError, ValueError or OverflowError NumPy or Python raise, after what was wrong."""
+        shape is recorded unchecked (the ops check what they read). A value that is not real numbers (text, complex
+        numbers and dates too, which NumPy would convert), or a shape that is not a sequence, is a TypeError,
+        ValueError or OverflowError saying what was wrong."""
         try:
             stored = self._backend.store(value)
         except (TypeError, ValueError, OverflowError) as error:

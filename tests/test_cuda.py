@@ -306,6 +306,17 @@ def test_device_float32_input_is_taken_without_a_copy() -> None:
     assert tape.value(node).dtype == cupy.float32
 
 
+def test_device_and_host_values_that_are_not_real_numbers_are_refused() -> None:
+    """The CUDA tape's store refuses what the CPU tape's does, a device array of complex numbers included (CuPy, like
+    NumPy, would drop the imaginary part)."""
+    for value, shown, what in ((cupy.asarray(np.array([1 + 2j], np.complex64)), "array([1.+2.j], dtype=complex64)",
+                                "complex numbers"), (["1", "2"], "['1', '2']", "strings")):
+        with pytest.raises(TypeError) as caught:
+            convgen.cuda.Tape().leaf(value)
+        assert str(caught.value) == (f"autograd: cuda: leaf: value must be numbers (an array, a nested sequence or a "
+                                     f"scalar), got {shown}: {what} are not real numbers")
+
+
 def test_ops_launch_on_a_thread_that_made_no_cuda_call() -> None:
     """Kernels launch through the driver, which needs a CUDA context bound to the calling thread. A new thread
     can reach its first launch without one (its input was made elsewhere, its outputs come from CuPy's pool),

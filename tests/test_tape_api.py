@@ -70,6 +70,39 @@ def test_a_leaf_value_that_is_not_numbers_is_an_error_naming_the_tape_and_the_va
     assert str(caught.value).startswith(f"autograd: cpu: leaf: {message}")
 
 
+NOT_REAL_VALUES = [
+    ("1.5", "'1.5'", "strings"), (b"2", "b'2'", "bytes"), ("nan", "'nan'", "strings"),
+    ([1, "2", 3.0], "[1, '2', 3.0]", "strings"), (np.array(["1"], dtype=object), "array(['1'], dtype=object)", "strings"),
+    (np.array([1 + 2j]), "array([1.+2.j])", "complex numbers"),
+    (np.datetime64("2020-01-01"), "np.datetime64('2020-01-01')", "dates"),
+    (np.timedelta64(5, "s"), "np.timedelta64(5,'s')", "time spans"),
+]
+
+
+@pytest.mark.parametrize(("value", "shown", "what"), NOT_REAL_VALUES, ids=repr)
+def test_a_leaf_value_numpy_would_convert_but_that_is_not_real_numbers_is_an_error(value, shown, what):
+    """NumPy parses '1.5' and 'nan', counts a date in days and drops an imaginary part; a tape takes none of them."""
+    with pytest.raises(TypeError) as caught:
+        convgen.cpu.Tape().leaf(value)
+    assert str(caught.value) == (f"autograd: cpu: leaf: value must be numbers (an array, a nested sequence or a "
+                                 f"scalar), got {shown}: {what} are not real numbers")
+
+
+@pytest.mark.parametrize(("seed", "shown"), [([["1", "2"]], "[['1', '2']]"),
+                                             (np.array([[1 + 1j, 2]]), "array([[1.+1.j, 2.+0.j]])")], ids=repr)
+def test_a_seed_of_text_or_complex_values_is_an_error(seed, shown):
+    t, a = convgen.cpu.Tape().leaf(np.ones((1, 2), np.float32))
+    assert t.backward(a, seed).error == f"autograd: seed gradient must be an array of numbers, got {shown}"
+
+
+def test_booleans_integers_and_number_objects_are_real_numbers():
+    from fractions import Fraction
+
+    for value, stored in (([True, False], [1, 0]), ([1, 2], [1, 2]), ([Fraction(1, 2)], [0.5])):
+        t, a = convgen.cpu.Tape().leaf(value)
+        np.testing.assert_array_equal(t.value(a), np.array(stored, np.float32))
+
+
 def test_a_leaf_shape_that_is_not_a_sequence_is_an_error():
     with pytest.raises(TypeError) as caught:
         convgen.cpu.Tape().leaf(np.ones(3, np.float32), shape=3)
