@@ -39,8 +39,8 @@ _NOT_REAL = {"U": "strings", "S": "bytes", "c": "complex numbers", "M": "dates",
 
 
 def real_numbers(array: Any) -> Any:
-    """`array` (a NumPy or CuPy array) when it holds real numbers (booleans, integers, floats, or objects that are
-    none of the above kinds), else a TypeError saying what it holds."""
+    """`array` (a NumPy or CuPy array) when it holds real numbers: booleans, integers, floats, or Python objects other
+    than strings (the float conversion reads those, or refuses them). Else a TypeError saying what it holds."""
     kind = array.dtype.kind
     if kind == "O" and any(isinstance(value, (str, bytes)) for value in array.flat):
         kind = "U"
