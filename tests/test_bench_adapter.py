@@ -119,6 +119,22 @@ def test_forward_backward_returns_each_calls_own_gradients_as_torchs_contestant_
     assert all(tensor.grad is None for tensor in theirs.inputs)
 
 
+def test_torchs_contestant_runs_cudnn_tuned_and_gives_the_switches_back():
+    """cuDNN's autotuner on while torch's contestant runs (its fastest algorithm per shape, the baseline the targets
+    name), TF32 as its variant says, each switch as it was afterwards, and the report saying so."""
+    backends = torch.backends
+    saved = (backends.cudnn.benchmark, backends.cudnn.allow_tf32)
+    backends.cudnn.benchmark, backends.cudnn.allow_tf32 = False, True
+    try:
+        contestant = TorchContestant(SMALL_CASES[0], host_inputs(SMALL_CASES[0]), torch)
+        with contestant.active() as flags:
+            assert backends.cudnn.benchmark is True and backends.cudnn.allow_tf32 is False
+        assert flags["cudnn.benchmark"] is True and flags["cudnn.allow_tf32"] is False
+        assert backends.cudnn.benchmark is False and backends.cudnn.allow_tf32 is True
+    finally:
+        backends.cudnn.benchmark, backends.cudnn.allow_tf32 = saved
+
+
 def test_the_adapter_runs_in_the_tapes_precision_whatever_torch_says():
     """Under torch's default TF32 switch convgen.torch would pick TF32; the contestant pins "highest"
     while it runs, reports it, and gives the setting back."""
