@@ -162,6 +162,7 @@ def main() -> None:
     case = CASES_BY_NAME[args.case]
     adapter.set_float32_precision(args.precision)
     torch.backends.cudnn.allow_tf32 = args.precision != "highest"
+    torch.backends.cudnn.benchmark = True  # cuDNN tuned, as bench.py's torch contestants run it
     print(f"{case.title}: host µs a training step (median of {args.calls}, each from an idle GPU)")
     profiles = {}
     for name in args.dtypes.split(","):

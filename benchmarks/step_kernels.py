@@ -68,6 +68,7 @@ def main() -> None:
         parser.error(f"not a batched conv case: {', '.join(unknown)}")
     adapter.set_float32_precision(args.precision)
     torch.backends.cudnn.allow_tf32 = args.precision != "highest"
+    torch.backends.cudnn.benchmark = True  # cuDNN tuned, as bench.py's torch contestants run it
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
           f"µs a launch, medians of {args.steps} steps")
     for case_name in args.cases.split(","):
