@@ -261,8 +261,9 @@ class TorchContestant(Contestant):
     def active(self) -> Any:
         """TF32 on or off for cuDNN convolutions and cuBLAS matmuls (legacy flags, as asked), and cuDNN's autotuner
         on (`cudnn.benchmark`: each shape's fastest algorithm, tried at its first call, as a tuned training loop
-        runs). Off, the conv4d loop's training step took 24.7 ms on an H100 against 4.1 tuned, which is what the
-        issue's reference figure (4.114 on the H200) matches. The flags, dtype and memory format go to the report."""
+        runs). Off, the conv4d loop's training step took 24.7 ms on an H100 host, against 4.1 tuned on another; the
+        issue's reference figure (4.114 on the H200) matches the tuned one. The flags, dtype and memory format go to
+        the report."""
         import warnings
 
         backends = self.torch.backends
