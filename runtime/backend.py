@@ -34,17 +34,22 @@ class OutOfMemory(BackendError):
 
 
 # What NumPy makes of values that are not real numbers, and converts to floats all the same: strings parsed ('1.5',
-# b'2', 'nan'), dates counted in days, an imaginary part dropped. A tape refuses them (real_numbers).
+# b'2', 'nan'), None read as NaN, dates counted in days, an imaginary part dropped. A tape refuses them
+# (real_numbers), by the array's kind and, in an array of Python objects, by each object's type.
 _NOT_REAL = {"U": "strings", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans", "V": "raw bytes"}
+_NOT_REAL_OBJECTS = {str: "strings", bytes: "bytes", type(None): "None values"}
 
 
 def real_numbers(array: Any) -> Any:
     """`array` (a NumPy or CuPy array) when it holds real numbers: booleans, integers, floats, or Python objects other
-    than strings (the float conversion reads those, or refuses them). Else a TypeError saying what it holds."""
+    than strings and None (the float conversion reads those, or refuses them). Else a TypeError saying what it
+    holds."""
     kind = array.dtype.kind
-    if kind == "O" and any(isinstance(value, (str, bytes)) for value in array.flat):
-        kind = "U"
-    if kind in _NOT_REAL:
+    if kind == "O":
+        for value in array.flat:
+            if type(value) in _NOT_REAL_OBJECTS:
+                raise TypeError(f"{_NOT_REAL_OBJECTS[type(value)]} are not real numbers")
+    elif kind in _NOT_REAL:
         raise TypeError(f"{_NOT_REAL[kind]} are not real numbers")
     return array
 

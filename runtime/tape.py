@@ -254,13 +254,11 @@ class Tape(GeneratedOps):
     def _seed_array(self, seed: Any) -> Any:
         """`seed` as the backend's array of the tape's dtype, or the error."""
         backend = self._backend
-        if seed is None or isinstance(seed, (str, bytes)):  # NumPy would read these as NaN or parse them
-            return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
         try:
             seed_array = backend.store(seed)
         except MemoryError as error:
             return f"autograd: {backend.name}: backward: {OutOfMemory.of(error, self._bytes(np.size(seed)))}"
-        except Exception:  # whatever the array constructor rejects: ragged lists, objects, text
+        except Exception:  # what `store` refuses (text, None) and the array constructor rejects (ragged lists)
             return f"autograd: seed gradient must be an array of numbers, got {describe(seed)}"
         return seed_array  # the CUDA tape takes a device array of its dtype as is (no copy), like `leaf`
 

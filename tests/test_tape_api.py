@@ -76,6 +76,7 @@ NOT_REAL_VALUES = [
     (np.array([1 + 2j]), "array([1.+2.j])", "complex numbers"),
     (np.datetime64("2020-01-01"), "np.datetime64('2020-01-01')", "dates"),
     (np.timedelta64(5, "s"), "np.timedelta64(5,'s')", "time spans"),
+    (None, "None", "None values"), ([1.0, None], "[1.0, None]", "None values"),
 ]
 
 
