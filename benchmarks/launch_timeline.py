@@ -35,7 +35,13 @@ import cupy
 import torch
 from convgen.cuda import CupyBackend
 from suite.cases import BATCHED_CASES, CASES_BY_NAME
-from suite.contestants import AdapterContestant, ConvgenContestant, load_libraries, make_device_inputs
+from suite.contestants import (
+    AdapterContestant,
+    ConvgenContestant,
+    load_libraries,
+    make_device_inputs,
+    on_calling_thread,
+)
 from suite.measure import run_case
 from suite.timing import QUICK
 
@@ -82,19 +88,13 @@ def timeline(call: Any, calls: int, flush: Any) -> tuple[float, float, list[tupl
 
 
 class OnCallingThread:
-    """`contestant`'s calls with autograd's backward on the calling thread (multithreaded backward off, as torch lets
-    a user set it per thread), not on its CUDA device thread."""
+    """`contestant`'s calls with autograd's backward on the calling thread, not on its CUDA device thread."""
 
     def __init__(self, contestant: Any):
         self.contestant = contestant
 
     def call_for(self, mode: str) -> Any:
-        call = self.contestant.call_for(mode)
-
-        def on_calling_thread() -> Any:
-            with torch.autograd.set_multithreading_enabled(False):
-                return call()
-        return on_calling_thread
+        return on_calling_thread(torch, self.contestant.call_for(mode))
 
 
 def print_timelines(contestants: list[tuple[str, Any]], calls: int, flush: Any) -> None:

@@ -32,19 +32,11 @@ from suite.contestants import (
     TorchContestant,
     load_libraries,
     make_device_inputs,
+    on_calling_thread,
 )
 from suite.timing import TorchDevice
 
 WARM_UP_CALLS = 10
-
-
-def on_calling_thread(torch: Any, call: Callable[[], Any]) -> Callable[[], Any]:
-    """`call` with autograd's backward on the calling thread."""
-
-    def run() -> Any:
-        with torch.autograd.set_multithreading_enabled(False):
-            return call()
-    return run
 
 
 def main() -> None:

@@ -309,6 +309,16 @@ ADAPTER = "convgen_torch"  # convgen.torch's label in the report and the JSON
 ADAPTER_LABELS = {"float32": ADAPTER, "bfloat16": ADAPTER_BF16, "float16": ADAPTER_FP16}  # by its tensors' dtype
 
 
+def on_calling_thread(torch: Any, call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call` with autograd's backward on the calling thread (torch's thread-local switch, multithreaded backward off),
+    not on its CUDA device thread."""
+
+    def run() -> Any:
+        with torch.autograd.set_multithreading_enabled(False):
+            return call()
+    return run
+
+
 def adapter_op(case: Case, adapter: Any) -> Callable[..., Any]:
     """The `convgen.torch` call of the case, taking (x, weight, bias) or (x,) as the case has them: an
     unbatched input stays [C, *S], which the adapter accepts as torch.nn.functional does."""
