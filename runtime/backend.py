@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 from convgen.checking import describe
 from convgen.generated.contract import PRECISION_MMA_MODES
 from convgen.geometry import Geometry
@@ -52,6 +53,15 @@ def real_numbers(array: Any) -> Any:
     elif kind in _NOT_REAL:
         raise TypeError(f"{_NOT_REAL[kind]} are not real numbers")
     return array
+
+
+def host_numbers(value: Any, dtype: Any, copy: bool) -> np.ndarray:
+    """`value` on the host as a C-contiguous array of `dtype` when it holds real numbers (real_numbers), a copy of it
+    when `copy`. A value past the dtype's range rounds to ±inf, as IEEE's conversion has it, without NumPy's overflow
+    warning: the rounding is the documented conversion, and a warning made an error would stand in for leaf's own."""
+    with np.errstate(over="ignore"):
+        array = real_numbers(np.asarray(value))
+        return np.array(array, dtype=dtype, order="C", copy=True) if copy else np.ascontiguousarray(array, dtype=dtype)
 
 
 DTYPES = ("float32", "float64")  # what a tape records: float32 is the contract, float64 an option (SEMANTICS §8)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from convgen.backend import real_numbers
+from convgen.backend import host_numbers
 from convgen.geometry import Family, Geometry
 
 # DLPack device types (dlpack.h): host memory, and the accelerators `device_of` names.
@@ -290,7 +290,7 @@ class NumpyBackend:
                 value = np.from_dlpack(value)
             except (BufferError, RuntimeError, TypeError, ValueError):
                 pass  # e.g. device memory: np.array below copies or raises itself
-        return np.array(real_numbers(np.asarray(value)), dtype=self.dtype, order="C", copy=True)
+        return host_numbers(value, self.dtype, copy=True)
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, self.dtype)

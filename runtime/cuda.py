@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 import numpy as np
-from convgen.backend import BackendError, OutOfMemory, real_numbers
+from convgen.backend import BackendError, OutOfMemory, host_numbers, real_numbers
 from convgen.circular import circular_plan, fits_padded
 from convgen.cuda_kernels import Compiled, KernelLaunches, Wrapping
 from convgen.cuda_launch import (
@@ -169,7 +169,7 @@ class CupyBackend(KernelLaunches):
             if value.dtype == STORAGE_DTYPES[self.dtype] and value.flags.c_contiguous:
                 return value if value.data.ptr % ARRAY_ALIGNMENT == 0 else value.copy()
             return cupy.ascontiguousarray(real_numbers(value), dtype=STORAGE_DTYPES[self.dtype])
-        return cupy.asarray(np.ascontiguousarray(real_numbers(np.asarray(value)), dtype=STORAGE_DTYPES[self.dtype]))
+        return cupy.asarray(host_numbers(value, STORAGE_DTYPES[self.dtype], copy=False))
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         return self._xp.zeros(shape, STORAGE_DTYPES[self.dtype])

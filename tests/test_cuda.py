@@ -317,6 +317,15 @@ def test_device_and_host_values_that_are_not_real_numbers_are_refused() -> None:
                                      f"scalar), got {shown}: {what} are not real numbers")
 
 
+def test_host_values_past_float32s_range_are_stored_as_infinities_without_a_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tape, node = convgen.cuda.Tape().leaf(np.array([1e300, -1e300, 1.0]))
+    np.testing.assert_array_equal(cupy.asnumpy(tape.value(node)), np.array([np.inf, -np.inf, 1.0], np.float32))
+
+
 def test_ops_launch_on_a_thread_that_made_no_cuda_call() -> None:
     """Kernels launch through the driver, which needs a CUDA context bound to the calling thread. A new thread
     can reach its first launch without one (its input was made elsewhere, its outputs come from CuPy's pool),

@@ -104,6 +104,21 @@ def test_booleans_integers_and_number_objects_are_real_numbers():
         np.testing.assert_array_equal(t.value(a), np.array(stored, np.float32))
 
 
+def test_values_past_the_dtypes_range_are_stored_as_infinities_without_a_warning():
+    """float32's rounding takes 1e300 to inf, as IEEE has it; NumPy's overflow warning is not the tape's to pass on
+    (made an error, it would stand in for leaf's own). A seed is stored the same way."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t, a = convgen.cpu.Tape().leaf([1e300, -1e300, 1.0])
+        grads = t.backward(a, np.array([1e300, 2.0, -1e300])).unwrap()
+        t64, b = convgen.cpu.Tape(dtype="float64").leaf(1e300)
+    np.testing.assert_array_equal(t.value(a), np.array([np.inf, -np.inf, 1.0], np.float32))
+    np.testing.assert_array_equal(grads[a], np.array([np.inf, 2.0, -np.inf], np.float32))
+    assert t64.value(b) == 1e300
+
+
 def test_a_leaf_shape_that_is_not_a_sequence_is_an_error():
     with pytest.raises(TypeError) as caught:
         convgen.cpu.Tape().leaf(np.ones(3, np.float32), shape=3)
