@@ -84,9 +84,9 @@ def _checked(op: str, names: tuple[str, ...], tensors: tuple[Tensor | None, ...]
     if isinstance(input, Tensor) and not (autocast and _any_autocast()) and not torch.compiler.is_compiling() \
             and not _transforms_active() and input.dtype in devices.DTYPE_NAMES and dense(input):
         dtype, device = input.dtype, input.device
-        for tensor in tensors[1:]:
-            if tensor is not None and not (isinstance(tensor, Tensor) and tensor.dtype is dtype
-                                           and tensor.device == device and dense(tensor)):
+        for name, tensor in zip(names[1:], tensors[1:]):
+            if not (isinstance(tensor, Tensor) and tensor.dtype is dtype and tensor.device == device
+                    and dense(tensor)) and not (tensor is None and name == "bias"):
                 break
         else:
             return tensors
