@@ -32,6 +32,7 @@ import torch
 from suite.cases import BATCHED_CASES, CASES_BY_NAME, Case
 from suite.contestants import CHANNELS_LAST_FORMAT, torch_op
 from suite.host import profile_summary
+from suite.timing import turn_order
 
 
 def steps(case: Case, dtype: torch.dtype, torch_channels_last: bool = False) -> dict[str, Callable[[], None]]:
@@ -67,14 +68,15 @@ def steps(case: Case, dtype: torch.dtype, torch_channels_last: bool = False) -> 
 
 def host_times(steps_by_library: dict[str, Callable[[], None]], calls: int) -> dict[str, tuple[float, float]]:
     """library -> median µs of (issue, wall) over `calls` steps, each from an idle GPU; the libraries take turns
-    step by step, so that a drift of the host's speed reaches them alike."""
+    step by step (each round one further on: suite.timing.turn_order), so that a drift of the host's speed reaches
+    them alike."""
     for step in steps_by_library.values():
         for _ in range(20):  # compiles, caches, the allocator's blocks
             step()
     issue: dict[str, list[float]] = {library: [] for library in steps_by_library}
     wall: dict[str, list[float]] = {library: [] for library in steps_by_library}
-    for _ in range(calls):
-        for library, step in steps_by_library.items():
+    for turn in range(calls):
+        for library, step in turn_order(list(steps_by_library.items()), turn):
             torch.cuda.synchronize()
             start = time.perf_counter()
             step()

@@ -6,11 +6,11 @@ hand-over costs convgen.torch's step next to the CUDA tape's, and torch's own.
 for the device; `torch.autograd.set_multithreading_enabled(False)`, torch's own thread-local switch, runs it on the
 calling thread. Per case, five forward+backward calls (bench.py's: `torch.autograd.grad` of the inputs with the
 upstream gradient; the tape's forward and backward): the tape, convgen.torch and torch strict fp32, the last two
-also on the calling thread. torch's is bench.py's contestant, cuDNN tuned as bench.py now runs it (the runs in
-measured/ of 2026-12-05 had it untuned). They take turns sample by sample, so that a drift of the host's speed
-reaches them alike (bench.py's method: GPU idle and L2 flushed before each, CUDA events around the Python call),
-float32 in "highest". Prints each one's median call, its 10th and 90th percentiles, its median host time (until
-the call returns) and its median over the tape's.
+also on the calling thread. torch's is bench.py's contestant, cuDNN tuned as bench.py runs it (the s37 runs in
+measured/ had it untuned). They take turns sample by sample, each round one further on, so that a drift of the
+host's speed reaches them alike (bench.py's method: GPU idle and L2 flushed before each, CUDA events around the
+Python call), float32 in "highest". Prints each one's median call, its 10th and 90th percentiles, its median host
+time (until the call returns) and its median over the tape's.
 
     python3 benchmarks/step_threads.py [--cases conv2d_64_56_n32,conv1d_64_4096_n32,conv4d_8_16_n8]
                                        [--samples 200]
@@ -34,7 +34,7 @@ from suite.contestants import (
     make_device_inputs,
     on_calling_thread,
 )
-from suite.timing import TorchDevice
+from suite.timing import TorchDevice, turn_order
 
 WARM_UP_CALLS = 10
 
@@ -81,8 +81,8 @@ def main() -> None:
             torch.cuda.synchronize()
             times: dict[str, list[float]] = {label: [] for label in calls}
             hosts: dict[str, list[float]] = {label: [] for label in calls}
-            for _ in range(args.samples):
-                for label, call in calls.items():
+            for turn in range(args.samples):
+                for label, call in turn_order(list(calls.items()), turn):
                     call_us, host_us = sample(call)
                     times[label].append(call_us)
                     hosts[label].append(host_us)

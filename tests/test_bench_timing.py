@@ -55,12 +55,22 @@ def test_the_calls_take_turns_sample_by_sample_each_under_its_context() -> None:
     timed = time_user_calls_in_turn([user_call(log, "a"), user_call(log, "b")], QUICK, lambda: None,
                                     lambda key, error: pytest.fail(f"{key}: {error}"))
     samples = [name for kind, name in log if kind == "sample"]
-    assert samples == ["a", "b"] * QUICK.max_reps  # a 1 µs warm-up asks for the most samples
+    rounds = QUICK.max_reps  # a 1 µs warm-up asks for the most samples
+    assert samples == ["a", "b", "b", "a"] * (rounds // 2) + ["a", "b"] * (rounds % 2)
     entered = [name for kind, name in log if kind == "enter"]
-    assert entered == ["a", "b"] + ["a", "b"] * QUICK.max_reps  # the warm-ups, then one entry per sample
+    assert entered == ["a", "b"] + samples  # the warm-ups, then one entry per sample
     assert timed == {name: {"median_ms": 1.0, "min_ms": 1.0, "p90_ms": 1.0, "samples": QUICK.max_reps,
                             "method": "events around the Python call (GPU idle, L2 flushed; the calls of a case "
                                       "taking turns)"} for name in ("a", "b")}
+
+
+def test_each_round_starts_one_call_further_on() -> None:
+    log: list[tuple[str, str]] = []
+    time_user_calls_in_turn([user_call(log, name) for name in "abc"], QUICK, lambda: None,
+                            lambda key, error: pytest.fail(f"{key}: {error}"))
+    samples = [name for kind, name in log if kind == "sample"]
+    assert samples[:9] == list("abcbcacab")
+    assert all(samples.count(name) == QUICK.max_reps for name in "abc")
 
 
 def test_a_failing_call_is_reported_and_left_out_while_the_others_go_on() -> None:
@@ -72,7 +82,7 @@ def test_a_failing_call_is_reported_and_left_out_while_the_others_go_on() -> Non
     assert failures == [("a", "a broke")]
     assert list(timed) == ["b"] and timed["b"]["samples"] == QUICK.max_reps
     samples = [name for kind, name in log if kind == "sample"]
-    assert samples[:5] == ["a", "b", "a", "b", "b"]
+    assert samples[:5] == ["a", "b", "b", "a", "b"]  # a breaks in the third round, which it starts
 
 
 def test_one_call_alone_keeps_the_plain_method_and_raises_its_error() -> None:

@@ -276,12 +276,22 @@ class UserCall:
     active: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
+def turn_order(items: list[Any], turn: int) -> list[Any]:
+    """`items` in the order of round `turn` of taking turns: each round starts one further on, so that none always
+    follows the same one (time_user_calls_in_turn says what that cost)."""
+    first = turn % len(items) if items else 0
+    return items[first:] + items[:first]
+
+
 def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2: Callable[[], None],
                             failed: Callable[[Any, BaseException], None]) -> dict[Any, dict[str, Any]]:
     """The calls as a user makes them: GPU idle and L2 flushed, events around the Python call. After each one's
     warm-up the calls take turns sample by sample, so that a drift of the host's speed in the meantime reaches
     them alike (the H200's hosts move host-bound calls by tens of percent within minutes); each takes the samples
-    its own time allows (`settings.reps_for`). A call that raises is reported to `failed` and left out."""
+    its own time allows (`settings.reps_for`). Each round starts one call further on, so that none always follows
+    the same one: on slow H100 hosts the tape's conv4d forward, always first (after PyTorch's calls), took 30-75 µs
+    longer than the tape's next call, one place later, whose kernels were the same. A call that raises is reported
+    to `failed` and left out."""
     reps: dict[Any, int] = {}
     for entry in calls:
         try:
@@ -291,8 +301,10 @@ def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2:
             failed(entry.key, error)
     samples: dict[Any, list[float]] = {key: [] for key in reps}
     pending = [entry for entry in calls if entry.key in reps]
+    turn = 0
     while pending:
-        for entry in list(pending):
+        order, turn = turn_order(pending, turn), turn + 1
+        for entry in order:
             try:
                 with entry.active():
                     flush_l2()
