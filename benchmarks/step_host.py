@@ -68,7 +68,7 @@ def steps(case: Case, dtype: torch.dtype, torch_channels_last: bool = False) -> 
 
 def host_times(steps_by_library: dict[str, Callable[[], None]], calls: int) -> dict[str, tuple[float, float]]:
     """library -> median µs of (issue, wall) over `calls` steps, each from an idle GPU; the libraries take turns
-    step by step (each round one further on: suite.timing.turn_order), so that a drift of the host's speed reaches
+    step by step (each round shuffled: suite.timing.turn_order), so that a drift of the host's speed reaches
     them alike."""
     for step in steps_by_library.values():
         for _ in range(20):  # compiles, caches, the allocator's blocks

@@ -7,8 +7,8 @@ for the device; `torch.autograd.set_multithreading_enabled(False)`, torch's own 
 calling thread. Per case, five forward+backward calls (bench.py's: `torch.autograd.grad` of the inputs with the
 upstream gradient; the tape's forward and backward): the tape, convgen.torch and torch strict fp32, the last two
 also on the calling thread. torch's is bench.py's contestant, cuDNN tuned as bench.py runs it (the s37 runs in
-measured/ had it untuned). They take turns sample by sample, each round one further on, so that a drift of the
-host's speed reaches them alike (bench.py's method: GPU idle and L2 flushed before each, CUDA events around the
+measured/ had it untuned). They take turns sample by sample, each round shuffled, so that a drift of the host's
+speed reaches them alike (bench.py's method: GPU idle and L2 flushed before each, CUDA events around the
 Python call), float32 in "highest". Prints each one's median call, its 10th and 90th percentiles, its median host
 time (until the call returns) and its median over the tape's.
 

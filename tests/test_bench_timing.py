@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from suite.timing import QUICK, USER_CALL_METHOD, UserCall, time_user_calls, time_user_calls_in_turn
+from suite.timing import QUICK, USER_CALL_METHOD, UserCall, time_user_calls, time_user_calls_in_turn, turn_order
 
 
 class RecordingDevice:
@@ -56,7 +56,7 @@ def test_the_calls_take_turns_sample_by_sample_each_under_its_context() -> None:
                                     lambda key, error: pytest.fail(f"{key}: {error}"))
     samples = [name for kind, name in log if kind == "sample"]
     rounds = QUICK.max_reps  # a 1 µs warm-up asks for the most samples
-    assert samples == ["a", "b", "b", "a"] * (rounds // 2) + ["a", "b"] * (rounds % 2)
+    assert samples == [name for turn in range(rounds) for name in turn_order(["a", "b"], turn)]
     entered = [name for kind, name in log if kind == "enter"]
     assert entered == ["a", "b"] + samples  # the warm-ups, then one entry per sample
     assert timed == {name: {"median_ms": 1.0, "min_ms": 1.0, "p90_ms": 1.0, "samples": QUICK.max_reps,
@@ -64,13 +64,18 @@ def test_the_calls_take_turns_sample_by_sample_each_under_its_context() -> None:
                                       "taking turns)"} for name in ("a", "b")}
 
 
-def test_each_round_starts_one_call_further_on() -> None:
+def test_each_round_takes_the_calls_in_an_order_of_its_own_so_each_follows_each_other() -> None:
+    """A fixed order, or one turned a place each round, has the same call follow PyTorch's every time."""
     log: list[tuple[str, str]] = []
-    time_user_calls_in_turn([user_call(log, name) for name in "abc"], QUICK, lambda: None,
+    time_user_calls_in_turn([user_call(log, name) for name in "abcd"], QUICK, lambda: None,
                             lambda key, error: pytest.fail(f"{key}: {error}"))
     samples = [name for kind, name in log if kind == "sample"]
-    assert samples[:9] == list("abcbcacab")
-    assert all(samples.count(name) == QUICK.max_reps for name in "abc")
+    assert all(samples.count(name) == QUICK.max_reps for name in "abcd")
+    rounds = [samples[4 * turn:4 * turn + 4] for turn in range(QUICK.max_reps)]
+    assert all(sorted(order) == list("abcd") for order in rounds)
+    follows = {(order[i - 1], order[i]) for order in rounds for i in range(1, 4)}
+    assert follows == {(x, y) for x in "abcd" for y in "abcd" if x != y}
+    assert rounds == [turn_order(list("abcd"), turn) for turn in range(QUICK.max_reps)]  # seeded: a run repeats
 
 
 def test_a_failing_call_is_reported_and_left_out_while_the_others_go_on() -> None:
@@ -82,7 +87,8 @@ def test_a_failing_call_is_reported_and_left_out_while_the_others_go_on() -> Non
     assert failures == [("a", "a broke")]
     assert list(timed) == ["b"] and timed["b"]["samples"] == QUICK.max_reps
     samples = [name for kind, name in log if kind == "sample"]
-    assert samples[:5] == ["a", "b", "b", "a", "b"]  # a breaks in the third round, which it starts
+    # a's third sample breaks it, in the third round; from then on b alone
+    assert samples[:5] == turn_order(["a", "b"], 0) + turn_order(["a", "b"], 1) + ["b"]
 
 
 def test_one_call_alone_keeps_the_plain_method_and_raises_its_error() -> None:

@@ -231,7 +231,7 @@ def print_summary(meta: dict[str, Any], reports: list[CaseReport], compile_runs:
         print("\n".join(format_precision_targets(check_precisions(by_case))))
     print()
     print("Times in ms, `call / kernels`: call = CUDA events around the Python call (GPU idle, L2 flushed), "
-          "median, a case's contestants taking turns sample by sample (each round one further on); "
+          "median, a case's contestants taking turns sample by sample (each round shuffled); "
           "kernels = CUDA-graph replay per call, median; † = no graph (back-to-back calls / N, "
           "host-bound if the host is slower than the GPU). torch = strict fp32 (TF32 off); "
           "torch/convgen > 1 means convgen is faster. "

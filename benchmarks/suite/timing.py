@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -277,10 +278,14 @@ class UserCall:
 
 
 def turn_order(items: list[Any], turn: int) -> list[Any]:
-    """`items` in the order of round `turn` of taking turns: each round starts one further on, so that none always
-    follows the same one (time_user_calls_in_turn says what that cost)."""
-    first = turn % len(items) if items else 0
-    return items[first:] + items[:first]
+    """`items` in the order of round `turn` of taking turns: a shuffle of their own, seeded by the round's number (a
+    run repeats), so that each call follows each other one about as often. The one that follows PyTorch's calls pays
+    for them: on an H100 host the tape's conv4d forward took 105 µs of host time right after PyTorch's conv3d loop
+    and 68 µs after another tape's call on the same kernels (benchmarks/measured/2026-12-05-h100-s38-probe.txt), and
+    a fixed order, or one turned by a place each round, put the same call there every time."""
+    order = list(items)
+    random.Random(turn).shuffle(order)
+    return order
 
 
 def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2: Callable[[], None],
@@ -288,10 +293,8 @@ def time_user_calls_in_turn(calls: list[UserCall], settings: Settings, flush_l2:
     """The calls as a user makes them: GPU idle and L2 flushed, events around the Python call. After each one's
     warm-up the calls take turns sample by sample, so that a drift of the host's speed in the meantime reaches
     them alike (the H200's hosts move host-bound calls by tens of percent within minutes); each takes the samples
-    its own time allows (`settings.reps_for`). Each round starts one call further on, so that none always follows
-    the same one: on slow H100 hosts the tape's conv4d forward, always first (after PyTorch's calls), took 30-75 µs
-    longer than the tape's next call, one place later, whose kernels were the same. A call that raises is reported
-    to `failed` and left out."""
+    its own time allows (`settings.reps_for`). Each round takes them in an order of its own (turn_order). A call that
+    raises is reported to `failed` and left out."""
     reps: dict[Any, int] = {}
     for entry in calls:
         try:
