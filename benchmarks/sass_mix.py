@@ -6,10 +6,10 @@ The GEMM kernels are issue-bound where the loop's other instructions (address ar
 conversions, checks) crowd out the multiply-adds, so this ratio is a measure that can be taken on any
 machine with the CUDA toolkit, before a kernel change is timed on a GPU (benchmarks/tile_sweep.py).
 It takes `convgen source`'s arguments, compiles the exact NVRTC input with nvcc for `--arch`, and
-disassembles it with cuobjdump (not in every toolkit install: `pip download nvidia-cuda-cuobjdump`
-gives it as a wheel); what it leaves out is the compile check's geometry (its stride is not 1 on
-every axis: pass --stride). A kernel's main loop is the backward branch's body holding the most
-multiply-adds, one with tensor-core instructions first.
+disassembles it with cuobjdump and the nvdisasm it runs (not in every toolkit install: `pip download
+nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` gives them as wheels); what it leaves out is the compile check's
+geometry (its stride is not 1 on every axis: pass --stride). A kernel's main loop is the backward branch's body
+holding the most multiply-adds, one with tensor-core instructions first.
 
     python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --stride 1 --padding 1 \
         --batch 8 [--precision medium] [--arch sm_90a]
@@ -124,8 +124,8 @@ def in_flight_writes(instructions: list[tuple[int, str, str]]) -> list[tuple[int
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        sys.exit(f"sass_mix.py: {name} is not on the PATH (the CUDA toolkit's; cuobjdump also comes as the "
-                 f"nvidia-cuda-cuobjdump wheel)")
+        sys.exit(f"sass_mix.py: {name} is not on the PATH (the CUDA toolkit's; cuobjdump and the nvdisasm it runs "
+                 f"also come as the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels)")
     return path
 
 
@@ -138,6 +138,7 @@ def main(argv: list[str]) -> int:
         at = argv.index("--arch")
         arch, argv = argv[at + 1], argv[:at] + argv[at + 2:]
     nvcc, cuobjdump, convgen = tool("nvcc"), tool("cuobjdump"), tool("convgen")
+    tool("nvdisasm")  # cuobjdump -sass runs it
     source = subprocess.run([convgen, "source", *argv], capture_output=True, text=True)
     if source.returncode != 0:
         sys.exit(source.stderr.strip() or source.stdout.strip())
@@ -148,7 +149,10 @@ def main(argv: list[str]) -> int:
                                 str(cubin)], capture_output=True, text=True)
         if built.returncode != 0:
             sys.exit(built.stderr)
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        dumped = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+        if dumped.returncode != 0:
+            sys.exit(f"sass_mix.py: cuobjdump failed: {dumped.stderr.strip() or dumped.stdout.strip()}")
+        sass = dumped.stdout
     registers = dict(_REGISTERS.findall(built.stderr))
     print(f"{'kernel':<36}{'registers':>10}{'loop':>7}{'madds':>7}{'per madd':>10}  top opcodes of the loop")
     kernels = functions(sass)
