@@ -1722,8 +1722,13 @@ def wgmma_shared_bytes(wg_n: int, wg_cells: int, stages: int, mma_mode: int, k: 
     return stages * wgmma_stage_bytes(wg_n * last_offsets, a_bytes, mma_mode, k) + 1024
 
 
-def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int, k: int) -> int:
+def wgmma_weight_shared_bytes(wg_n: int, rows: int, stages: int, mma_mode: int, k: int,
+                              shift_rows: int | None = None) -> int:
     """The weight gradient's `_wgmma` block: its slices of k cells (D's rows, U's `rows` rows of k + WG_ROW_PAD floats,
-    or of 16-bit elements k, swizzled as B's), and 1024 bytes to align them."""
-    a_bytes = rows * k * 2 if mma_mode == HALF_MMA_MODE else rows * (k + WG_ROW_PAD) * 4
+    or of 16-bit elements k, swizzled as B's; with WG_SHIFT, `shift_rows` given, U's k + shift_rows cells rounded up to
+    a swizzle's 8 rows, 128 bytes each: 64 rows of dW), and 1024 bytes to align them."""
+    if shift_rows is not None:
+        a_bytes = -(-(k + shift_rows) // 8) * 8 * 128
+    else:
+        a_bytes = rows * k * 2 if mma_mode == HALF_MMA_MODE else rows * (k + WG_ROW_PAD) * 4
     return stages * wgmma_stage_bytes(wg_n, a_bytes, mma_mode, k) + 1024

@@ -49,9 +49,10 @@ class GemmShape:
     # per axis). phase_n = 0: one phase over all n cells.
     phases: int = 1
     phase_n: int = 0
-    # Conv stages, along the last axis: the window's offsets, the dst cells, and the source cells a window spans past a
-    # cell's first, (K - 1) D, where consecutive dst cells read consecutive source cells (stride 1), else 0: the rows a
-    # 16-bit `_wgmma` tile stages past its cells so that they serve every offset of that axis (WG_SHIFT).
+    # Along the last axis: the window's offsets, the dst cells (the weight stage: D's), and the source cells (U's) a
+    # window spans past a cell's first, (K - 1) D, where consecutive dst cells read consecutive source cells (stride
+    # 1), else 0: the rows a 16-bit `_wgmma` tile stages past its cells so that they serve every offset of that axis
+    # (WG_SHIFT).
     last_window: int = 1
     last_extent: int = 1
     shift_rows: int = 0
@@ -164,7 +165,9 @@ def gemm_shapes(geom: Geometry, element_bytes: int = 4, mma: int = 0) -> dict[st
         "forward": forward,
         "backward_input": backward_input,
         "backward_weight": GemmShape(m=d_c, n=u_c * k_size, conv=False, source_c=u_c, source_cells=u_size,
-                                     k_size=k_size, reduction=d_size, **common),
+                                     k_size=k_size, reduction=d_size, **direct_rows,
+                                     last_extent=(geom.out_spatial if geom.family is Family.CONV
+                                                  else geom.in_spatial)[-1], **common),
     }
 
 

@@ -70,6 +70,13 @@ WGMMA_16BIT_MAX_SHARED = 97 * 1024
 # source element: N32 64->64 3x3 (576) took 0.93x the gather's time shifted channels-last, its input gradient 0.92x
 # (H200, benchmarks/NOTES.md, twenty-eighth session); fewer were not measured.
 WGMMA_16BIT_SHIFTED_MIN_USES = 576
+# The 16-bit weight gradient shifted (WG_SHIFT, _shifted_weight_tile): from an N of 64 (each warpgroup half of it,
+# wgmma's N 32 or more), its accumulators (the last axis's K offsets at half of N) at most this many a thread, and the
+# cells U's slices take past D's at most this many. Its blocks an SM its split plans for.
+WGMMA_SHIFT_WEIGHT_MIN_N = 64
+WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS = 96
+WGMMA_SHIFT_WEIGHT_MAX_ROWS = 64
+WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,8 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
     else:
         if not (shape.pipelined or staged_fits):
             return None  # 16-bit: the weight gradient reads U channels-last
+        if shift and not shape.pipelined and (shifted := _shifted_weight_tile(shape, n, hardware)):
+            return shifted
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // k)
         # Two blocks an SM: twice the warps to hide latency, in 128 registers a thread and three stages' shared memory
@@ -165,10 +174,37 @@ def _shifted_tile(shape, n: int, stages: int) -> WgmmaTile | None:
     return None
 
 
+def _shifted_weight_tile(shape, n: int, hardware) -> WgmmaTile | None:
+    """The 16-bit weight gradient's shifted tile (WG_SHIFT), or None: a slice is WG_K of D's cells along one row of
+    its last axis, read from D itself (16-byte copies: rows of whole 8-cell chunks), against U's cells of the slice
+    and the (K - 1) D after them, staged once for the last axis's K offsets, whose sums are K accumulators. Both
+    warpgroups of a block take the same 64 rows of dW (U channels at the other axes' window offsets) and half of its
+    WG_N D channels each. Slices of 32 cells where rows of 64 would be more zeros (a row of 32), or where four stages
+    of 64 would pass WGMMA_16BIT_MAX_SHARED."""
+    if not (shape.shift_rows and shape.last_extent % 8 == 0 and n >= WGMMA_SHIFT_WEIGHT_MIN_N
+            and shape.last_window * n // 4 <= WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS
+            and shape.shift_rows <= WGMMA_SHIFT_WEIGHT_MAX_ROWS):
+        return None
+    wide = -(-shape.last_extent // (2 * WG_BK)) * 2 <= -(-shape.last_extent // WG_BK)
+    min_blocks = 2 if shape.last_window * n // 4 <= 64 else 1
+    for k in (2 * WG_BK, WG_BK) if wide else (WG_BK,):
+        tile = WgmmaTile(n, WGMMA_CELLS, WGMMA_16BIT_STAGES, min_blocks=min_blocks, k=k, channels_last=True,
+                         shift=True)
+        if wgmma_block_shared_bytes(replace(shape, mma=HALF_MMA_MODE), tile) > WGMMA_16BIT_MAX_SHARED:
+            continue
+        blocks = shape.groups * _weight_row_blocks(shape, 64, shape.last_window) * -(-shape.m // n)
+        slices = shape.images * shape.reduction // shape.last_extent * -(-shape.last_extent // k)
+        per_sm = max(WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM, min_blocks)
+        split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
+        return replace(tile, split=split)
+    return None
+
+
 def wgmma_block_shared_bytes(shape, tile: WgmmaTile) -> int:
     """Dynamic shared memory of a `_wgmma` block of the stage: the contract's formula for its kernel."""
     if not shape.conv:
-        return wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k)
+        shift_rows = shape.shift_rows if tile.shift else None
+        return wgmma_weight_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k, shift_rows)
     shift_rows, last_offsets = (shape.shift_rows, shape.last_window) if tile.shift else (0, 1)
     return wgmma_shared_bytes(tile.n, tile.cells, tile.stages, shape.mma, tile.k, shift_rows, last_offsets)
 
@@ -181,9 +217,10 @@ def wgmma_positions(shape, tile: WgmmaTile) -> int:
     return shape.n // shape.last_extent * (shape.last_extent + shape.shift_rows)
 
 
-def _weight_row_blocks(shape, rows: int) -> int:
-    """Blocks of `rows` over the weight gradient's rows (window offset, U channel), U's channels rounded up to 32."""
-    return -(-shape.k_size * -(-shape.source_c // 32) * 32 // rows)
+def _weight_row_blocks(shape, rows: int, last_offsets: int = 1) -> int:
+    """Blocks of `rows` over the weight gradient's rows (window offset, U channel), U's channels rounded up to 32; with
+    WG_SHIFT the window offsets of the axes but the last (a row's accumulators hold the last axis's `last_offsets`)."""
+    return -(-shape.k_size // last_offsets * -(-shape.source_c // 32) * 32 // rows)
 
 
 def tiles_span_images(shape, cells: int, positions: int | None = None) -> bool:
@@ -197,7 +234,8 @@ def wgmma_grid(shape, tile: WgmmaTile) -> int:
     """Blocks of a `_wgmma` launch: (image, group, n block, cell tile), or (group, n block, tile of the batch's cells)
     where tiles span images; the weight gradient's (group, split, row block, n block)."""
     if not shape.conv:
-        return shape.groups * tile.split * _weight_row_blocks(shape, tile.cells) * -(-shape.m // tile.n)
+        rows, last_offsets = (64, shape.last_window) if tile.shift else (tile.cells, 1)
+        return shape.groups * tile.split * _weight_row_blocks(shape, rows, last_offsets) * -(-shape.m // tile.n)
     positions = wgmma_positions(shape, tile)
     if tiles_span_images(shape, tile.cells, positions):
         return shape.groups * -(-shape.m // tile.n) * -(-shape.images * positions // tile.cells)
@@ -236,9 +274,10 @@ def wgmma_source_floats(shape) -> int:
 
 def wgmma_pack_copies(shape, tile: WgmmaTile) -> bool:
     """Whether the stage's `_wgpack` only copies its input: the 16-bit weight gradient's D where its channels are
-    whole N blocks and its cells whole slices, whose P[image][group][D_ROWS][D_COLUMNS] is then D's own layout."""
-    return (not shape.conv and shape.mma == HALF_MMA_MODE and shape.m % tile.n == 0
-            and shape.reduction % tile.k == 0)
+    whole N blocks and its cells whole slices, whose P[image][group][D_ROWS][D_COLUMNS] is then D's own layout, or
+    where it is shifted (WG_SHIFT: its kernel reads D's rows itself)."""
+    return (not shape.conv and shape.mma == HALF_MMA_MODE
+            and (tile.shift or shape.m % tile.n == 0 and shape.reduction % tile.k == 0))
 
 
 def wgmma_packed_floats(shape, tile: WgmmaTile) -> int:

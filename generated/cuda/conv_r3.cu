@@ -2245,6 +2245,7 @@ extern "C" __global__ void FWD_WG_BOUNDS conv_r3_forward_wgmma(
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+
     // The bias after the products: loaded into the accumulators before them, it kept ptxas from overlapping the
     // wgmma of consecutive slices (C7514, a load in flight to a register they accumulate in).
 #pragma unroll
@@ -3676,6 +3677,7 @@ extern "C" __global__ void BWI_WG_BOUNDS conv_r3_backward_input_wgmma(
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+
 #else
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
@@ -4437,21 +4439,31 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     constexpr unsigned M = OUT_C / GROUPS;  // D's channels of a group
     constexpr unsigned SLICE = BWW_WG_K;  // D's cells a slice
     constexpr unsigned D_ROWS = (M + WG_N - 1) / WG_N * WG_N, D_COLUMNS = (OUT_SIZE + SLICE - 1) / SLICE * SLICE;
-    constexpr unsigned ROWS = BWW_WG_CELLS, WG_STAGES = BWW_WG_STAGES, THREADS = 2 * ROWS, BK = BWW_WG_K;
+    constexpr unsigned WG_STAGES = BWW_WG_STAGES, THREADS = 2 * BWW_WG_CELLS, BK = BWW_WG_K;
+    constexpr bool SHIFT = BWW_WG_SHIFT;
+    constexpr unsigned LAST_K = SHIFT ? K2 : 1, LAST_D = D2, SHIFT_ROWS = (LAST_K - 1) * LAST_D;
+    // D's lines along the last axis, a line's slices, and U's cells a slice stages (whole 8-row swizzle groups)
+    constexpr unsigned LINE = OUT2, D_LINES = OUT_SIZE / nonzero(LINE);
+    constexpr unsigned LINE_SLICES = (LINE + BK - 1) / BK, A_CELLS = (BK + SHIFT_ROWS + 7) / 8 * 8;
+    static_assert(!SHIFT || MMA == 2 && S2 == 1 && LINE % 8 == 0 && WG_N >= 64,
+                  "shifted: 16-bit elements, stride 1 along the last axis, lines of whole 16-byte copies, N of 64 up");
+    constexpr unsigned ROWS = SHIFT ? 64 : BWW_WG_CELLS;  // dW's rows a block: shifted, both warpgroups' 64
     constexpr unsigned B_ROW_BYTES = BK * sizeof(real);
-    constexpr unsigned REGS = WG_N / 2, U_C = IN_C / GROUPS;  // U_C: U's channels of a group
+    // An accumulator set's registers (shifted: a warpgroup's half of WG_N, a set for each of LAST_K offsets)
+    constexpr unsigned REGS = SHIFT ? WG_N / 4 : WG_N / 2, U_C = IN_C / GROUPS;  // U_C: a group's U channels
     // TF32: eight warps stage four 32-row groups, a lane a cell; 16-bit slices may take 64 cells (rows of 128 bytes).
-    static_assert(ROWS == 128 && (BK == WG_BK || MMA == 2 && BK == 2 * WG_BK), "the rows and cells a block stages");
+    static_assert(THREADS == 256 && (BK == WG_BK || MMA == 2 && BK == 2 * WG_BK), "the rows and cells a block stages");
     static_assert(BWW_WG_CHANNELS_LAST == (MMA == 2), "16-bit elements read U as the stage's `_wgsource` laid it out");
-    constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE * UC_ROWS + ROWS - 1) / ROWS;
+    constexpr unsigned UC_ROWS = (U_C + 31) / 32 * 32, ROW_BLOCKS = (K_SIZE / LAST_K * UC_ROWS + ROWS - 1) / ROWS;
     // U's channels of an (image, group) as read: 16-bit elements read U channels-last as the stage's `_wgsource` laid
     // it out, [cell][UC_ROWS].
     constexpr unsigned U_GROUP_C = MMA == 2 ? UC_ROWS : U_C;
     constexpr unsigned A_ROW = MMA == 2 ? BK : BK + WG_ROW_PAD, N_BLOCKS = D_ROWS / WG_N;  // 16-bit: MN-major, 128-byte
     constexpr unsigned COLUMNS = U_C * K_SIZE, B_ROWS = WG_N, B_BYTES = B_ROWS * B_ROW_BYTES;
-    constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (ROWS * A_ROW * sizeof(real) + 1023) / 1024 * 1024;
+    constexpr unsigned A_BYTES = SHIFT ? A_CELLS * 128 : ROWS * A_ROW * sizeof(real);
+    constexpr unsigned STAGE_BYTES = PLANES * B_BYTES + (A_BYTES + 1023) / 1024 * 1024;
     constexpr unsigned A_ROW_STEP = A_ROW, A_K_STEP = 1;  // staged [row][cell]: floats between fragment rows, k
-    constexpr unsigned CELL_SLICES = D_COLUMNS / BK, SPLIT = BWW_SPLIT;
+    constexpr unsigned CELL_SLICES = SHIFT ? D_LINES * LINE_SLICES : D_COLUMNS / BK, SPLIT = BWW_SPLIT;
     // Copies under the products in both modes: on the H200 11-21% faster than before, and as fast as (within 2%)
     // or faster than the same copies issued before the fragments.
     constexpr bool COPIES_UNDER_PRODUCTS = true;
@@ -4473,10 +4485,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     unsigned char* const slices = shared + ((0u - (unsigned)__cvta_generic_to_shared(shared)) & 1023u);
     const unsigned slices_address = (unsigned)__cvta_generic_to_shared(slices);
     const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-    const unsigned warp_row = tid / 128 * 64 + warp % 4 * 16;  // the warp's first fragment row
+    const unsigned warp_row = (SHIFT ? 0 : tid / 128 * 64) + warp % 4 * 16;  // the warp's first fragment row
 
     // The window offset of each 32-row group this thread stages (rows 32 j + warp + 8 i; 16-bit: rows 32 (tid / 64)
-    // ..), less the padding, and its U channel in the first of them.
+    // .., shifted 32 (tid % 8 / 4) ..: at the last axis's offset 0), less the padding, and its U channel in the first
+    // of them.
     constexpr unsigned ROW_GROUPS = MMA == 2 ? 1 : 4;
     bool group_ok[ROW_GROUPS];
     unsigned group_channel[ROW_GROUPS];
@@ -4485,7 +4498,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     pos_t shift2[ROW_GROUPS];
 #pragma unroll
     for (unsigned j = 0; j < ROW_GROUPS; ++j) {
-        const unsigned first = row0 + 32 * (MMA == 2 ? tid / 64 : j), kappa = first / UC_ROWS;
+        const unsigned first = row0 + 32 * (MMA == 2 ? (SHIFT ? tid % 8 / 4 : tid / 64) : j);
+        const unsigned kappa = first / UC_ROWS * LAST_K;
         group_ok[j] = kappa < K_SIZE;
         group_channel[j] = first % UC_ROWS + (MMA == 2 ? 0 : warp);
         unsigned rest = (group_ok[j] ? kappa : 0u);
@@ -4505,8 +4519,49 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
     slice_copies<16, 8 * A_ROW> copies;  // of A's TF32 values: four channels 8 apart at each of four window offsets
     auto load_async = [&](unsigned slice, unsigned buffer) {
-        const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
+        const unsigned image = slice / CELL_SLICES;
         unsigned char* const stage = slices + buffer * STAGE_BYTES;
+        const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * IN_SIZE;
+        if constexpr (SHIFT) {
+            const unsigned line = slice % CELL_SLICES / LINE_SLICES, x0 = slice % LINE_SLICES * BK;
+            static_assert(B_ROWS % B_ROWS_A_PASS == 0, "whole passes of B's rows");
+            const real* __restrict__ d_line = d_values + ((size_t)image * GROUPS * M + n_block * WG_N) * OUT_SIZE
+                                              + (size_t)line * LINE + x0 + 8 * b_chunk;
+#pragma unroll
+            for (unsigned i = 0; i < B_PASSES; ++i) {
+                const unsigned n = b_first_row + i * B_ROWS_A_PASS;
+                const bool ok = n_block * WG_N + n < M && x0 + 8 * b_chunk < LINE;
+                copy_async16(stage + b_shared + i * B_ROWS_A_PASS * B_ROW_BYTES,
+                             ok ? d_line + (size_t)n * OUT_SIZE : d_values, ok);
+            }
+            bool line_ok = group_ok[0];
+            unsigned line_offset = 0;  // U's line, by the other axes' coordinates
+            unsigned rest = line;
+            const pos_t d1 = (pos_t)(rest % nonzero(OUT1));
+            rest /= nonzero(OUT1);
+            const pos_t d0 = (pos_t)rest;
+            const pos_t j0 = d0 * S0 + shift0[0];
+            line_ok = line_ok && j0 >= 0 && j0 < IN0;
+            line_offset = line_offset * IN0 + (unsigned)j0;
+            const pos_t j1 = d1 * S1 + shift1[0];
+            line_ok = line_ok && j1 >= 0 && j1 < IN1;
+            line_offset = line_offset * IN1 + (unsigned)j1;
+            const unsigned unit = tid % 8;
+            const real* __restrict__ channels = u_image + group_channel[0] + 8 * (unit % 4);
+            unsigned char* const a_cells = stage + PLANES * B_BYTES;
+#pragma unroll
+            for (unsigned pass = 0; pass < (A_CELLS + 31) / 32; ++pass) {
+                const unsigned q = tid / 8 + 32 * pass;  // the staged cell, x0 + q along the line
+                const pos_t x = (pos_t)(x0 + q) + shift2[0];  // U's cell: the last axis at offset 0
+                if (A_CELLS % 32 == 0 || q < A_CELLS) {
+                    const bool ok = line_ok && x0 + q < LINE + SHIFT_ROWS && x >= 0 && x < IN2;
+                    const size_t at = ok ? ((size_t)line_offset * IN2 + (unsigned)x) * UC_ROWS : 0;
+                    copy_async16(a_cells + q * 128 + 16 * (unit ^ q % 8), channels + at, ok);
+                }
+            }
+            return;
+        }
+        const unsigned cell0 = slice % CELL_SLICES * BK;
         const real* __restrict__ rows = packed_rows + (size_t)image * GROUPS * D_ROWS * D_COLUMNS + cell0;
         {
             const real* __restrict__ b_rows = rows + (size_t)b_first_row * D_COLUMNS + 16 / sizeof(real) * b_chunk;
@@ -4522,7 +4577,6 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
                 }
             }
         }
-        const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * IN_SIZE;
         if constexpr (MMA == 2) {
             // Two threads a cell, a cell of each 32 of the slice: its 32 channels of row group j, 16 bytes a copy, this
             // thread's half (16 h channels), units 4 (j % 2) + 2 h + q of the cell's 128-byte row of its warpgroup's
@@ -4592,16 +4646,21 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
         }
     };
 
-    float acc[REGS];
+    float accs[LAST_K][REGS];  // shifted: a set per offset of the last axis, else the one
+    float (&acc)[REGS] = accs[0];
 #pragma unroll
-    for (unsigned r = 0; r < REGS; ++r) acc[r] = 0.f;
+    for (unsigned j = 0; j < LAST_K; ++j) {
+#pragma unroll
+        for (unsigned r = 0; r < REGS; ++r) accs[j][r] = 0.f;
+    }
 #if ELEMENT_BYTES == 2
     constexpr unsigned AHEAD = WG_STAGES - 2;  // slices whose copies are in flight
     constexpr bool REGISTER_COPIES = false;
     static_assert(AHEAD >= 1, "buffers: the slices ahead, this one and the one whose products may run");
     static_assert(!REGISTER_COPIES || AHEAD == 2, "A's loads land a slice after they go out: two slices ahead");
     // A's rows, a warpgroup's 64 rows and a k step of 16 apart, in bytes
-    constexpr unsigned A_MN_MAJOR = 1, A_ROW_BYTES = 128, A_WARPGROUP_BYTES = BK * 128, A_K16_BYTES = 16 * 128;
+    constexpr unsigned A_MN_MAJOR = 1, A_ROW_BYTES = 128, A_K16_BYTES = 16 * 128;
+    constexpr unsigned A_WARPGROUP_BYTES = SHIFT ? 0 : BK * 128;
 #pragma unroll
     for (unsigned s = 0; s < AHEAD; ++s) {
         if (slice_begin + s < slice_end) load_async(slice_begin + s, s);
@@ -4615,7 +4674,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     // A slice's descriptors are the first stage's moved on by its offset (operand_further): an add each, not the masks
     // and shifts of a new one.
     const unsigned long long a_first = swizzled_operand<A_ROW_BYTES>(a_rows);
-    const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address);
+    const unsigned b_half = SHIFT ? warpgroup * (WG_N / 2) * B_ROW_BYTES : 0;  // shifted: this warpgroup's B rows
+    const unsigned long long b_first = swizzled_operand<B_ROW_BYTES>(slices_address + b_half);
     unsigned read = 0, write = AHEAD;
     for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
         wait_copies<AHEAD - 1>();
@@ -4625,9 +4685,13 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
         read = read + 1 == WG_STAGES ? 0 : read + 1;
         wgmma_fence();
 #pragma unroll
-        for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-            wgmma_16bit<A_MN_MAJOR>(acc, operand_further(a_first, stage_offset + A_K16_BYTES * kk),
-                                    operand_further(b_first, stage_offset + 32 * kk));
+        for (unsigned j = 0; j < LAST_K; ++j) {  // the last axis's window offsets, each its own sums
+#pragma unroll
+            for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
+                wgmma_16bit<A_MN_MAJOR>(accs[j],
+                                        operand_further(a_first, stage_offset + j * LAST_D * A_ROW_BYTES + A_K16_BYTES * kk),
+                                        operand_further(b_first, stage_offset + 32 * kk));
+            }
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's products: their buffers are written from the next barrier on
@@ -4637,7 +4701,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
         write = write + 1 == WG_STAGES ? 0 : write + 1;
     }
     wgmma_wait<0>();
-    fence_accumulators(acc);
+#pragma unroll
+    for (unsigned j = 0; j < LAST_K; ++j) fence_accumulators(accs[j]);
+
 #else
 #pragma unroll
     for (unsigned s = 0; s + 1 < WG_STAGES; ++s) {
@@ -4722,12 +4788,19 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
         const pos_t k0 = (pos_t)rest;
         float sum = 0.f;
         for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
-            const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
+            const unsigned image = slice / CELL_SLICES;
+            unsigned cell0, cell_end;  // the slice's cells of D
+            if constexpr (SHIFT) {
+                const unsigned line = slice % CELL_SLICES / LINE_SLICES, x0 = slice % LINE_SLICES * BK;
+                cell0 = line * LINE + x0, cell_end = cell0 + min(BK, LINE - x0);
+            } else {
+                cell0 = slice % CELL_SLICES * BK, cell_end = min(cell0 + BK, (unsigned)OUT_SIZE);
+            }
             const real* __restrict__ d_row = d_values + ((size_t)image * GROUPS * M + m) * OUT_SIZE;
             const real* __restrict__ u_row = MMA == 2
                 ? u_values + (size_t)image * GROUPS * UC_ROWS * IN_SIZE + channel
                 : u_values + ((size_t)image * IN_C + channel) * IN_SIZE;
-            for (unsigned cell = cell0; cell < cell0 + BK && cell < OUT_SIZE; ++cell) {
+            for (unsigned cell = cell0; cell < cell_end; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
                 unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
@@ -4754,13 +4827,18 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     };
     bool finite = true;
 #pragma unroll
-    for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(acc[r]);
+    for (unsigned j = 0; j < LAST_K; ++j) {
+#pragma unroll
+        for (unsigned r = 0; r < REGS; ++r) finite = finite && isfinite(accs[j][r]);
+    }
     const bool rare = __syncthreads_or(!finite);
-    // Accumulator r's output (window offset, U channel, D channel), and whether it is one.
-    auto place = [&](unsigned r, unsigned& kappa, unsigned& channel, unsigned& m) {
+    // Accumulator r of set j's output (window offset, U channel, D channel), and whether it is one. Shifted, set j
+    // is the last axis's offset j and warpgroup h has D channels h WG_N / 2 on.
+    auto place = [&](unsigned j, unsigned r, unsigned& kappa, unsigned& channel, unsigned& m) {
         const unsigned at_row = row0 + warp_row + g + (r % 4 >= 2 ? 8 : 0);
-        m = n_block * WG_N + r / 4 * 8 + 2 * t + r % 2, kappa = at_row / UC_ROWS, channel = at_row % UC_ROWS;
-        return kappa < K_SIZE && channel < U_C && m < M;
+        m = n_block * WG_N + (SHIFT ? tid / 128 * (WG_N / 2) : 0) + r / 4 * 8 + 2 * t + r % 2;
+        kappa = at_row / UC_ROWS * LAST_K + j, channel = at_row % UC_ROWS;
+        return at_row / UC_ROWS < K_SIZE / LAST_K && channel < U_C && m < M;
     };
     auto output = [&](unsigned kappa, unsigned channel, unsigned m) {
         return out + (size_t)m * COLUMNS + channel * K_SIZE + kappa;
@@ -4768,16 +4846,19 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r3_backward_weight_wgmma(
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
         rare_path_taken();
 #pragma unroll 1
-        for (unsigned r = 0; r < REGS; ++r) {
+        for (unsigned i = 0; i < LAST_K * REGS; ++i) {
             unsigned kappa, channel, m;
-            if (place(r, kappa, channel, m)) put(output(kappa, channel, m), fma_sum(kappa, channel, m));
+            if (place(i / REGS, i % REGS, kappa, channel, m)) put(output(kappa, channel, m), fma_sum(kappa, channel, m));
         }
         return;
     }
 #pragma unroll
-    for (unsigned r = 0; r < REGS; ++r) {
-        unsigned kappa, channel, m;
-        if (place(r, kappa, channel, m)) put(output(kappa, channel, m), acc[r]);
+    for (unsigned j = 0; j < LAST_K; ++j) {
+#pragma unroll
+        for (unsigned r = 0; r < REGS; ++r) {
+            unsigned kappa, channel, m;
+            if (place(j, r, kappa, channel, m)) put(output(kappa, channel, m), accs[j][r]);
+        }
     }
 #endif
 }
