@@ -12,10 +12,12 @@ import half_support
 import numpy as np
 import pytest
 import reference
+from convgen.cpu import Tape as CpuTape
 from convgen.cuda_launch import plan
 from convgen.wgmma_tiles import choose_wgmma
 from half_support import draw_half, run_backend
 from precision_bounds import HALF_BOUND
+from test_emulated_kernels import assert_same_non_finite
 from test_emulated_wgmma import channels_last_backend
 from weight_shift_support import WEIGHT_SHIFT_GEOMETRIES, WEIGHT_SHIFT_IDS, weight_gradient_excess
 
@@ -37,3 +39,25 @@ def test_the_shifted_16_bit_weight_gradient_matches_the_float64_tape_element_by_
     again = run_backend(backend, geom, inputs, grad)
     for a, b in zip(got, again, strict=True):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_shifted_weight_gradient_blocks_with_non_finite_sums_take_the_rare_path() -> None:
+    """An inf in x (U) at a line's last cell and in its first, and a -inf in the upstream gradient (D): the blocks
+    whose sums end non-finite compute their dW again with FMAs over their slices' cells (padding skipped), and
+    exactly the elements the CPU tape makes non-finite are, with the same signs."""
+    geom = WEIGHT_SHIFT_GEOMETRIES[0]
+    assert plan(geom, dtype="bfloat16", precision="medium").defines["BWW_WG_SHIFT"] == 1
+    inputs, grad = draw_half(reference.case_rng("emulated shifted weight non-finite"), geom, "bfloat16")
+    weight, bias, x = (a.copy() for a in inputs)
+    inf = half_support.stored(np.array([np.inf], np.float32), "bfloat16")[0]
+    x[0, 3, 2, 15], x[1, 20, 4, 0] = inf, inf
+    grad = grad.copy()
+    grad[1, 40, 3, 7] = inf ^ np.uint16(0x8000)
+    backend = channels_last_backend("bfloat16", chooser=choose_wgmma)
+    wide = [half_support.widened(a, "bfloat16") for a in (weight, bias, x)]
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(dtype="float64"), geom, wide,
+                                                  half_support.widened(grad, "bfloat16"))
+    got = run_backend(backend, geom, (weight, bias, x), grad)
+    assert not np.isfinite(np.asarray(ref_grads[0])).all()
+    for result, ref in zip(got, [ref_output, *ref_grads], strict=True):
+        assert_same_non_finite(half_support.widened(result, "bfloat16"), np.asarray(ref), 1e-2)
