@@ -5216,8 +5216,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r5_backward_weight_wgmma
         for (unsigned j = 0; j < LAST_K; ++j) {  // the last axis's window offsets, each its own sums
 #pragma unroll
             for (unsigned kk = 0; kk < BK / 16; ++kk) {  // k steps of 16, 32 bytes into B's rows
-                wgmma_16bit<A_MN_MAJOR>(accs[j],
-                                        operand_further(a_first, stage_offset + j * LAST_D * A_ROW_BYTES + A_K16_BYTES * kk),
+                const unsigned a_offset = stage_offset + j * LAST_D * A_ROW_BYTES + A_K16_BYTES * kk;
+                wgmma_16bit<A_MN_MAJOR>(accs[j], operand_further(a_first, a_offset),
                                         operand_further(b_first, stage_offset + 32 * kk));
             }
         }
@@ -5390,7 +5390,9 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r5_backward_weight_wgmma
 #pragma unroll 1
         for (unsigned i = 0; i < LAST_K * REGS; ++i) {
             unsigned kappa, channel, m;
-            if (place(i / REGS, i % REGS, kappa, channel, m)) put(output(kappa, channel, m), fma_sum(kappa, channel, m));
+            if (place(i / REGS, i % REGS, kappa, channel, m)) {
+                put(output(kappa, channel, m), fma_sum(kappa, channel, m));
+            }
         }
         return;
     }
