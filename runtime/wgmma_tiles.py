@@ -77,6 +77,9 @@ WGMMA_SHIFT_WEIGHT_MIN_N = 64
 WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS = 96
 WGMMA_SHIFT_WEIGHT_MAX_ROWS = 64
 WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM = 1
+# Off until it has run on a GPU: built and checked on the CPU emulator only (benchmarks/NOTES.md, thirty-ninth
+# session, when no device was lent); tests/test_cuda_weight_shift.py and benchmarks/kernel_ab.py turn it on.
+WGMMA_SHIFT_WEIGHT_BY_DEFAULT = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +107,12 @@ def no_wgmma(shape, hardware) -> None:
 
 
 def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHANNELS_LAST_MIN_USES,
-                 shift: bool = True) -> WgmmaTile | None:
+                 shift: bool = True, weight_shift: bool = WGMMA_SHIFT_WEIGHT_BY_DEFAULT) -> WgmmaTile | None:
     """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32 or
     16-bit elements (planned on float32 shapes: their own m16n8k16 mode runs as TF32 on wgmma, exact for them; the
     kernels widen them as they stage them), a GPU without wgmma, stride phases (the gather form's phases take the
-    GEMM), or few channels. The tests move the channels-last rule (`channels_last_min_uses`) and turn WG_SHIFT off
-    (`shift`)."""
+    GEMM), or few channels. The tests move the channels-last rule (`channels_last_min_uses`), turn WG_SHIFT off
+    (`shift`) and the 16-bit weight gradient's on (`weight_shift`, with `shift`)."""
     if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.phases == 1
             and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
@@ -140,7 +143,7 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
     else:
         if not (shape.pipelined or staged_fits):
             return None  # 16-bit: the weight gradient reads U channels-last
-        if shift and not shape.pipelined and (shifted := _shifted_weight_tile(shape, n, hardware)):
+        if shift and weight_shift and not shape.pipelined and (shifted := _shifted_weight_tile(shape, n, hardware)):
             return shifted
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_CELLS) * -(-shape.m // n)
         slices = shape.images * -(-shape.reduction // k)

@@ -1,7 +1,7 @@
-"""The shifted 16-bit weight gradient (WG_SHIFT) on the GPU's tensor cores (`pytest -m cuda`, skipped without CuPy, a
-GPU or wgmma): tests/test_emulated_weight_shift.py's cases, a line of 56 cells in slices of 64 and every rank 1..8,
-float16 and bfloat16, each element of dW against the float64 CPU tape, no block on the rare path, the same bits run
-after run."""
+"""The shifted 16-bit weight gradient (WG_SHIFT; off by default until it has run on a GPU) on the GPU's tensor cores
+(`pytest -m cuda`, skipped without CuPy, a GPU or wgmma): tests/test_emulated_weight_shift.py's cases, a line of 56
+cells in slices of 64 and every rank 1..8, float16 and bfloat16, each element of dW against the float64 CPU tape, no
+block on the rare path, the same bits run after run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from convgen.cuda_launch import plan
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, FiniteWgmmaBackend, _has_gpu, host
 from half_support import HALF_DTYPES, draw_half, run_backend
-from weight_shift_support import WEIGHT_SHIFT_GEOMETRIES, WEIGHT_SHIFT_IDS, weight_gradient_excess
+from weight_shift_support import (
+    WEIGHT_SHIFT_GEOMETRIES,
+    WEIGHT_SHIFT_IDS,
+    weight_gradient_excess,
+    weight_shift_chooser,
+)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
@@ -38,9 +43,11 @@ def test_the_shifted_16_bit_weight_gradient_on_the_tensor_cores(geom: Geometry, 
     hardware = convgen.cuda.device_hardware(device.attributes, device.compute_capability)
     if not hardware.wgmma:
         pytest.skip(f"compute capability {device.compute_capability}: no wgmma")
-    assert plan(geom, hardware, dtype=dtype, precision="medium").defines["BWW_WG_SHIFT"] == 1
+    made = plan(geom, hardware, dtype=dtype, precision="medium", wgmma_chooser=weight_shift_chooser)
+    assert made.defines["BWW_WG_SHIFT"] == 1
     inputs, grad = draw_half(reference.case_rng("cuda shifted weight", geom, dtype), geom, dtype)
-    backend = FiniteWgmmaBackend(dtype, "medium")
+    backend = type("WeightShiftBackend", (FiniteWgmmaBackend,), {"wgmma_chooser": staticmethod(weight_shift_chooser)})(
+        dtype, "medium")
     got, excess = weight_gradient_excess(backend, geom, dtype, inputs, grad)
     assert excess.max() <= 0, f"{geom}: dW {np.unravel_index(excess.argmax(), excess.shape)} off by {excess.max():.3g}"
     again = run_backend(backend, geom, inputs, grad)

@@ -176,8 +176,7 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
         return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
 
     assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (1, 1, 2)
-    # Shifted: N blocks of 64; the weight gradient's 96 accumulators a thread (three sets of 32), one block an SM.
-    assert min_blocks(128, (128, 128), "bfloat16", shift=True) == (2, 2, 1)
+    assert min_blocks(128, (128, 128), "bfloat16", shift=True) == (2, 2, 2)  # shifted: N blocks of 64
     assert min_blocks(128, (8, 8, 8), "bfloat16") == (2, 2, 2)
     assert min_blocks(64, (32, 32), "bfloat16") == (2, 2, 1)
     assert min_blocks(128, (128, 128), "float32") == (1, 1, 2)
@@ -297,11 +296,10 @@ def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offs
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
     """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
     N blocks and its cells whole slices (of 64 cells up to an N of 64, else 32), so the plan names the stage, its pack launches nothing and has no
-    packed size, and the `_wgmma` reads D in its place. TF32 rounds D as it packs it: never a copy. (Unshifted: the
-    shifted kernel reads D's rows itself, tests/test_wgmma_weight_plans.py.)"""
+    packed size, and the `_wgmma` reads D in its place. TF32 rounds D as it packs it: never a copy."""
     def copied(out_c, spatial, dtype="bfloat16", groups=1):
         geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
-        made = plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=False))
+        made = plan(geom, dtype=dtype, precision="medium")
         pack = made.launches["backward_weight_pack"]
         assert pack.kernel == "backward_weight_wgpack" and made.launches["backward_weight"].grid > 0
         in_place = "backward_weight" in made.copied_packs

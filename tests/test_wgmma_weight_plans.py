@@ -1,6 +1,7 @@
 """The 16-bit weight gradient's shifted plans (WG_SHIFT, convgen.wgmma_tiles._shifted_weight_tile), on the H200's
-hardware: where they are taken, their slices, blocks, split and shared memory, and that D is read in place (no
-`_wgpack` launch). The kernels themselves run in tests/test_emulated_weight_shift.py and under `pytest -m cuda`."""
+hardware: off by default until the kernel has run on a GPU; where the chooser's `weight_shift` takes them, their
+slices, blocks, split and shared memory, and that D is read in place (no `_wgpack` launch). The kernels themselves
+run in tests/test_emulated_weight_shift.py and under `pytest -m cuda` (tests/test_cuda_weight_shift.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ SMS = 132  # the H200's, which `plan` plans for by default
 
 
 def weight_plan(in_c, out_c, spatial, batch, dtype="bfloat16", kernel=3, stride=1, shift=True):
+    """The plan of a conv whose last axis has `stride`, with the weight gradient shifted where the rule allows."""
     rank = len(spatial)
     geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (kernel,) * rank, (1,) * (rank - 1) + (stride,),
                           (kernel // 2,) * rank, batch=batch)
-    return plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=shift))
+    return plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=shift, weight_shift=True))
 
 
 def fields(made):
@@ -77,3 +79,9 @@ def test_lines_of_32_take_slices_of_32():
 def test_the_weight_gradient_stays_unshifted_where_the_shift_does_not_apply(args, why):
     made = weight_plan(*args)
     assert made.defines["BWW_WG_SHIFT"] == 0, why
+
+
+def test_the_weight_gradient_is_unshifted_by_default_until_it_has_run_on_a_gpu():
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    made = plan(geom, dtype="bfloat16", precision="medium")
+    assert made.defines["BWW_WG_SHIFT"] == 0 and made.defines["FWD_WG_SHIFT"] == 1

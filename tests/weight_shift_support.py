@@ -3,13 +3,18 @@ geometries, and dW checked element by element against the float64 CPU tape on th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import reference
 from convgen.cpu import Tape as CpuTape
 from convgen.geometry import Family, Geometry
+from convgen.wgmma_tiles import choose_wgmma
 from half_support import run_backend, widened
+
+# The weight gradient shifted where its rule allows (off by default until it has run on a GPU).
+weight_shift_chooser = functools.partial(choose_wgmma, weight_shift=True)
 
 # Lines of 16 (slices of 32) over 24 U channels (a row block of 64: two window offsets of the first axis, 32 rows
 # each); 72 D channels (an N of 128, whose second warpgroup's half is mostly past them); the transpose with stride 2
