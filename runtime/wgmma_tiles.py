@@ -70,15 +70,17 @@ WGMMA_16BIT_MAX_SHARED = 97 * 1024
 # source element: N32 64->64 3x3 (576) took 0.93x the gather's time shifted channels-last, its input gradient 0.92x
 # (H200, benchmarks/NOTES.md, twenty-eighth session); fewer were not measured.
 WGMMA_16BIT_SHIFTED_MIN_USES = 576
-# The 16-bit weight gradient shifted (WG_SHIFT, _shifted_weight_tile): from an N of 64 (each warpgroup half of it,
-# wgmma's N 32 or more), its accumulators (the last axis's K offsets at half of N) at most this many a thread, and the
-# cells U's slices take past D's at most this many. Its blocks an SM its split plans for.
+# The 16-bit weight gradient shifted (WG_SHIFT, _shifted_weight_tile): a block's rows of dW (both warpgroups' 64);
+# from an N of 64 (each warpgroup half of it, wgmma's N 32 or more), its accumulators (the last axis's K offsets at
+# half of N) at most this many a thread, and the cells U's slices take past D's at most this many. The blocks an SM
+# its split plans for (at least those it asks ptxas for).
+WGMMA_SHIFT_WEIGHT_ROWS = 64
 WGMMA_SHIFT_WEIGHT_MIN_N = 64
 WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS = 96
 WGMMA_SHIFT_WEIGHT_MAX_ROWS = 64
 WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM = 1
-# Off until it has run on a GPU: built and checked on the CPU emulator only (benchmarks/NOTES.md, thirty-ninth
-# session, when no device was lent); tests/test_cuda_weight_shift.py and benchmarks/kernel_ab.py turn it on.
+# Off until it has run on a GPU: built and checked on the CPU emulator only, in a session no device was lent to
+# (benchmarks/NOTES.md, thirty-ninth session, which says how to time it); tests/test_cuda_weight_shift.py turns it on.
 WGMMA_SHIFT_WEIGHT_BY_DEFAULT = False
 
 
@@ -178,12 +180,12 @@ def _shifted_tile(shape, n: int, stages: int) -> WgmmaTile | None:
 
 
 def _shifted_weight_tile(shape, n: int, hardware) -> WgmmaTile | None:
-    """The 16-bit weight gradient's shifted tile (WG_SHIFT), or None: a slice is WG_K of D's cells along one row of
-    its last axis, read from D itself (16-byte copies: rows of whole 8-cell chunks), against U's cells of the slice
-    and the (K - 1) D after them, staged once for the last axis's K offsets, whose sums are K accumulators. Both
+    """The 16-bit weight gradient's shifted tile (WG_SHIFT), or None: a slice is WG_K of D's cells along one line of
+    its last axis, read from D itself (16-byte copies: lines of whole 8-cell chunks), against U's cells of the slice
+    and the (K - 1) D after them, staged once for the last axis's K offsets, whose sums are K accumulator sets. Both
     warpgroups of a block take the same 64 rows of dW (U channels at the other axes' window offsets) and half of its
-    WG_N D channels each. Slices of 32 cells where rows of 64 would be more zeros (a row of 32), or where four stages
-    of 64 would pass WGMMA_16BIT_MAX_SHARED."""
+    WG_N D channels each. Slices of 32 cells where slices of 64 would hold more zeros (lines of 32), or where four
+    stages of 64 would pass WGMMA_16BIT_MAX_SHARED."""
     if not (shape.shift_rows and shape.last_extent % 8 == 0 and n >= WGMMA_SHIFT_WEIGHT_MIN_N
             and shape.last_window * n // 4 <= WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS
             and shape.shift_rows <= WGMMA_SHIFT_WEIGHT_MAX_ROWS):
@@ -195,7 +197,7 @@ def _shifted_weight_tile(shape, n: int, hardware) -> WgmmaTile | None:
                          shift=True)
         if wgmma_block_shared_bytes(replace(shape, mma=HALF_MMA_MODE), tile) > WGMMA_16BIT_MAX_SHARED:
             continue
-        blocks = shape.groups * _weight_row_blocks(shape, 64, shape.last_window) * -(-shape.m // n)
+        blocks = shape.groups * _weight_row_blocks(shape, WGMMA_SHIFT_WEIGHT_ROWS, shape.last_window) * -(-shape.m // n)
         slices = shape.images * shape.reduction // shape.last_extent * -(-shape.last_extent // k)
         per_sm = max(WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM, min_blocks)
         split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
@@ -237,7 +239,7 @@ def wgmma_grid(shape, tile: WgmmaTile) -> int:
     """Blocks of a `_wgmma` launch: (image, group, n block, cell tile), or (group, n block, tile of the batch's cells)
     where tiles span images; the weight gradient's (group, split, row block, n block)."""
     if not shape.conv:
-        rows, last_offsets = (64, shape.last_window) if tile.shift else (tile.cells, 1)
+        rows, last_offsets = (WGMMA_SHIFT_WEIGHT_ROWS, shape.last_window) if tile.shift else (tile.cells, 1)
         return shape.groups * tile.split * _weight_row_blocks(shape, rows, last_offsets) * -(-shape.m // tile.n)
     positions = wgmma_positions(shape, tile)
     if tiles_span_images(shape, tile.cells, positions):
