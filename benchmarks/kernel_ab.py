@@ -8,7 +8,11 @@ the base side's wgmma stages (the current sources), or both, for example an earl
     git show COMMIT:runtime/wgmma_tiles.py > /tmp/base_tiles.py
     python benchmarks/kernel_ab.py [--base /tmp/base/generated/cuda] [--base-tiles /tmp/base_tiles.py]
         [--cases conv2d_128_128_n8,conv1d_64_4096_n32] [--precisions high,medium] [--dtypes float32,bfloat16]
-        [--rounds 3] [--json PATH]
+        [--rounds 3] [--json PATH] [--new-weight-shift]
+
+With --new-weight-shift the current tree's side plans its 16-bit weight gradients shifted (WG_SHIFT, off by default
+until timed on a GPU: convgen.wgmma_tiles.WGMMA_SHIFT_WEIGHT_BY_DEFAULT); alone, the other side is this tree as it
+plans by default.
 
 16-bit dtypes run the precisions they take ("highest", "medium"), on the same random values rounded. A tree
 whose kernel contract differs (packed sizes, shared memory, stages) runs in processes of its own: tree_ab.py.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import statistics
@@ -34,7 +39,7 @@ from typing import Any
 from convgen.backend import HALF_DTYPES
 from convgen.cuda import CupyBackend
 from convgen.geometry import Geometry
-from convgen.wgmma_tiles import WgmmaTile
+from convgen.wgmma_tiles import WgmmaTile, choose_wgmma
 from suite.cases import BATCHED_CASES, CASES_BY_NAME
 from suite.contestants import random_inputs
 from tile_sweep import median_us
@@ -61,6 +66,11 @@ def backend_class(sources: Path | None, wgmma_chooser: Callable[..., Any] | None
     if wgmma_chooser is not None:
         overrides["wgmma_chooser"] = staticmethod(wgmma_chooser)
     return type("OtherTreeBackend", (CupyBackend,), overrides) if overrides else CupyBackend
+
+
+def new_side_class(weight_shift: bool) -> type[CupyBackend]:
+    """The current tree's side: CupyBackend, or with `weight_shift` one whose 16-bit weight gradients are shifted."""
+    return backend_class(None, functools.partial(choose_wgmma, weight_shift=True)) if weight_shift else CupyBackend
 
 
 def tiles_chooser(path: Path) -> Callable[..., Any]:
@@ -104,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32", help="comma-separated: float32, float16, bfloat16")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per stage")
     parser.add_argument("--json", type=Path, default=None, help="where to write the numbers")
+    parser.add_argument("--new-weight-shift", action="store_true",
+                        help="this tree's side plans its 16-bit weight gradients shifted (WG_SHIFT)")
     args = parser.parse_args(argv)
-    if args.base is None and args.base_tiles is None:
-        parser.error("give --base, --base-tiles or both: the A side differs from this tree in its sources or tiles")
+    if args.base is None and args.base_tiles is None and not args.new_weight_shift:
+        parser.error("give --base, --base-tiles, --new-weight-shift or a mix: the sides differ in sources or tiles")
     if args.base is not None and not args.base.is_dir():
         parser.error(f"--base {args.base}: not a folder")
     if args.base_tiles is not None and not args.base_tiles.is_file():
@@ -120,14 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
 
     base_class = backend_class(args.base, None if args.base_tiles is None else tiles_chooser(args.base_tiles))
-    results: dict[str, Any] = {"base": str(args.base), "base_tiles": str(args.base_tiles), "cases": {}}
+    results: dict[str, Any] = {"base": str(args.base), "base_tiles": str(args.base_tiles),
+                               "new_weight_shift": args.new_weight_shift, "cases": {}}
     runs = [(name, dtype, precision) for name in args.cases.split(",") for dtype in args.dtypes.split(",")
             for precision in args.precisions.split(",") if dtype == "float32" or precision != "high"]
     for name, dtype, precision in runs:
         geom = CASES_BY_NAME[name].geometry
         inputs, grad = random_inputs(cupy, geom, dtype, seed=7)
         sides = {side: stage_calls(cls(dtype, precision), geom, inputs, grad)
-                 for side, cls in (("base", base_class), ("new", CupyBackend))}
+                 for side, cls in (("base", base_class), ("new", new_side_class(args.new_weight_shift)))}
         bits = same_bits(cupy, sides["base"], sides["new"])  # also compiles and warms both
         rounds: dict[str, dict[str, list[float]]] = {side: {s: [] for s in STAGES} for side in sides}
         for _ in range(args.rounds):

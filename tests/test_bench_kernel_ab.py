@@ -88,10 +88,21 @@ def test_another_trees_wgmma_tiles_plan_the_base_side(tmp_path) -> None:
 def test_a_side_that_differs_in_nothing_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         kernel_ab.main([])
-    assert "give --base, --base-tiles or both" in capsys.readouterr().err
+    assert "give --base, --base-tiles, --new-weight-shift or a mix: the sides differ in sources or tiles" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base-tiles", str(tmp_path)])
     assert f"--base-tiles {tmp_path}: not a file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base", str(tmp_path), "--dtypes", "float32,int8"])
     assert "--dtypes: unknown int8 (known: float32, float16, bfloat16)" in capsys.readouterr().err
+
+
+def test_the_new_side_may_shift_its_16_bit_weight_gradients() -> None:
+    """--new-weight-shift: this tree's side plans the 16-bit weight gradient shifted (off by default), the base side
+    as this tree does by default."""
+    geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
+    shifted = kernel_ab.new_side_class(True).wgmma_chooser
+    assert plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=shifted).defines["BWW_WG_SHIFT"] == 1
+    assert plan(geom, dtype="bfloat16", precision="medium").defines["BWW_WG_SHIFT"] == 0
+    assert kernel_ab.new_side_class(False) is kernel_ab.CupyBackend
