@@ -4520,11 +4520,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
     const unsigned b_shared = b_first_row * B_ROW_BYTES + ((b_chunk ^ b_first_row * B_ROW_BYTES / 128 % B_CHUNKS) << 4);
     slice_copies<16, 8 * A_ROW> copies;  // of A's TF32 values: four channels 8 apart at each of four window offsets
     auto load_async = [&](unsigned slice, unsigned buffer) {
-        const unsigned image = slice / CELL_SLICES;
-        unsigned char* const stage = slices + buffer * STAGE_BYTES;
-        const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * OUT_SIZE;
         if constexpr (SHIFT) {
-            const unsigned line = slice % CELL_SLICES / LINE_SLICES, x0 = slice % LINE_SLICES * BK;
+            const unsigned image = slice / CELL_SLICES, line = slice % CELL_SLICES / LINE_SLICES;
+            const unsigned x0 = slice % LINE_SLICES * BK;
+            unsigned char* const stage = slices + buffer * STAGE_BYTES;
+            const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * OUT_SIZE;
             static_assert(B_ROWS % B_ROWS_A_PASS == 0, "whole passes of B's rows");
             const real* __restrict__ d_line = d_values + ((size_t)image * GROUPS * M + n_block * WG_N) * IN_SIZE
                                               + (size_t)line * LINE + x0 + 8 * b_chunk;
@@ -4562,7 +4562,8 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
             }
             return;
         }
-        const unsigned cell0 = slice % CELL_SLICES * BK;
+        const unsigned image = slice / CELL_SLICES, cell0 = slice % CELL_SLICES * BK;
+        unsigned char* const stage = slices + buffer * STAGE_BYTES;
         const real* __restrict__ rows = packed_rows + (size_t)image * GROUPS * D_ROWS * D_COLUMNS + cell0;
         {
             const real* __restrict__ b_rows = rows + (size_t)b_first_row * D_COLUMNS + 16 / sizeof(real) * b_chunk;
@@ -4578,6 +4579,7 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
                 }
             }
         }
+        const real* __restrict__ u_image = u_values + (size_t)image * GROUPS * U_GROUP_C * OUT_SIZE;
         if constexpr (MMA == 2) {
             // Two threads a cell, a cell of each 32 of the slice: its 32 channels of row group j, 16 bytes a copy, this
             // thread's half (16 h channels), units 4 (j % 2) + 2 h + q of the cell's 128-byte row of its warpgroup's
@@ -4789,19 +4791,15 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
         const pos_t k0 = (pos_t)rest;
         float sum = 0.f;
         for (unsigned slice = slice_begin; slice < slice_end; ++slice) {
-            const unsigned image = slice / CELL_SLICES;
-            unsigned cell0, cell_end;  // the slice's cells of D
-            if constexpr (SHIFT) {
-                const unsigned line = slice % CELL_SLICES / LINE_SLICES, x0 = slice % LINE_SLICES * BK;
-                cell0 = line * LINE + x0, cell_end = cell0 + min(BK, LINE - x0);
-            } else {
-                cell0 = slice % CELL_SLICES * BK, cell_end = min(cell0 + BK, (unsigned)IN_SIZE);
-            }
+            // The slice's cells of D: BK from cell0, before cell_limit (shifted, the end of its line)
+            const unsigned image = slice / CELL_SLICES, line = SHIFT ? slice % CELL_SLICES / LINE_SLICES : 0u;
+            const unsigned cell0 = SHIFT ? line * LINE + slice % LINE_SLICES * BK : slice % CELL_SLICES * BK;
+            const unsigned cell_limit = SHIFT ? line * LINE + LINE : IN_SIZE;
             const real* __restrict__ d_row = d_values + ((size_t)image * GROUPS * M + m) * IN_SIZE;
             const real* __restrict__ u_row = MMA == 2
                 ? u_values + (size_t)image * GROUPS * UC_ROWS * OUT_SIZE + channel
                 : u_values + ((size_t)image * OUT_C + channel) * OUT_SIZE;
-            for (unsigned cell = cell0; cell < cell_end; ++cell) {
+            for (unsigned cell = cell0; cell < cell0 + BK && cell < cell_limit; ++cell) {
                 bool ok = true;
                 unsigned offset = 0;
                 unsigned cell_rest = cell;  // not `rest`: kappa's coordinates took that name above
@@ -4847,10 +4845,11 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r3_backward_weight_wgmma
     if (rare) {  // in a loop not unrolled: a sum inlined for each accumulator was most of the kernel's code
         rare_path_taken();
 #pragma unroll 1
-        for (unsigned i = 0; i < LAST_K * REGS; ++i) {
-            unsigned kappa, channel, m;
-            if (place(i / REGS, i % REGS, kappa, channel, m)) {
-                put(output(kappa, channel, m), fma_sum(kappa, channel, m));
+        for (unsigned j = 0; j < LAST_K; ++j) {
+#pragma unroll 1
+            for (unsigned r = 0; r < REGS; ++r) {
+                unsigned kappa, channel, m;
+                if (place(j, r, kappa, channel, m)) put(output(kappa, channel, m), fma_sum(kappa, channel, m));
             }
         }
         return;
