@@ -4286,11 +4286,16 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_r2_backward_weight_wgmma(
             }
             bool line_ok = group_ok[0];
             unsigned line_offset = 0;  // U's line, by the other axes' coordinates
-            unsigned rest = line;
-            const pos_t d0 = (pos_t)rest;
-            const pos_t j0 = d0 * S0 + shift0[0];
-            line_ok = line_ok && j0 >= 0 && j0 < IN0;
-            line_offset = line_offset * IN0 + (unsigned)j0;
+            {
+                bool ok = true;
+                unsigned offset = 0;
+                unsigned rest = line;
+                const pos_t d0 = (pos_t)rest;
+                const pos_t j0 = d0 * S0 + shift0[0];
+                ok = ok && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                line_ok = line_ok && ok, line_offset = offset;
+            }
             const unsigned unit = tid % 8;
             const real* __restrict__ channels = u_image + group_channel[0] + 8 * (unit % 4);
             unsigned char* const a_cells = stage + PLANES * B_BYTES;

@@ -5034,26 +5034,31 @@ extern "C" __global__ void BWW_WG_BOUNDS conv_transpose_r5_backward_weight_wgmma
             }
             bool line_ok = group_ok[0];
             unsigned line_offset = 0;  // U's line, by the other axes' coordinates
-            unsigned rest = line;
-            const pos_t d3 = (pos_t)(rest % nonzero(IN3));
-            rest /= nonzero(IN3);
-            const pos_t d2 = (pos_t)(rest % nonzero(IN2));
-            rest /= nonzero(IN2);
-            const pos_t d1 = (pos_t)(rest % nonzero(IN1));
-            rest /= nonzero(IN1);
-            const pos_t d0 = (pos_t)rest;
-            const pos_t j0 = d0 * S0 + shift0[0];
-            line_ok = line_ok && j0 >= 0 && j0 < OUT0;
-            line_offset = line_offset * OUT0 + (unsigned)j0;
-            const pos_t j1 = d1 * S1 + shift1[0];
-            line_ok = line_ok && j1 >= 0 && j1 < OUT1;
-            line_offset = line_offset * OUT1 + (unsigned)j1;
-            const pos_t j2 = d2 * S2 + shift2[0];
-            line_ok = line_ok && j2 >= 0 && j2 < OUT2;
-            line_offset = line_offset * OUT2 + (unsigned)j2;
-            const pos_t j3 = d3 * S3 + shift3[0];
-            line_ok = line_ok && j3 >= 0 && j3 < OUT3;
-            line_offset = line_offset * OUT3 + (unsigned)j3;
+            {
+                bool ok = true;
+                unsigned offset = 0;
+                unsigned rest = line;
+                const pos_t d3 = (pos_t)(rest % nonzero(IN3));
+                rest /= nonzero(IN3);
+                const pos_t d2 = (pos_t)(rest % nonzero(IN2));
+                rest /= nonzero(IN2);
+                const pos_t d1 = (pos_t)(rest % nonzero(IN1));
+                rest /= nonzero(IN1);
+                const pos_t d0 = (pos_t)rest;
+                const pos_t j0 = d0 * S0 + shift0[0];
+                ok = ok && j0 >= 0 && j0 < OUT0;
+                offset = offset * OUT0 + (unsigned)j0;
+                const pos_t j1 = d1 * S1 + shift1[0];
+                ok = ok && j1 >= 0 && j1 < OUT1;
+                offset = offset * OUT1 + (unsigned)j1;
+                const pos_t j2 = d2 * S2 + shift2[0];
+                ok = ok && j2 >= 0 && j2 < OUT2;
+                offset = offset * OUT2 + (unsigned)j2;
+                const pos_t j3 = d3 * S3 + shift3[0];
+                ok = ok && j3 >= 0 && j3 < OUT3;
+                offset = offset * OUT3 + (unsigned)j3;
+                line_ok = line_ok && ok, line_offset = offset;
+            }
             const unsigned unit = tid % 8;
             const real* __restrict__ channels = u_image + group_channel[0] + 8 * (unit % 4);
             unsigned char* const a_cells = stage + PLANES * B_BYTES;
