@@ -8,11 +8,10 @@ the base side's wgmma stages (the current sources), or both, for example an earl
     git show COMMIT:runtime/wgmma_tiles.py > /tmp/base_tiles.py
     python benchmarks/kernel_ab.py [--base /tmp/base/generated/cuda] [--base-tiles /tmp/base_tiles.py]
         [--cases conv2d_128_128_n8,conv1d_64_4096_n32] [--precisions high,medium] [--dtypes float32,bfloat16]
-        [--rounds 3] [--json PATH] [--new-weight-shift]
+        [--rounds 3] [--json PATH] [--base-unshifted-weight]
 
-With --new-weight-shift the current tree's side plans its 16-bit weight gradients shifted (WG_SHIFT, off by default
-until timed on a GPU: convgen.wgmma_tiles.WGMMA_SHIFT_WEIGHT_BY_DEFAULT); alone, the other side is this tree as it
-plans by default.
+With --base-unshifted-weight (in place of --base-tiles) the base side plans its 16-bit weight gradients unshifted
+(`choose_wgmma(..., weight_shift=False)`), this tree's side as it plans by default (shifted where the rule allows).
 
 16-bit dtypes run the precisions they take ("highest", "medium"), on the same random values rounded. A tree
 whose kernel contract differs (packed sizes, shared memory, stages) runs in processes of its own: tree_ab.py.
@@ -68,11 +67,6 @@ def backend_class(sources: Path | None, wgmma_chooser: Callable[..., Any] | None
     return type("OtherTreeBackend", (CupyBackend,), overrides) if overrides else CupyBackend
 
 
-def new_side_class(weight_shift: bool) -> type[CupyBackend]:
-    """The current tree's side: CupyBackend, or with `weight_shift` one whose 16-bit weight gradients are shifted."""
-    return backend_class(None, functools.partial(choose_wgmma, weight_shift=True)) if weight_shift else CupyBackend
-
-
 def tiles_chooser(path: Path) -> Callable[..., Any]:
     """The `choose_wgmma` of another tree's wgmma_tiles.py, its tiles as this tree's WgmmaTile (fields it lacks
     at their defaults)."""
@@ -86,6 +80,14 @@ def tiles_chooser(path: Path) -> Callable[..., Any]:
         tile = module.choose_wgmma(shape, hardware)
         return None if tile is None else WgmmaTile(**{n: getattr(tile, n) for n in names if hasattr(tile, n)})
     return choose
+
+
+def base_chooser(tiles: Path | None, unshifted_weight: bool) -> Callable[..., Any] | None:
+    """The base side's wgmma chooser: another tree's, this tree's with the 16-bit weight gradient unshifted, or
+    None (this tree's)."""
+    if tiles is not None:
+        return tiles_chooser(tiles)
+    return functools.partial(choose_wgmma, weight_shift=False) if unshifted_weight else None
 
 
 def stage_calls(backend: CupyBackend, geom: Geometry, inputs: tuple[Any, ...],
@@ -107,18 +109,20 @@ def same_bits(cupy: Any, a: dict[str, Callable], b: dict[str, Callable]) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, default=None, help="a folder of generated .cu sources: the A side's")
-    parser.add_argument("--base-tiles", type=Path, default=None, help="a wgmma_tiles.py: the A side's wgmma tiles")
+    tiles = parser.add_mutually_exclusive_group()
+    tiles.add_argument("--base-tiles", type=Path, default=None, help="a wgmma_tiles.py: the A side's wgmma tiles")
+    tiles.add_argument("--base-unshifted-weight", action="store_true",
+                       help="the A side plans its 16-bit weight gradients unshifted (WG_SHIFT off on them)")
     parser.add_argument("--cases", default=",".join(c.name for c in BATCHED_CASES if c.in_c >= 32),
                         help="comma-separated case names (default: the batched cases of 32 channels or more)")
     parser.add_argument("--precisions", default="high,medium", help="comma-separated: highest, high, medium")
     parser.add_argument("--dtypes", default="float32", help="comma-separated: float32, float16, bfloat16")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per stage")
     parser.add_argument("--json", type=Path, default=None, help="where to write the numbers")
-    parser.add_argument("--new-weight-shift", action="store_true",
-                        help="this tree's side plans its 16-bit weight gradients shifted (WG_SHIFT)")
     args = parser.parse_args(argv)
-    if args.base is None and args.base_tiles is None and not args.new_weight_shift:
-        parser.error("give --base, --base-tiles, --new-weight-shift or a mix: the sides differ in sources or tiles")
+    if args.base is None and args.base_tiles is None and not args.base_unshifted_weight:
+        parser.error("give --base, --base-tiles, --base-unshifted-weight or a mix: "
+                     "the sides differ in sources or tiles")
     if args.base is not None and not args.base.is_dir():
         parser.error(f"--base {args.base}: not a folder")
     if args.base_tiles is not None and not args.base_tiles.is_file():
@@ -131,16 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(sorted(CASES_BY_NAME))})")
     import cupy
 
-    base_class = backend_class(args.base, None if args.base_tiles is None else tiles_chooser(args.base_tiles))
+    base_class = backend_class(args.base, base_chooser(args.base_tiles, args.base_unshifted_weight))
     results: dict[str, Any] = {"base": str(args.base), "base_tiles": str(args.base_tiles),
-                               "new_weight_shift": args.new_weight_shift, "cases": {}}
+                               "base_unshifted_weight": args.base_unshifted_weight, "cases": {}}
     runs = [(name, dtype, precision) for name in args.cases.split(",") for dtype in args.dtypes.split(",")
             for precision in args.precisions.split(",") if dtype == "float32" or precision != "high"]
     for name, dtype, precision in runs:
         geom = CASES_BY_NAME[name].geometry
         inputs, grad = random_inputs(cupy, geom, dtype, seed=7)
         sides = {side: stage_calls(cls(dtype, precision), geom, inputs, grad)
-                 for side, cls in (("base", base_class), ("new", new_side_class(args.new_weight_shift)))}
+                 for side, cls in (("base", base_class), ("new", CupyBackend))}
         bits = same_bits(cupy, sides["base"], sides["new"])  # also compiles and warms both
         rounds: dict[str, dict[str, list[float]]] = {side: {s: [] for s in STAGES} for side in sides}
         for _ in range(args.rounds):

@@ -72,16 +72,17 @@ WGMMA_16BIT_MAX_SHARED = 97 * 1024
 WGMMA_16BIT_SHIFTED_MIN_USES = 576
 # The 16-bit weight gradient shifted (WG_SHIFT, _shifted_weight_tile): a block's rows of dW (both warpgroups' 64);
 # from an N of 64 (each warpgroup half of it, wgmma's N 32 or more), its accumulators (the last axis's K offsets at
-# half of N) at most this many a thread, and the cells U's slices take past D's at most this many. The blocks an SM
-# its split plans for (at least those it asks ptxas for).
+# half of N) at most this many a thread, and the cells U's slices take past D's at most this many. Its split plans
+# one block an SM even where ptxas is asked for two: on an H100, N32 64->64's weight gradient took 62.5 µs in 44 parts
+# and 78.6 in 88 (benchmarks/NOTES.md, fortieth session).
 WGMMA_SHIFT_WEIGHT_ROWS = 64
 WGMMA_SHIFT_WEIGHT_MIN_N = 64
 WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS = 96
 WGMMA_SHIFT_WEIGHT_MAX_ROWS = 64
 WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM = 1
-# Off until it has run on a GPU: built and checked on the CPU emulator only, in a session no device was lent to
-# (benchmarks/NOTES.md, thirty-ninth session, which says how to time it); tests/test_cuda_weight_shift.py turns it on.
-WGMMA_SHIFT_WEIGHT_BY_DEFAULT = False
+# On since it ran on an H100: 0.79-0.95x the unshifted weight gradient's time on the batched cases it takes
+# (benchmarks/NOTES.md, fortieth session). `choose_wgmma(..., weight_shift=False)` plans the unshifted one.
+WGMMA_SHIFT_WEIGHT_BY_DEFAULT = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
     16-bit elements (planned on float32 shapes: their own m16n8k16 mode runs as TF32 on wgmma, exact for them; the
     kernels widen them as they stage them), a GPU without wgmma, stride phases (the gather form's phases take the
     GEMM), or few channels. The tests move the channels-last rule (`channels_last_min_uses`), turn WG_SHIFT off
-    (`shift`) and the 16-bit weight gradient's on (`weight_shift`, with `shift`)."""
+    (`shift`) and the 16-bit weight gradient's alone (`weight_shift`; it needs `shift`)."""
     if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.phases == 1
             and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
         return None
@@ -199,8 +200,8 @@ def _shifted_weight_tile(shape, n: int, hardware) -> WgmmaTile | None:
             continue
         blocks = shape.groups * _weight_row_blocks(shape, WGMMA_SHIFT_WEIGHT_ROWS, shape.last_window) * -(-shape.m // n)
         slices = shape.images * shape.reduction // shape.last_extent * -(-shape.last_extent // k)
-        per_sm = max(WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM, min_blocks)
-        split = max(1, min(per_sm * hardware.sm_count // blocks, slices // WGMMA_WEIGHT_MIN_SLICES))
+        per_sm_split = WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM * hardware.sm_count // blocks
+        split = max(1, min(per_sm_split, slices // WGMMA_WEIGHT_MIN_SLICES))
         return replace(tile, split=split)
     return None
 

@@ -88,7 +88,7 @@ def test_another_trees_wgmma_tiles_plan_the_base_side(tmp_path) -> None:
 def test_a_side_that_differs_in_nothing_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         kernel_ab.main([])
-    assert "give --base, --base-tiles, --new-weight-shift or a mix: the sides differ in sources or tiles" in \
+    assert "give --base, --base-tiles, --base-unshifted-weight or a mix: the sides differ in sources or tiles" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit):
         kernel_ab.main(["--base-tiles", str(tmp_path)])
@@ -98,11 +98,14 @@ def test_a_side_that_differs_in_nothing_is_refused(tmp_path, capsys) -> None:
     assert "--dtypes: unknown int8 (known: float32, float16, bfloat16)" in capsys.readouterr().err
 
 
-def test_the_new_side_may_shift_its_16_bit_weight_gradients() -> None:
-    """--new-weight-shift: this tree's side plans the 16-bit weight gradient shifted (off by default), the base side
-    as this tree does by default."""
+def test_the_base_side_may_plan_its_16_bit_weight_gradients_unshifted(tmp_path, capsys) -> None:
+    """--base-unshifted-weight: the base side plans the 16-bit weight gradient unshifted, this tree's side as it does
+    by default (shifted); not with --base-tiles, which names the base's chooser itself."""
     geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
-    shifted = kernel_ab.new_side_class(True).wgmma_chooser
-    assert plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=shifted).defines["BWW_WG_SHIFT"] == 1
-    assert plan(geom, dtype="bfloat16", precision="medium").defines["BWW_WG_SHIFT"] == 0
-    assert kernel_ab.new_side_class(False) is kernel_ab.CupyBackend
+    unshifted = kernel_ab.base_chooser(None, True)
+    assert plan(geom, dtype="bfloat16", precision="medium", wgmma_chooser=unshifted).defines["BWW_WG_SHIFT"] == 0
+    assert plan(geom, dtype="bfloat16", precision="medium").defines["BWW_WG_SHIFT"] == 1
+    assert kernel_ab.base_chooser(None, False) is None
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--base-tiles", str(tmp_path), "--base-unshifted-weight"])
+    assert "argument --base-unshifted-weight: not allowed with argument --base-tiles" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The shifted 16-bit weight gradient (WG_SHIFT; off by default until it has run on a GPU) on the GPU's tensor cores
+"""The shifted 16-bit weight gradient (WG_SHIFT, the default where its rule allows) on the GPU's tensor cores
 (`pytest -m cuda`, skipped without CuPy, a GPU or wgmma): tests/test_emulated_weight_shift.py's cases, a line of 56
 cells in slices of 64 and every rank 1..8, float16 and bfloat16, each element of dW against the float64 CPU tape, no
 block on the rare path, the same bits run after run."""

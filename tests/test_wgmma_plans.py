@@ -176,7 +176,8 @@ def test_16_bit_conv_shaped_stages_ask_for_two_blocks_an_sm_up_to_an_n_of_128():
         return tuple(made.defines[f"{prefix}_WG_MIN_BLOCKS"] for prefix in ("FWD", "BWI", "BWW"))
 
     assert min_blocks(128, (128, 128), "bfloat16") == min_blocks(128, (128, 128), "float16") == (1, 1, 2)
-    assert min_blocks(128, (128, 128), "bfloat16", shift=True) == (2, 2, 2)  # shifted: N blocks of 64
+    # Shifted: N blocks of 64; the weight gradient's accumulators, 3 x 32 a thread, leave room for one block an SM.
+    assert min_blocks(128, (128, 128), "bfloat16", shift=True) == (2, 2, 1)
     assert min_blocks(128, (8, 8, 8), "bfloat16") == (2, 2, 2)
     assert min_blocks(64, (32, 32), "bfloat16") == (2, 2, 1)
     assert min_blocks(128, (128, 128), "float32") == (1, 1, 2)
@@ -294,12 +295,14 @@ def test_16_bit_channels_last_stages_stage_a_slice_once_for_the_last_axis_s_offs
 
 
 def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it():
-    """The 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels are whole
-    N blocks and its cells whole slices (of 64 cells up to an N of 64, else 32), so the plan names the stage, its pack launches nothing and has no
-    packed size, and the `_wgmma` reads D in its place. TF32 rounds D as it packs it: never a copy."""
-    def copied(out_c, spatial, dtype="bfloat16", groups=1):
+    """Unshifted, the 16-bit D pack writes P[image][group][D_ROWS][D_COLUMNS]: D's own layout where a group's channels
+    are whole N blocks and its cells whole slices (of 64 cells up to an N of 64, else 32), so the plan names the
+    stage, its pack launches nothing and has no packed size, and the `_wgmma` reads D in its place. TF32 rounds D as
+    it packs it: never a copy. Shifted, D is always read in place (zeros past its lines and channels as it loads)."""
+    def copied(out_c, spatial, dtype="bfloat16", groups=1, weight_shift=False):
         geom = Geometry.build(Family.CONV, 64, out_c, spatial, (3, 3), (1, 1), (1, 1), batch=4, groups=groups)
-        made = plan(geom, dtype=dtype, precision="medium")
+        chooser = functools.partial(choose_wgmma, weight_shift=weight_shift)
+        made = plan(geom, dtype=dtype, precision="medium", wgmma_chooser=chooser)
         pack = made.launches["backward_weight_pack"]
         assert pack.kernel == "backward_weight_wgpack" and made.launches["backward_weight"].grid > 0
         in_place = "backward_weight" in made.copied_packs
@@ -309,6 +312,7 @@ def test_the_16_bit_weight_gradient_reads_d_itself_where_its_pack_would_copy_it(
     assert copied(64, (56, 56)) == copied(64, (56, 56), "float16") == frozenset({"backward_weight"})  # 3136 cells
     assert copied(128, (16, 8)) == copied(64, (16, 8), groups=2) == frozenset({"backward_weight"})
     assert copied(40, (16, 8)) == frozenset()  # 40 channels: an N block of 64, zeros past them
+    assert copied(40, (16, 8), weight_shift=True) == frozenset({"backward_weight"})
     assert copied(64, (10, 9)) == frozenset()  # 90 cells: slices to 128, zeros past them
     assert copied(64, (12, 8)) == frozenset() and copied(128, (12, 8)) == frozenset({"backward_weight"})  # 96 cells
     assert copied(64, (56, 56), "float32") == frozenset()

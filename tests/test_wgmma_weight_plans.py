@@ -1,6 +1,6 @@
 """The 16-bit weight gradient's shifted plans (WG_SHIFT, convgen.wgmma_tiles._shifted_weight_tile), on the H200's
-hardware: off by default until the kernel has run on a GPU; where the chooser's `weight_shift` takes them, their
-slices, blocks, split and shared memory, and that D is read in place (no `_wgpack` launch). The kernels themselves
+hardware: on by default, off with the chooser's `weight_shift`; where the rule takes them, their slices, blocks,
+split and shared memory, and that D is read in place (no `_wgpack` launch). The kernels themselves
 run in tests/test_emulated_weight_shift.py and under `pytest -m cuda` (tests/test_cuda_weight_shift.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def weight_plan(in_c, out_c, spatial, batch, dtype="bfloat16", kernel=3, stride=
     rank = len(spatial)
     geom = Geometry.build(Family.CONV, in_c, out_c, spatial, (kernel,) * rank, (1,) * (rank - 1) + (stride,),
                           (kernel // 2,) * rank, batch=batch)
-    return plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=shift, weight_shift=True))
+    return plan(geom, dtype=dtype, precision="medium", wgmma_chooser=functools.partial(choose_wgmma, shift=shift))
 
 
 def fields(made):
@@ -31,11 +31,11 @@ def fields(made):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_n32_64_to_64_shifts_its_weight_gradient_in_slices_of_64(dtype):
     """N32 64->64 56²: three row blocks of 64 (the first axis's three offsets of 64 U channels), one N block of 64,
-    32 of 48 accumulators a thread (two blocks an SM); lines of 56 cells in one slice of 64 each: 32 x 56 slices,
-    split for two blocks an SM. Four stages of B's 64 rows of 128 bytes and U's 64 + 2 cells (72: whole swizzle
+    32 of 48 accumulators a thread (ptxas asked for two blocks an SM); lines of 56 cells in one slice of 64 each:
+    32 x 56 slices, split for one block an SM (44 parts ran faster than 88 on an H100). Four stages of B's 64 rows of 128 bytes and U's 64 + 2 cells (72: whole swizzle
     groups) of 128 bytes. D is read in place: the pack launches nothing."""
     made = weight_plan(64, 64, (56, 56), 32, dtype)
-    split = min(2 * SMS // 3, 32 * 56 // 8)
+    split = min(SMS // 3, 32 * 56 // 8)
     assert fields(made) == (1, 64, 64, 4, 2, split)
     launch = made.launches["backward_weight"]
     assert (launch.kernel, launch.grid, launch.block) == ("backward_weight_wgmma", 3 * split, 256)
@@ -81,7 +81,10 @@ def test_the_weight_gradient_stays_unshifted_where_the_shift_does_not_apply(args
     assert made.defines["BWW_WG_SHIFT"] == 0, why
 
 
-def test_the_weight_gradient_is_unshifted_by_default_until_it_has_run_on_a_gpu():
+def test_the_weight_gradient_is_shifted_by_default_and_unshifted_on_request():
     geom = Geometry.build(Family.CONV, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), batch=32)
     made = plan(geom, dtype="bfloat16", precision="medium")
-    assert made.defines["BWW_WG_SHIFT"] == 0 and made.defines["FWD_WG_SHIFT"] == 1
+    assert made.defines["BWW_WG_SHIFT"] == 1 and made.defines["FWD_WG_SHIFT"] == 1
+    unshifted = plan(geom, dtype="bfloat16", precision="medium",
+                     wgmma_chooser=functools.partial(choose_wgmma, weight_shift=False))
+    assert unshifted.defines["BWW_WG_SHIFT"] == 0 and unshifted.defines["FWD_WG_SHIFT"] == 1
