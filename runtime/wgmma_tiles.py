@@ -80,7 +80,7 @@ WGMMA_SHIFT_WEIGHT_MIN_N = 64
 WGMMA_SHIFT_WEIGHT_MAX_ACCUMULATORS = 96
 WGMMA_SHIFT_WEIGHT_MAX_ROWS = 64
 WGMMA_SHIFT_WEIGHT_BLOCKS_PER_SM = 1
-# On since it ran on an H100: 0.79-0.95x the unshifted weight gradient's time on the batched cases it takes
+# On since it ran on an H100: 0.77-0.95x the unshifted weight gradient's time on the batched cases it takes
 # (benchmarks/NOTES.md, fortieth session). `choose_wgmma(..., weight_shift=False)` plans the unshifted one.
 WGMMA_SHIFT_WEIGHT_BY_DEFAULT = True
 
