@@ -1368,6 +1368,8 @@ extern "C" __global__ void FWD_BOUNDS conv_r7_forward(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
+    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
+    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -1564,7 +1566,7 @@ extern "C" __global__ void FWD_BOUNDS conv_r7_forward(
                 const unsigned e = tid + i * THREADS;
                 const unsigned k = PACKED ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
                 const unsigned w = PACKED ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-                if (BM * BK % THREADS == 0 || e < BM * BK) {  // the first: every e is (the block is THREADS)
+                if (A_FILLED || e < BM * BK) {
                     stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
                 }
             }
@@ -2819,6 +2821,8 @@ extern "C" __global__ void BWI_BOUNDS conv_r7_backward_input(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
+    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
+    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -3235,7 +3239,7 @@ extern "C" __global__ void BWI_BOUNDS conv_r7_backward_input(
                 const unsigned e = tid + i * THREADS;
                 const unsigned k = PACKED ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
                 const unsigned w = PACKED ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-                if (BM * BK % THREADS == 0 || e < BM * BK) {  // the first: every e is (the block is THREADS)
+                if (A_FILLED || e < BM * BK) {
                     stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
                 }
             }
@@ -4780,6 +4784,8 @@ extern "C" __global__ void BWW_BOUNDS conv_r7_backward_weight(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
+    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
+    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -4799,9 +4805,8 @@ extern "C" __global__ void BWW_BOUNDS conv_r7_backward_weight(
     static_assert(STAGES == SHARED_BUFFERS, "the weight gradient stages through registers");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
-    // A block is THREADS threads, so where a slice's elements fill whole rounds of them each thread's lie in it:
-    // checks nvcc cannot drop itself, and worked out again each slice for want of predicate registers.
-    constexpr bool A_FILLED = BM * BK % THREADS == 0, B_FILLED = BN % N_STEP == 0;
+    // As A_FILLED for B: bounds nvcc cannot drop itself, and worked out again each slice for want of predicates.
+    constexpr bool B_FILLED = BN % N_STEP == 0;
     constexpr bool WHOLE_M = M % BM == 0, WHOLE_N = N % BN == 0;  // and each block's rows, columns lie in C
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
     constexpr unsigned BLOCKS_PER_GROUP = SPLIT * M_TILES * N_TILES;
@@ -4945,7 +4950,7 @@ extern "C" __global__ void BWW_BOUNDS conv_r7_backward_weight(
             const unsigned e = tid + i * THREADS;
             const unsigned k = false ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
             const unsigned w = false ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-            if (BM * BK % THREADS == 0 || e < BM * BK) {  // the first: every e is (the block is THREADS)
+            if (A_FILLED || e < BM * BK) {
                 stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
             }
         }
