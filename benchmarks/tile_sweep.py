@@ -6,13 +6,13 @@ back-to-back launches (stage + its split reduce), median of rounds. Every candid
 checked against the planned one's (relative error). Feeds the cost model's calibration.
 
     python benchmarks/tile_sweep.py [--top N] [--cases NAME,...] [--stages STAGE,...]
-                                    [--tile BM,BN,TM,TN,SPLIT[,packed]]... [--precision P] [--dtype D]
+                                    [--tile BM,BN,TM,TN,SPLIT[,packed][,blocksN]]... [--precision P] [--dtype D]
                                     [--json PATH] [--rounds N] [--depths] [--list]
 
 `--stages` sweeps only the named GEMM stages; each `--tile` adds a candidate to every swept stage whose
-candidate block tiles include it (packed: A read repacked, conv-shaped stages only); `--depths` times every
-candidate at the stage's other slice depths too. `--list` prints the candidates and the model's time of
-each, without a GPU.
+candidate block tiles include it (packed: A read repacked, conv-shaped stages only; blocksN: its registers fitted to
+N blocks per SM instead of the plan's rule); `--depths` times every candidate at the stage's other slice depths too.
+`--list` prints the candidates and the model's time of each, without a GPU.
 """
 
 from __future__ import annotations
@@ -58,18 +58,24 @@ def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
     return (tile.bm, tile.bn, tile.tm, tile.tn)
 
 
-# A tile given on the command line: (bm, bn, tm, tn, split, packed).
-ForcedTile = tuple[int, int, int, int, int, bool]
+# A tile given on the command line: (bm, bn, tm, tn, split, packed, blocks per SM or None for the plan's).
+ForcedTile = tuple[int, int, int, int, int, bool, int | None]
+TILE_FORM = "BM,BN,TM,TN,SPLIT[,packed][,blocksN]"
 
 
 def parse_tile(text: str) -> ForcedTile:
-    """`BM,BN,TM,TN,SPLIT` or `BM,BN,TM,TN,SPLIT,packed` (argparse's type for --tile)."""
+    """`BM,BN,TM,TN,SPLIT`, then optionally `packed` and `blocksN` (the registers fitted to N blocks per SM, the
+    MIN_BLOCKS define), in that order (argparse's type for --tile)."""
     parts = text.split(",")
-    packed = parts[5:] == ["packed"]
-    if len(parts) not in (5, 6) or (len(parts) == 6 and not packed) or not all(p.isdigit() for p in parts[:5]):
-        raise argparse.ArgumentTypeError(f"a tile is BM,BN,TM,TN,SPLIT or BM,BN,TM,TN,SPLIT,packed, got {text!r}")
+    extras = parts[5:]
+    packed = extras[:1] == ["packed"]
+    blocks = extras[packed:]
+    fitted = blocks[0].removeprefix("blocks") if len(blocks) == 1 and blocks[0].startswith("blocks") else None
+    if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(blocks) > 1
+            or (blocks and not (fitted and fitted.isdigit() and int(fitted) > 0))):
+        raise argparse.ArgumentTypeError(f"a tile is {TILE_FORM}, got {text!r}")
     bm, bn, tm, tn, split = (int(p) for p in parts[:5])
-    return bm, bn, tm, tn, split, packed
+    return bm, bn, tm, tn, split, packed, int(fitted) if fitted else None
 
 
 def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
@@ -101,11 +107,11 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
         chosen.append(dataclasses.replace(planned, packed=not planned.packed))
     if planned.min_blocks > 1:  # and without the launch bounds that fit it to two blocks per SM
         chosen.append(dataclasses.replace(planned, min_blocks=1))
-    for bm, bn, tm, tn, split, packed in forced:
+    for bm, bn, tm, tn, split, packed, blocks in forced:
         if (bm, bn, tm, tn) in best:
             tile = dataclasses.replace(best[(bm, bn, tm, tn)][1], split=whole_parts(shape.chunks, split),
                                        packed=packed and shape.conv,
-                                       min_blocks=fitted_blocks(shape, bm, bn, tm, tn))
+                                       min_blocks=blocks or fitted_blocks(shape, bm, bn, tm, tn))
             if tile not in chosen:
                 chosen.append(tile)
     if depths:
@@ -290,7 +296,7 @@ def main() -> None:
                         help="the element type (the tape's dtype; float64 multiplies in \"highest\" only)")
     parser.add_argument("--stages", default="", help="GEMM stages to sweep, comma-separated (default: all)")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
-                        help="BM,BN,TM,TN,SPLIT[,packed]: one more candidate for every swept stage (repeatable)")
+                        help=f"{TILE_FORM}: one more candidate for every swept stage (repeatable)")
     parser.add_argument("--depths", action="store_true",
                         help="time each candidate at every slice depth of its stage too (GemmShape.slice_depths)")
     parser.add_argument("--list", action="store_true", help="print the candidates and model times only (no GPU)")

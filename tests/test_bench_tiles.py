@@ -28,10 +28,21 @@ def test_listing_one_stage_with_a_tile_from_the_command_line() -> None:
     assert not any(" bm8 " in line for line in lines)
 
 
+def test_a_tile_from_the_command_line_fitted_to_two_blocks_per_sm() -> None:
+    done = sweep("--cases", "conv2d_128_128_n8", "--stages", "backward_weight", "--top", "0",
+                 "--tile", "128,128,8,8,28,blocks2")
+    assert done.returncode == 0, done.stderr
+    planned, *others = done.stdout.splitlines()
+    assert " bm128  bn128 " in planned and " fit1 " in planned
+    forced = [line for line in others if " split28 " in line]
+    assert len(forced) == 1 and " bm128  bn128 " in forced[0] and " fit2 " in forced[0]
+
+
 def test_an_unknown_stage_and_a_malformed_tile_are_refused() -> None:
     done = sweep("--stages", "forward,backward_bias")
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
         "error: --stages: unknown stage 'backward_bias' (stages: forward, backward_input, backward_weight)")
-    done = sweep("--tile", "64,64,8,4")
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
-        "error: argument --tile: a tile is BM,BN,TM,TN,SPLIT or BM,BN,TM,TN,SPLIT,packed, got '64,64,8,4'")
+    for tile in ("64,64,8,4", "64,64,8,4,2,blocks", "64,64,8,4,2,blocks2,packed", "64,64,8,4,2,blocks0"):
+        done = sweep("--tile", tile)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+            f"error: argument --tile: a tile is BM,BN,TM,TN,SPLIT[,packed][,blocksN], got '{tile}'")
