@@ -675,16 +675,6 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
-// `pointer` made opaque to the compiler, so that it stays in a register from here on: under register pressure
-// nvcc otherwise works a slice's base pointer out again at each load from it (the kernel parameter read anew, a
-// 64-bit multiply-add): 73 of the 1390 instructions of the weight gradient's loop on N8 128->128 (sass_mix.py).
-template <typename Pointer> __device__ __forceinline__ void keep_in_register(Pointer& pointer)
-{
-#ifndef CONVGEN_EMULATED
-    asm volatile("" : "+l"(pointer));
-#endif
-}
-
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py copies at once, in program order
 // cp.async (sm_80 on): global memory straight into shared memory, no register in between, 4 or 16 bytes
 // (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0:
@@ -1354,8 +1344,6 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r1_forward(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
-    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -1548,14 +1536,12 @@ extern "C" __global__ void FWD_BOUNDS conv_transpose_r1_forward(
                 stage_quad<MMA>(As[buffer], q / (BM / 4), 4 * (q % (BM / 4)), a_stage + 4 * i, rounded);
             }
         } else {
-            constexpr bool WHOLE_ROWS = !PACKED && THREADS % BK == 0;
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const unsigned k = PACKED ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
-                const unsigned w = PACKED ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-                if (A_FILLED || e < BM * BK) {
-                    stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
+                if (e < BM * BK) {
+                    stage_element<MMA>(As[buffer], PACKED ? e / BM : e % BK, PACKED ? e % BM : e / BK,
+                                       a_stage[i], rounded);
                 }
             }
         }
@@ -2519,8 +2505,6 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r1_backward_input(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
-    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -2656,14 +2640,12 @@ extern "C" __global__ void BWI_BOUNDS conv_transpose_r1_backward_input(
                 stage_quad<MMA>(As[buffer], q / (BM / 4), 4 * (q % (BM / 4)), a_stage + 4 * i, rounded);
             }
         } else {
-            constexpr bool WHOLE_ROWS = !PACKED && THREADS % BK == 0;
 #pragma unroll
             for (unsigned i = 0; i < A_LOADS; ++i) {
                 const unsigned e = tid + i * THREADS;
-                const unsigned k = PACKED ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
-                const unsigned w = PACKED ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-                if (A_FILLED || e < BM * BK) {
-                    stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
+                if (e < BM * BK) {
+                    stage_element<MMA>(As[buffer], PACKED ? e / BM : e % BK, PACKED ? e % BM : e / BK,
+                                       a_stage[i], rounded);
                 }
             }
         }
@@ -3516,8 +3498,6 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
                                && BN % (4 * TN) == 0 && BK % (MMA == 2 ? 16 : 8) == 0), "tensor-core tile shape");
     static_assert(MMA != 2 || ELEMENT_BYTES == 2, "the 16-bit mma takes 16-bit elements");
     constexpr unsigned A_LOADS = (BM * BK + THREADS - 1) / THREADS;  // A elements a thread stages
-    // Every thread's A elements lie in the slice: the block is THREADS threads (a check nvcc cannot drop itself).
-    constexpr bool A_FILLED = BM * BK % THREADS == 0;
     static_assert(SHARED_BUFFERS == 2, "the register-staged main loop alternates two staged slices");
     // Slices in flight: SHARED_BUFFERS, staged through registers; more, a cp.async pipeline of that many
     // (gemm_async_loop: TF32 tensor cores on float32 elements, conv-shaped stages).
@@ -3537,9 +3517,6 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
     static_assert(STAGES == SHARED_BUFFERS, "the weight gradient stages through registers");
     constexpr unsigned N_STEP = THREADS / BK;
     constexpr unsigned B_LOADS = (BN + N_STEP - 1) / N_STEP;
-    // As A_FILLED for B: bounds nvcc cannot drop itself, and worked out again each slice for want of predicates.
-    constexpr bool B_FILLED = BN % N_STEP == 0;
-    constexpr bool WHOLE_M = M % BM == 0, WHOLE_N = N % BN == 0;  // and each block's rows, columns lie in C
     constexpr unsigned M_TILES = (M + BM - 1) / BM, N_TILES = (N + BN - 1) / BN;
     constexpr unsigned BLOCKS_PER_GROUP = SPLIT * M_TILES * N_TILES;
     const unsigned chunks = images * CHUNKS, per_split = (chunks + SPLIT - 1) / SPLIT;
@@ -3568,7 +3545,7 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
 #pragma unroll
     for (unsigned i = 0; i < B_LOADS; ++i) {
         const unsigned local = b_n + i * N_STEP, n = n0 + local;
-        column_ok[i] = (B_FILLED || local < BN) && (WHOLE_N || n < N);
+        column_ok[i] = local < BN && n < N;
         column_base[i] = n / K_SIZE * OUT_SIZE;
         const unsigned kappa = n % K_SIZE;
         unsigned rest = kappa;
@@ -3581,17 +3558,15 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
     auto load = [&](unsigned chunk) {
         const unsigned image = chunk / CHUNKS, p0 = chunk % CHUNKS * BK;
         const real* __restrict__ u_image = u_values + (size_t)image * OUT_C * OUT_SIZE;
-        keep_in_register(u_image);
         // A: element e = tid + i * THREADS of the slice is row m0 + e / BK at cell p0 + e % BK, and THREADS % BK
         // == 0, so a thread's rows are THREADS / BK rows apart at one cell: one pointer a slice and constant
         // offsets, where a 64-bit index for each element cost six instructions more per load.
         const unsigned a_p = p0 + tid % BK;
         const real* __restrict__ a_first = d_values + ((size_t)image * GROUPS * M + m0 + tid / BK) * REDUCTION + a_p;
-        keep_in_register(a_first);
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS, m = m0 + e / BK;
-            a_stage[i] = ((A_FILLED || e < BM * BK) && (WHOLE_M || m < M) && a_p < REDUCTION)
+            a_stage[i] = (e < BM * BK && m < M && a_p < REDUCTION)
                              ? load_stored(a_first + (size_t)(i * (THREADS / BK)) * REDUCTION) : real{};
         }
         const unsigned p = p0 + b_k;
@@ -3618,24 +3593,22 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
         for (unsigned i = 0; i < B_LOADS; ++i) {
             const unsigned bits = __ballot_sync(0xffffffffu, b_valid[i]) >> (lane / BK * BK);
             const unsigned local = b_n + i * N_STEP;
-            if (b_k == 0 && (B_FILLED || local < BN)) valid_rows[local] = bits & (BK == 32 ? ~0u : (1u << BK) - 1u);
+            if (b_k == 0 && local < BN) valid_rows[local] = bits & (BK == 32 ? ~0u : (1u << BK) - 1u);
         }
     };
     auto store = [&](unsigned buffer, bool rounded) {
-        constexpr bool WHOLE_ROWS = !false && THREADS % BK == 0;
 #pragma unroll
         for (unsigned i = 0; i < A_LOADS; ++i) {
             const unsigned e = tid + i * THREADS;
-            const unsigned k = false ? e / BM : WHOLE_ROWS ? tid % BK : e % BK;
-            const unsigned w = false ? e % BM : WHOLE_ROWS ? tid / BK + i * (THREADS / BK) : e / BK;
-            if (A_FILLED || e < BM * BK) {
-                stage_element<MMA>(As[buffer], k, w, a_stage[i], rounded);
+            if (e < BM * BK) {
+                stage_element<MMA>(As[buffer], false ? e / BM : e % BK, false ? e % BM : e / BK,
+                                   a_stage[i], rounded);
             }
         }
 #pragma unroll
         for (unsigned i = 0; i < B_LOADS; ++i) {
             const unsigned local = b_n + i * N_STEP;
-            if (B_FILLED || local < BN) stage_element<MMA>(Bs[buffer], b_k, local, b_stage[i], rounded);
+            if (local < BN) stage_element<MMA>(Bs[buffer], b_k, local, b_stage[i], rounded);
         }
     };
 

@@ -67,16 +67,6 @@ template <unsigned BK, unsigned W> struct staged_rows<2, BK, W> {
     typedef unsigned type[BK / 2][W + SHARED_ROW_PAD];
 };
 
-// `pointer` made opaque to the compiler, so that it stays in a register from here on: under register pressure
-// nvcc otherwise works a slice's base pointer out again at each load from it (the kernel parameter read anew, a
-// 64-bit multiply-add): 73 of the 1390 instructions of the weight gradient's loop on N8 128->128 (sass_mix.py).
-template <typename Pointer> __device__ __forceinline__ void keep_in_register(Pointer& pointer)
-{
-#ifndef CONVGEN_EMULATED
-    asm volatile("" : "+l"(pointer));
-#endif
-}
-
 #ifndef CONVGEN_EMULATED  // tests/emulated_cupy.py copies at once, in program order
 // cp.async (sm_80 on): global memory straight into shared memory, no register in between, 4 or 16 bytes
 // (both aligned to their size). Not `valid`: the destination gets zeros and nothing is read (src-size 0:
