@@ -109,7 +109,9 @@ def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
         chosen.append(dataclasses.replace(planned, min_blocks=1))
     for bm, bn, tm, tn, split, packed, blocks in forced:
         if (bm, bn, tm, tn) in best:
-            tile = dataclasses.replace(best[(bm, bn, tm, tn)][1], split=whole_parts(shape.chunks, split),
+            # The planned block shape keeps the plan's slice depth and pipeline; another takes its best candidate's.
+            like = planned if block_shape(planned) == (bm, bn, tm, tn) else best[(bm, bn, tm, tn)][1]
+            tile = dataclasses.replace(like, split=whole_parts(shape.chunks_at(like.bk), split),
                                        packed=packed and shape.conv,
                                        min_blocks=blocks or fitted_blocks(shape, bm, bn, tm, tn))
             if tile not in chosen:
@@ -261,13 +263,13 @@ def tile_row(case: Case, stage: str, tile: GemmTile, candidate_plan: Plan, plann
     launch = candidate_plan.launches[stage]
     return {"case": case.name, "stage": stage, "planned": planned, "bm": tile.bm, "bn": tile.bn, "bk": tile.bk,
             "tm": tile.tm, "tn": tile.tn, "split": tile.split, "packed": tile.packed, "min_blocks": tile.min_blocks,
-            "threads": launch.block, "blocks": launch.grid}
+            "stages": tile.stages, "threads": launch.block, "blocks": launch.grid}
 
 
 def row_line(row: dict[str, Any]) -> str:
     return (f"{row['case']:16s} {row['stage']:16s} {'*' if row['planned'] else ' '} bm{row['bm']:<4d} "
             f"bn{row['bn']:<4d} bk{row['bk']:<3d} tm{row['tm']} tn{row['tn']} split{row['split']:<3d} "
-            f"{'packed ' if row['packed'] else 'as-is  '}fit{row['min_blocks']} "
+            f"{'packed ' if row['packed'] else 'as-is  '}st{row.get('stages', 2)} fit{row['min_blocks']} "
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 
