@@ -9,7 +9,10 @@ It takes `convgen source`'s arguments, compiles the exact NVRTC input with nvcc 
 disassembles it with cuobjdump and the nvdisasm it runs (not in every toolkit install: `pip download
 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` gives them as wheels); what it leaves out is the compile check's
 geometry (its stride is not 1 on every axis: pass --stride). A kernel's main loop is the backward branch's body
-holding the most multiply-adds, one with tensor-core instructions first.
+holding the most multiply-adds, one with tensor-core instructions first. "early loads" counts, of the loop's
+global loads (LDG, and cp.async's LDGSTS), those ptxas issued before its first multiply-add: the next slice's loads
+are meant to be in flight while the slice multiplies, and a change that leaves the instructions fewer but moves
+those loads after the multiply-adds runs slower (the FMA weight gradient: docs/DESIGN.md).
 
     python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --stride 1 --padding 1 \
         --batch 8 [--precision medium] [--arch sm_90a]
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MULTIPLY_ADDS = ("FFMA", "DFMA", "HMMA", "HGMMA")
+GLOBAL_LOADS = ("LDG", "LDGSTS")  # into registers, or (cp.async) straight into shared memory
 TENSOR_CORE = ("HMMA", "HGMMA")
 _FUNCTION = re.compile(r"^\s*Function : (\w+)")
 _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -46,12 +50,18 @@ _DEPBAR = re.compile(r"gsb0,\s*0x([0-9a-f]+)")
 
 @dataclass(frozen=True)
 class LoopMix:
-    """One kernel's main loop: its instructions, the multiply-adds among them, and the counts by opcode."""
+    """One kernel's main loop: its instructions, the multiply-adds among them, the counts by opcode, and of its
+    global loads those issued before its first multiply-add (in flight while it multiplies; ptxas decides)."""
 
     kernel: str
     instructions: int
     multiply_adds: int
     opcodes: dict[str, int]
+    early_loads: int = 0
+
+    @property
+    def global_loads(self) -> int:
+        return sum(self.opcodes.get(op, 0) for op in GLOBAL_LOADS)
 
     @property
     def per_multiply_add(self) -> float:
@@ -84,7 +94,9 @@ def main_loop(kernel: str, instructions: list[tuple[int, str, str]]) -> LoopMix 
         heavy = sum(op in MULTIPLY_ADDS for op in body)
         rank = (any(op in TENSOR_CORE for op in body), heavy)
         if best is None or rank > best[0]:
-            best = (rank, LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common())))
+            first = next((i for i, op in enumerate(body) if op in MULTIPLY_ADDS), len(body))
+            early = sum(op in GLOBAL_LOADS for op in body[:first])
+            best = (rank, LoopMix(kernel, len(body), heavy, dict(collections.Counter(body).most_common()), early))
     return best[1] if best else None
 
 
@@ -154,15 +166,17 @@ def main(argv: list[str]) -> int:
             sys.exit(f"sass_mix.py: cuobjdump failed: {dumped.stderr.strip() or dumped.stdout.strip()}")
         sass = dumped.stdout
     registers = dict(_REGISTERS.findall(built.stderr))
-    print(f"{'kernel':<36}{'registers':>10}{'loop':>7}{'madds':>7}{'per madd':>10}  top opcodes of the loop")
+    print(f"{'kernel':<36}{'registers':>10}{'loop':>7}{'madds':>7}{'per madd':>10}{'early loads':>13}  "
+          "top opcodes of the loop")
     kernels = functions(sass)
     for kernel, instructions in sorted(kernels.items()):
         loop = main_loop(kernel, instructions)
         if loop is None or not loop.multiply_adds:
             continue
         top = ", ".join(f"{op} {n}" for op, n in list(loop.opcodes.items())[:8])
+        early = f"{loop.early_loads}/{loop.global_loads}"
         print(f"{kernel:<36}{registers.get(kernel, '?'):>10}{loop.instructions:>7}{loop.multiply_adds:>7}"
-              f"{loop.per_multiply_add:>10.2f}  {top}")
+              f"{loop.per_multiply_add:>10.2f}{early:>13}  {top}")
     for kernel, instructions in sorted(kernels.items()):
         if any(opcode.startswith("HGMMA") for _, opcode, _ in instructions):
             writes = in_flight_writes(instructions)

@@ -44,6 +44,14 @@ SASS = """
         /*0080*/                   FFMA R9, R6, R7, R9 ;                      /* 0x0000000706097223 */
         /*0090*/              @!P1 BRA 0x60 ;                                 /* 0x0000000000009947 */
 		..........
+		Function : conv_r1_backward_weight
+        /*0000*/                   LDG.E.CONSTANT R2, desc[UR4][R6.64] ;      /* 0x0000000406027981 */
+        /*0010*/                   FFMA R8, R4, R5, R8 ;                      /* 0x0000000504087223 */
+        /*0020*/                   LDG.E.CONSTANT R3, desc[UR4][R6.64+0x4] ;  /* 0x0000040406037981 */
+        /*0030*/                   FFMA R9, R4, R5, R9 ;                      /* 0x0000000504097223 */
+        /*0040*/                   STS [R10], R2 ;                            /* 0x000000020a007388 */
+        /*0050*/              @!P0 BRA 0x0 ;                                  /* 0x0000000000008947 */
+		..........
 		Function : conv_r1_forward_reduce
         /*0000*/                   MOV R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
         /*0010*/                   EXIT ;                                     /* 0x000000000000794d */
@@ -53,7 +61,7 @@ SASS = """
 def test_kernels_are_read_apart_in_address_order():
     kernels = sass_mix.functions(SASS)
     assert list(kernels) == ["conv_r1_forward", "conv_r1_forward_mma", "conv_r1_forward_wgmma",
-                             "conv_r1_forward_reduce"]
+                             "conv_r1_backward_weight", "conv_r1_forward_reduce"]
     assert [op for _, op, _ in kernels["conv_r1_forward_reduce"]] == ["MOV", "EXIT"]
     assert kernels["conv_r1_forward"][6] == (0x60, "BRA", " 0x20 ")
 
@@ -66,6 +74,14 @@ def test_the_main_loop_is_the_backward_branch_with_the_most_multiply_adds():
     assert loop.opcodes == {"FFMA": 2, "IADD3": 1, "LDS": 1, "BRA": 1}
     assert loop.per_multiply_add == 2.5
     assert sass_mix.main_loop("conv_r1_forward_reduce", kernels["conv_r1_forward_reduce"]) is None
+
+
+def test_the_global_loads_issued_before_the_first_multiply_add_are_counted():
+    kernels = sass_mix.functions(SASS)
+    loop = sass_mix.main_loop("conv_r1_backward_weight", kernels["conv_r1_backward_weight"])
+    assert (loop.early_loads, loop.global_loads) == (1, 2)  # the second LDG waits behind the first FFMA
+    loop = sass_mix.main_loop("conv_r1_forward", kernels["conv_r1_forward"])
+    assert (loop.early_loads, loop.global_loads) == (0, 0)
 
 
 def test_a_tensor_core_loop_is_the_main_loop_before_an_fma_loop_with_more_multiply_adds():
