@@ -12,7 +12,7 @@ geometry (its stride is not 1 on every axis: pass --stride). A kernel's main loo
 holding the most multiply-adds, one with tensor-core instructions first. "early loads" counts, of the loop's
 global loads (LDG, and cp.async's LDGSTS), those ptxas issued before its first multiply-add: the next slice's loads
 are meant to be in flight while the slice multiplies, and a change that leaves the instructions fewer but moves
-those loads after the multiply-adds runs slower (the FMA weight gradient: docs/DESIGN.md).
+those loads after the multiply-adds ran slower where few warps share an SM (the FMA weight gradient: docs/DESIGN.md).
 
     python3 benchmarks/sass_mix.py conv 2 --in-c 128 --out-c 128 --in 128 --kernel 3 --stride 1 --padding 1 \
         --batch 8 [--precision medium] [--arch sm_90a]
