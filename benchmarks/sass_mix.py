@@ -57,7 +57,7 @@ class LoopMix:
     instructions: int
     multiply_adds: int
     opcodes: dict[str, int]
-    early_loads: int = 0
+    early_loads: int
 
     @property
     def global_loads(self) -> int:

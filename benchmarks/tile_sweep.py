@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import importlib.resources
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -61,21 +62,17 @@ def block_shape(tile: GemmTile) -> tuple[int, int, int, int]:
 # A tile given on the command line: (bm, bn, tm, tn, split, packed, blocks per SM or None for the plan's).
 ForcedTile = tuple[int, int, int, int, int, bool, int | None]
 TILE_FORM = "BM,BN,TM,TN,SPLIT[,packed][,blocksN]"
+_TILE = re.compile(r"(\d+),(\d+),(\d+),(\d+),(\d+)(,packed)?(?:,blocks([1-9]\d*))?")
 
 
 def parse_tile(text: str) -> ForcedTile:
     """`BM,BN,TM,TN,SPLIT`, then optionally `packed` and `blocksN` (the registers fitted to N blocks per SM, the
     MIN_BLOCKS define), in that order (argparse's type for --tile)."""
-    parts = text.split(",")
-    extras = parts[5:]
-    packed = extras[:1] == ["packed"]
-    blocks = extras[packed:]
-    fitted = blocks[0].removeprefix("blocks") if len(blocks) == 1 and blocks[0].startswith("blocks") else None
-    if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(blocks) > 1
-            or (blocks and not (fitted and fitted.isdigit() and int(fitted) > 0))):
+    match = _TILE.fullmatch(text)
+    if match is None:
         raise argparse.ArgumentTypeError(f"a tile is {TILE_FORM}, got {text!r}")
-    bm, bn, tm, tn, split = (int(p) for p in parts[:5])
-    return bm, bn, tm, tn, split, packed, int(fitted) if fitted else None
+    bm, bn, tm, tn, split = (int(match.group(i)) for i in range(1, 6))
+    return bm, bn, tm, tn, split, match.group(6) is not None, int(match.group(7)) if match.group(7) else None
 
 
 def candidates(shape: GemmShape, top: int, hardware: Hardware = H200,
@@ -269,7 +266,7 @@ def tile_row(case: Case, stage: str, tile: GemmTile, candidate_plan: Plan, plann
 def row_line(row: dict[str, Any]) -> str:
     return (f"{row['case']:16s} {row['stage']:16s} {'*' if row['planned'] else ' '} bm{row['bm']:<4d} "
             f"bn{row['bn']:<4d} bk{row['bk']:<3d} tm{row['tm']} tn{row['tn']} split{row['split']:<3d} "
-            f"{'packed ' if row['packed'] else 'as-is  '}st{row.get('stages', 2)} fit{row['min_blocks']} "
+            f"{'packed ' if row['packed'] else 'as-is  '}st{row['stages']} fit{row['min_blocks']} "
             f"thr{row['threads']:<4d} blocks{row['blocks']:<6d}")
 
 
