@@ -213,7 +213,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     # The stages' shapes per mode: the geometry's (and its tiles'), and FMAs' for the stages that take them.
     shapes = {mode: gemm_shapes(geom, staged_bytes, mode) for mode in {mma, 0}}
     tile_shapes = {mode: gemm_shapes(bucketed, staged_bytes, mode) for mode in {tile_mma, 0}}
-    stencils = direct_shapes(geom, staged_bytes)
+    # The direct kernels' tiles are chosen for the bucket too (their V and box are defines), launched for the batch.
+    stencils, tile_stencils = direct_shapes(geom, staged_bytes), direct_shapes(bucketed, staged_bytes)
     for stage, geometry_shape in shapes[mma].items():
         mode = stage_mma(geometry_shape, mma)
         shape = shapes[mode][stage]
@@ -234,7 +235,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, tile.split)
         splits[stage] = tile.split
         if stage in stencils:  # a conv-shaped stage: its `_direct` kernel where the chooser gives a tile
-            direct = direct_chooser(stencils[stage], hardware)
+            direct = direct_chooser(tile_stencils[stage], hardware)
             values.update(_direct_defines(prefix, DIRECT_FIELDS, direct and (1, direct.v, direct.mb, direct.cb),
                                           direct and direct.box, geom.rank))
             wgmma = None if direct else wgmma_chooser(tile_shape, hardware)

@@ -37,17 +37,25 @@ DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): 
 # When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...
 DIRECT_PLAN_MAX_CHANNELS = 8
 DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one; a phase's in the gather form)
-# ... or very few dst channels, whatever the source channels, a window of some offsets and a grid of many
-# blocks an SM (measured with 27 an SM; one image's 0.85 an SM timed within the noise of its GEMM).
+# ... or very few dst channels, whatever the source channels, a window of some offsets and many cells an SM
+# (measured with 27 blocks of 512 cells an SM; one image's 0.85 an SM timed within the noise of its GEMM).
 DIRECT_FEW_DST = 4
 DIRECT_FEW_DST_MIN_WINDOW = 16
-DIRECT_FEW_DST_MIN_BLOCKS_PER_SM = 4
+DIRECT_FEW_DST_MIN_CELLS_PER_SM = 4 * 512  # four such blocks: dst cells of all phases, images and groups
 # How its blocks are cut. V = 2 cells a thread at 256 threads ran every measured case fastest or within 5% of the
 # fastest (conv4d N8 16⁴: 214 µs, V = 8 205, V = 4 216; one image 46 against 67-118 for V = 4 or 8; conv3d N8
 # 32³: 40 against 43-64); padding the staged rows against bank conflicts changed nothing measurable (conv4d N8:
-# 228.4 against 228.2 µs).
-DIRECT_CELLS = 2  # V: consecutive dst cells a thread owns along the last axis ...
-DIRECT_MAX_SPAN = 32  # ... while the source run they read stays within this many registers
+# 228.4 against 228.2 µs). Since the halo is staged cell by cell, a larger V pays where the grid stays large and
+# the box covers the cells as well (H100, benchmarks/measured/2026-12-06-h100-s42-344401c-direct-sweep-*.txt):
+# the conv4d N8 forward 167.8 µs at V = 4 against 178.5, its backward 402 against 411; the k7 s2 input gradient
+# (3 dst channels, phases of 112 cells a line) 863 µs a backward at V = 7 (16 threads a line, no idle ones)
+# against 1003 at V = 2 (64 threads for 112 cells) and 951-1021 at V = 4 or 8; one image's conv4d, with 64
+# blocks at V = 4, 52.6 against 35.0.
+DIRECT_CELLS = 2  # V: consecutive dst cells a thread owns along the last axis, unless a larger V ...
+DIRECT_MAX_CELLS = 8  # ... up to this many, boxes the cells with fewer idle threads, or as few with more reuse, ...
+DIRECT_MAX_SUMS = 32  # ... while a thread's V x MB sums stay within this many (V = 2 at 16 dst channels) ...
+DIRECT_MIN_BLOCKS_PER_SM = 2  # ... and its grid keeps this many blocks an SM
+DIRECT_MAX_SPAN = 32  # The source run a thread's V cells read stays within this many registers
 DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
 DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers; the halo's size bounds it)
 # The direct weight gradient: a thread per (U channel, outer window offsets) and lane holds M x K_last sums ...
@@ -175,19 +183,32 @@ def direct_box(dst_spatial: tuple[int, ...], v: int, threads: int) -> tuple[int,
 def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int, ...] = DIRECT_THREADS
                 ) -> DirectTile | None:
     """How the direct kernel would cut a stage of at most DIRECT_MAX_M dst channels multiplied with FMAs, or
-    None: V cells a thread while their source run fits DIRECT_MAX_SPAN, the first block size of `threads_tried`
-    whose step of one source channel fits the shared memory, then as many channels a step as fit."""
+    None. V = DIRECT_CELLS cells a thread (fewer while their source run exceeds DIRECT_MAX_SPAN), or a larger V
+    up to DIRECT_MAX_CELLS whose tile covers the cells at least as well (the largest such), within
+    DIRECT_MAX_SUMS sums a thread and DIRECT_MIN_BLOCKS_PER_SM blocks an SM. A V's tile: the first block size of
+    `threads_tried` whose step of one source channel fits the shared memory, then as many channels a step as fit."""
     if shape.weight:
         return weight_tile(shape, hardware)
     if not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
         return None  # FMAs only, few dst channels, something to read and to write
     span = lambda v: (v - 1) * shape.step[-1] + (shape.taps[-1] - 1) * shape.spacing[-1] + 1  # noqa: E731
+    first_fit = lambda v: next((tile for threads in threads_tried  # noqa: E731
+                                if (tile := cut_tile(shape, v, threads, hardware))), None)
     v = min(DIRECT_CELLS, shape.cells[-1])
     while v > 1 and span(v) > DIRECT_MAX_SPAN:
         v -= 1
-    if span(v) > DIRECT_MAX_SPAN:
+    base = first_fit(v) if span(v) <= DIRECT_MAX_SPAN else None
+    if base is None:
         return None
-    return next((tile for threads in threads_tried if (tile := cut_tile(shape, v, threads, hardware))), None)
+    wider = (tile for v in range(v + 1, min(DIRECT_MAX_CELLS, shape.cells[-1]) + 1)
+             if v * shape.m <= DIRECT_MAX_SUMS and span(v) <= DIRECT_MAX_SPAN and (tile := first_fit(v))
+             and direct_grid(tile, shape) >= DIRECT_MIN_BLOCKS_PER_SM * hardware.sm_count)
+    return max((base, *wider), key=lambda tile: (covered(tile, shape), tile.v))
+
+
+def covered(tile: DirectTile, shape: DirectShape) -> float:
+    """The share of the cells its boxes cover that a stage has: the rest are threads with nothing to write."""
+    return math.prod(shape.cells) / math.prod(ceil_div(c, b) * b for c, b in zip(shape.cells, tile.box))
 
 
 def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> DirectTile | None:
@@ -204,8 +225,8 @@ def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> Di
 def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     """The plans' direct chooser, where it was measured faster than the GEMM: the direct tile of a stage of at
     most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
-    of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets whose grid has
-    DIRECT_FEW_DST_MIN_BLOCKS_PER_SM blocks an SM; else None (the GEMM)."""
+    of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets with DIRECT_FEW_DST_MIN_CELLS_PER_SM
+    dst cells an SM; else None (the GEMM)."""
     tile = direct_tile(shape, hardware)
     if tile is None:
         return None
@@ -214,8 +235,8 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     if shape.weight:
         return None
     few_dst = shape.m <= DIRECT_FEW_DST and shape.window >= DIRECT_FEW_DST_MIN_WINDOW
-    enough_blocks = direct_grid(tile, shape) >= DIRECT_FEW_DST_MIN_BLOCKS_PER_SM * hardware.sm_count
-    return tile if few_dst and enough_blocks else None
+    cells = shape.images * shape.groups * shape.phases * math.prod(shape.cells)
+    return tile if few_dst and cells >= DIRECT_FEW_DST_MIN_CELLS_PER_SM * hardware.sm_count else None
 
 
 def no_direct(shape: DirectShape, hardware: Hardware) -> None:

@@ -15,15 +15,15 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm() -> None:
-    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "4,256")
+    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "2,256")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "conv4d_8_16_n8     planned v2 thr256 cb2 box2x4x4x16",
+        "conv4d_8_16_n8     planned v4 thr256 cb2 box4x4x4x16",
         "conv4d_8_16_n8     gemm",
-        "conv4d_8_16_n8     v4 thr256 cb2 box4x4x4x16",
+        "conv4d_8_16_n8     v2 thr256 cb2 box2x4x4x16",
         "conv3d_16_16_n16   planned (the GEMM)",
         "conv3d_16_16_n16   gemm",
-        "conv3d_16_16_n16   v4 thr256 cb4 box8x8x16",
+        "conv3d_16_16_n16   v2 thr256 cb8 box4x8x16",
     ]
 
 

@@ -13,6 +13,8 @@ from convgen.cuda_launch import H200, plan, representative_geometry
 from convgen.direct_model import (
     DirectShape,
     DirectTile,
+    covered,
+    cut_tile,
     direct_box,
     direct_shapes,
     direct_shared_bytes,
@@ -30,18 +32,19 @@ def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_and_input_gra
     p = plan(CONV4D_N8)
     forward = p.launches["forward"]
     assert forward.kernel == "forward_direct"
-    # 2 x 4 x 4 x 16 cells a block, 2 a thread along the last axis: 256 threads; 8 images x 128 boxes.
-    assert (forward.block, forward.grid) == (256, 1024)
-    assert [p.defines[f"FWD_DIRECT_BOX{a}"] for a in range(4)] == [2, 4, 4, 16]
-    assert (p.defines["FWD_DIRECT"], p.defines["FWD_DIRECT_V"], p.defines["FWD_DIRECT_MB"]) == (1, 2, 8)
-    # Two channels a step: 2 x (81 x 8 weights + 4 x 6 x 6 x 18 halo cells) floats; four would not fit 48 KB.
+    # 4 x 4 x 4 x 16 cells a block, 4 a thread along the last axis (32 sums of 8 channels): 256 threads; 8 images
+    # x 64 boxes, 3.9 blocks an SM.
+    assert (forward.block, forward.grid) == (256, 512)
+    assert [p.defines[f"FWD_DIRECT_BOX{a}"] for a in range(4)] == [4, 4, 4, 16]
+    assert (p.defines["FWD_DIRECT"], p.defines["FWD_DIRECT_V"], p.defines["FWD_DIRECT_MB"]) == (1, 4, 8)
+    # Two channels a step: 2 x (81 x 8 weights + 6 x 6 x 6 x 18 halo cells) floats; four would not fit 48 KB.
     assert p.defines["FWD_DIRECT_CB"] == 2
     # Nothing else of the GEMM forward runs: no pack, no split, no reduce.
     assert (p.launches["forward_pack"].grid, p.launches["forward_reduce"].grid, p.splits["forward"]) == (0, 0, 1)
     # Stride 1: the gather-form backward_input is one phase of the same stencil, flipped.
     backward_input = p.launches["backward_input"]
-    assert (backward_input.kernel, backward_input.block, backward_input.grid) == ("backward_input_direct", 256, 1024)
-    assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [2, 8, 2]
+    assert (backward_input.kernel, backward_input.block, backward_input.grid) == ("backward_input_direct", 256, 512)
+    assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [4, 8, 2]
     # The weight gradient: a thread per (input channel, outer window offsets), 8 x 27 = 216; boxes of 2 x 2 x 2 x
     # 16 cells of the output gradient (8 x 128 of it and 8 x 4 x 4 x 4 x 18 of the input's halo: 40 KB), 4 cells a
     # read; 528 blocks (4 an SM by the registers) split 8 images x 512 boxes, their partial sums reduced.
@@ -89,11 +92,12 @@ def test_an_empty_input_axis_leaves_the_input_gradient_to_its_gemm():
 
 
 def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_is_large():
-    """Where the GEMM reuses each gathered value 3 times: the k7 s2 input gradient of 32 images runs direct (3584
-    blocks), that of one image (112 blocks) and phases of 4 offsets (k4 s2) keep the GEMM."""
+    """Where the GEMM reuses each gathered value 3 times: the k7 s2 input gradient of 32 images runs direct (896
+    blocks of 16 x 112 cells), that of one image (112 blocks at V = 2) and phases of 4 offsets (k4 s2) keep the
+    GEMM."""
     batched = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32)
     p = plan(batched)
-    assert p.launches["backward_input"].kernel == "backward_input_direct" and p.launches["backward_input"].grid == 3584
+    assert p.launches["backward_input"].kernel == "backward_input_direct" and p.launches["backward_input"].grid == 896
     assert not p.launches["forward"].kernel  # 64 dst channels
     one_image = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3))
     assert not plan(one_image).launches["backward_input"].kernel
@@ -167,6 +171,33 @@ def test_boxes_fill_the_last_axis_first_then_double_the_others_innermost_first()
     assert direct_box((4096,), 4, 128) == (512,)
     assert direct_box((3, 5), 4, 128) == (4, 8)  # no axis grows past its extent's power of two
     assert direct_box((1, 1, 7), 4, 64) == (1, 1, 8)
+
+
+def test_a_thread_takes_more_cells_where_its_boxes_cover_the_cells_as_well_and_the_grid_stays_large():
+    """V = 2 unless a larger V (up to 8, within 32 sums a thread) boxes the cells with fewer idle threads, or as
+    few (then the largest V), and keeps 2 blocks an SM."""
+    k7 = direct_shapes(Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=32), 4)
+    # 112 cells a line: 16 threads of 7 cover them; 64 of 2, 32 of 4 and 16 of 8 cover 128.
+    assert [covered(cut_tile(k7["backward_input"], v, 256, H200), k7["backward_input"]) for v in (2, 4, 7, 8)] == \
+        [0.875, 0.875, 1.0, 0.875]
+    assert direct_tile(k7["backward_input"], H200) == DirectTile(v=7, mb=3, cb=4, box=(16, 112))
+    one_image = direct_shapes(Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4), 4)
+    batched = direct_shapes(CONV4D_N8, 4)
+    # 8 dst channels: V = 4 at most (32 sums); its 64 boxes of one image are under 2 an SM, 8 images' 512 are not.
+    assert direct_tile(one_image["forward"], H200).v == 2
+    assert direct_tile(batched["forward"], H200).v == 4
+    sixteen = DirectShape(cells=(8, 40), taps=(3, 3), step=(1, 1), spacing=(1, 1), phases=1, m=16, source_c=4,
+                          images=64, groups=1, staged_bytes=4)
+    assert direct_tile(sixteen, H200).v == 2  # 16 channels: 2 cells make the 32 sums
+
+
+def test_the_direct_tile_is_chosen_for_the_batch_bucket_and_launched_for_the_batch():
+    """Batches of 9 to 16 share the defines: with 9 images the k7 s2 input gradient's boxes of 16 x 112 cells
+    (V = 7) would be 252 blocks, under 2 an SM; the bucket's 16 images make 448."""
+    k7 = Geometry.build(Family.CONV, 3, 64, (224, 224), (7, 7), (2, 2), (3, 3), batch=9)
+    p, bucket = plan(k7), plan(dataclasses.replace(k7, batch=16))
+    assert p.defines == bucket.defines and p.defines["BWI_DIRECT_V"] == 7
+    assert (p.launches["backward_input"].grid, bucket.launches["backward_input"].grid) == (9 * 28, 16 * 28)
 
 
 def test_a_long_dilated_window_leaves_the_stage_to_its_gemm():

@@ -24,7 +24,7 @@ from convgen.cpu import Tape as CpuTape
 from convgen.cuda import CupyBackend
 from convgen.cuda import Tape as CudaTape
 from convgen.cuda_launch import plan
-from convgen.direct_model import DirectChooser, direct_tile, no_direct
+from convgen.direct_model import DirectChooser, cut_tile, direct_tile, no_direct
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
 from emulated_cupy import emulated_cupy
@@ -192,6 +192,19 @@ def test_direct_kernel_of_few_channels(dtype) -> None:
         rows, sums = u_c // geom.groups * math.prod(geom.kernel[:-1]), d_c // geom.groups * geom.kernel[-1]
         assert bool(launches["backward_weight"].kernel) is (rows <= 256 and sums <= 64), geom
         check(geom, dtype, direct_chooser=direct_tile)
+
+
+@pytest.mark.parametrize("v", [3, 7])
+def test_direct_kernel_of_more_cells_a_thread(v) -> None:
+    """The V the plans take past 2 (up to 8, where the boxes cover the cells as well): lines of cells that V does
+    not divide, in both forms, with strides, groups and a transpose."""
+    def chooser(shape, hardware):
+        return direct_tile(shape, hardware) if shape.weight else cut_tile(shape, v, 64, hardware)
+    for geom in (DIRECT_GEOMETRIES[1], DIRECT_GEOMETRIES[3], DIRECT_GEOMETRIES[4], DIRECT_GEOMETRIES[8]):
+        made = plan(geom, direct_chooser=chooser)
+        assert made.launches["forward"].kernel == "forward_direct" and made.defines["FWD_DIRECT_V"] == v, geom
+        assert made.launches["backward_input"].kernel == "backward_input_direct", geom
+        check(geom, "float32", direct_chooser=chooser)
 
 
 def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None:
