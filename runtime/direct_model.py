@@ -200,8 +200,8 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     base = first_fit(v) if span(v) <= DIRECT_MAX_SPAN else None
     if base is None:
         return None
-    wider = (tile for v in range(v + 1, min(DIRECT_MAX_CELLS, shape.cells[-1]) + 1)
-             if v * shape.m <= DIRECT_MAX_SUMS and span(v) <= DIRECT_MAX_SPAN and (tile := first_fit(v))
+    wider = (tile for wide in range(v + 1, min(DIRECT_MAX_CELLS, shape.cells[-1]) + 1)
+             if wide * shape.m <= DIRECT_MAX_SUMS and span(wide) <= DIRECT_MAX_SPAN and (tile := first_fit(wide))
              and direct_grid(tile, shape) >= DIRECT_MIN_BLOCKS_PER_SM * hardware.sm_count)
     return max((base, *wider), key=lambda tile: (covered(tile, shape), tile.v))
 
