@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
 """Time one stage (`--stage`: the forward, the backward_input or the backward_weight) of small-channel conv cases
 under the small-channel direct kernels' tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
-direct kernel), then each `--tile` (V cells a thread, block threads and optionally stages: 2 copies the next step
-while one multiplies; the box and channels a step cut as the plans cut them; none for the weight gradient).
-Back-to-back forwards, or backwards of one recorded forward (whose other stages are the same kernels in every
-row), on the CUDA tape, CUDA events, median of rounds: at these sizes
+direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the
+plans cut them; none for the weight gradient). Back-to-back forwards, or backwards of one recorded forward (whose
+other stages are the same kernels in every row), on the CUDA tape, CUDA events, median of rounds: at these sizes
 the GPU, not the host, sets the pace. Every row's output (y, or the input's or weight's gradient) is compared
 with the first's. The weight gradient gets a row of its direct kernel wherever the kernel can take it. Feeds
 docs/DESIGN.md's rule for when the plans take the direct kernels.
 
     python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
-                                      [--tile V,THREADS[,STAGES]]... [--rounds N] [--list]
+                                      [--tile V,THREADS]... [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
 below. `--list` prints each row's tile without a GPU.
@@ -53,14 +52,12 @@ ROUNDS, LAUNCHES_PER_ROUND = 7, 20
 Chooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
 
 
-def parse_tile(text: str) -> tuple[int, int, int]:
-    """`V,THREADS` or `V,THREADS,STAGES` (stages 1 or 2; argparse's type for --tile)."""
+def parse_tile(text: str) -> tuple[int, int]:
+    """`V,THREADS` (argparse's type for --tile)."""
     parts = text.split(",")
-    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts) or parts[2:] not in ([], ["1"],
-                                                                                                         ["2"]):
-        raise argparse.ArgumentTypeError(f"a tile is V,THREADS or V,THREADS,STAGES (positive integers, stages 1 or 2), "
-                                         f"got {text!r}")
-    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a tile is V,THREADS (positive integers), got {text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def stage_shape(case: Case, stage: str) -> DirectShape | None:
@@ -72,16 +69,14 @@ def stage_shape(case: Case, stage: str) -> DirectShape | None:
     return direct_shapes(case.geometry, 4)[stage]
 
 
-def tile_of(shape: DirectShape, v: int, threads: int, stages: int = 1, hardware: Hardware = H200) -> DirectTile | None:
-    """The direct tile of `v` cells a thread and `threads` threads in `stages` stages, cut as the plans cut one; None
-    when the stage has more dst channels than the kernel holds or its stages of one channel do not fit the shared
-    memory, and for the weight gradient (whose tile has no such choice)."""
-    if not direct_tile(shape, hardware) or shape.weight:
-        return None
-    return cut_tile(shape, v, threads, hardware, stages)
+def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
+    """The direct tile of `v` cells a thread and `threads` threads, cut as the plans cut one; None when the
+    stage has more dst channels than the kernel holds or one channel's step does not fit the shared memory, and
+    for the weight gradient (whose tile has no such choice)."""
+    return cut_tile(shape, v, threads, hardware) if direct_tile(shape, hardware) and not shape.weight else None
 
 
-def rows(shape: DirectShape, tiles: list[tuple[int, int, int]]) -> list[tuple[str, Chooser]]:
+def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:
     """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones. A row's
     choice applies to the swept stage (`shape`); the other stage keeps the plans' pick."""
 
@@ -90,8 +85,8 @@ def rows(shape: DirectShape, tiles: list[tuple[int, int, int]]) -> list[tuple[st
 
     planned = choose_direct(shape, H200)
     out: list[tuple[str, Chooser]] = [(f"planned {describe(planned)}", choose_direct), ("gemm", only(None))]
-    for v, threads, stages in tiles:
-        tile = tile_of(shape, v, threads, stages)
+    for v, threads in tiles:
+        tile = tile_of(shape, v, threads)
         if tile is not None:
             out.append((describe(tile), only(tile)))
     weight = direct_tile(shape, H200) if shape.weight else None
@@ -106,7 +101,7 @@ def describe(tile: DirectTile | WeightTile | None) -> str:
     box = "x".join(map(str, tile.box))
     if isinstance(tile, WeightTile):
         return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} parts{tile.parts} box{box}"
-    return f"v{tile.v} thr{tile.threads} cb{tile.cb}{' st2' if tile.stages == 2 else ''} box{box}"
+    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}"
 
 
 def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int
@@ -147,7 +142,7 @@ def main() -> None:
     all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := stage_shape(case, stage)) and s.m <= 16}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
-                        help="V,THREADS[,STAGES]: one more row for every case (repeatable)")
+                        help="V,THREADS: one more row for every case (repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()

@@ -95,14 +95,12 @@ class DirectShape:
 @dataclass(frozen=True, slots=True)
 class DirectTile:
     """One block: MB dst channels of a box of dst cells (`box`, per axis), V cells a thread along the last
-    axis, CB source channels staged per step, in `stages` buffers: with 2 (float32 only), cp.async copies
-    the next step's channels into one while the block multiplies the other's."""
+    axis, CB source channels staged per step."""
 
     v: int
     mb: int
     cb: int
     box: tuple[int, ...]
-    stages: int = 1
 
     @property
     def threads(self) -> int:
@@ -161,11 +159,9 @@ def halo(box: tuple[int, ...], shape: DirectShape) -> int:
 
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
-    """Static shared memory of a block: per stage, CB channels' weights (MB padded to quads) and halo; with two
-    stages each starts on a quad (the weights are read four at a time)."""
+    """Static shared memory of a block: CB channels' weights (MB padded to quads) and halo."""
     weights = tile.cb * shape.window * ceil_div(tile.mb, 4) * 4
-    step = weights + tile.cb * halo(tile.box, shape)
-    return tile.stages * (step if tile.stages == 1 else ceil_div(step, 4) * 4) * shape.staged_bytes
+    return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
 
 
 def direct_box(dst_spatial: tuple[int, ...], v: int, threads: int) -> tuple[int, ...]:
@@ -215,13 +211,12 @@ def covered(tile: DirectTile, shape: DirectShape) -> float:
     return math.prod(shape.cells) / math.prod(ceil_div(c, b) * b for c, b in zip(shape.cells, tile.box))
 
 
-def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware, stages: int = 1) -> DirectTile | None:
+def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> DirectTile | None:
     """The tile of `v` cells a thread and a box for `threads` threads, staging as many source channels a step as
-    fit the shared memory in `stages` buffers (DIRECT_MAX_CB, then halves of it, none past the stage's), or None
-    when one does not."""
+    fit the shared memory (DIRECT_MAX_CB, then halves of it, none past the stage's), or None when one does not."""
     box = direct_box(shape.cells, v, threads)
     for halvings in range(DIRECT_MAX_CB.bit_length()):
-        tile = DirectTile(v=v, mb=shape.m, cb=min(DIRECT_MAX_CB >> halvings, shape.source_c), box=box, stages=stages)
+        tile = DirectTile(v=v, mb=shape.m, cb=min(DIRECT_MAX_CB >> halvings, shape.source_c), box=box)
         if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
             return tile
     return None

@@ -2,12 +2,10 @@
 channels (forward and backward_input; one of the direct form, one gathered per stride phase) and the weight
 gradient, taken wherever they can be (not only where the plans take them), against the CPU tape at every rank 1..8, in float32 and float64,
 with stride, padding, dilation, groups and batches; the same geometries through the GEMM agree; an inf weight
-beside padding takes the careful path in both forms. In two stages (cp.async copying the next step while one
-multiplies) they match the CPU tape too, and a single stage's bits."""
+beside padding takes the careful path in both forms."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import plan
-from convgen.direct_model import DIRECT_THREADS, cut_tile, direct_tile
+from convgen.direct_model import DIRECT_THREADS, direct_tile
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, GemmTape, PoisonBackend, PoisonTape, _has_gpu, check_against_cpu, run
 
@@ -25,32 +23,15 @@ import convgen.cpu  # noqa: E402  (after the skip)
 
 # Any stage of few dst channels, with blocks below a warp too, so that the boxes of ranks 7 and 8 fit shared
 # memory in float64 (the plans' chooser takes only large windows of few channels and stops at 32 threads).
-ANY_THREADS = (*DIRECT_THREADS, 16, 8, 4, 2, 1)
-ANY_BLOCK = functools.partial(direct_tile, threads_tried=ANY_THREADS)
+ANY_BLOCK = functools.partial(direct_tile, threads_tried=(*DIRECT_THREADS, 16, 8, 4, 2, 1))
 
 
-def tape_choosing(chooser):
-    """A poisoned CUDA tape class whose plans take `chooser`'s direct tiles (a class of its own: its own backend)."""
-    backend = type("ChoosingBackend", (PoisonBackend,), {"direct_chooser": staticmethod(chooser)})
-    return type("ChoosingTape", (PoisonTape,), {"backend_class": backend})
+class AnyBlockBackend(PoisonBackend):
+    direct_chooser = staticmethod(ANY_BLOCK)
 
 
-AnyBlockTape = tape_choosing(ANY_BLOCK)
-
-
-def staged(stages: int, most_channels: int):
-    """ANY_BLOCK's V in `stages` stages of `most_channels` source channels a step (or the stage's fewer: several steps),
-    in the largest block whose stages of that many fit shared memory (else of fewer); the weight gradient as ANY_BLOCK
-    takes it."""
-    def chooser(shape, hardware):
-        one = ANY_BLOCK(shape, hardware)
-        if one is None or shape.weight:
-            return one
-        tiles = [t for threads in ANY_THREADS if threads <= one.threads
-                 if (t := cut_tile(shape, one.v, threads, hardware, stages))]
-        tile = next((t for t in tiles if t.cb >= min(most_channels, shape.source_c)), tiles[0] if tiles else None)
-        return tile and dataclasses.replace(tile, cb=min(tile.cb, most_channels))
-    return chooser
+class AnyBlockTape(PoisonTape):
+    backend_class = AnyBlockBackend
 
 
 def direct_geometry(family: Family, rank: int) -> Geometry:
@@ -79,31 +60,6 @@ def test_direct_kernel_matches_cpu_tape(family: Family, rank: int, dtype: str) -
     weight_rows = (geom.in_c if family is Family.CONV else geom.out_c) // geom.groups * math.prod(geom.kernel[:-1])
     assert bool(launches["backward_weight"].kernel) is (weight_rows <= 256), geom
     check_against_cpu(geom, reference.case_rng("cuda direct", family.value, rank, dtype), AnyBlockTape, dtype)
-
-
-@pytest.mark.parametrize("rank", RANKS)
-@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
-def test_two_stage_direct_kernel_matches_cpu_tape(family: Family, rank: int) -> None:
-    """float32 in two stages of at most two channels a step: the copies of the next step land while this one
-    multiplies."""
-    geom = direct_geometry(family, rank)
-    chooser = staged(2, 2)
-    made = plan(geom, direct_chooser=chooser)
-    assert all(made.launches[stage].kernel == f"{stage}_direct" for stage in STAGES), geom
-    assert made.defines["FWD_DIRECT_STAGES"] == made.defines["BWI_DIRECT_STAGES"] == 2
-    check_against_cpu(geom, reference.case_rng("cuda direct two stages", family.value, rank), tape_choosing(chooser))
-
-
-@pytest.mark.parametrize("channels", [1, 2])
-def test_two_stages_give_the_bits_of_one(channels: int) -> None:
-    """The same sums in the same order, the staging apart: a 4-D conv of 8 channels, 8 or 4 steps a stage, in two
-    stages and in one, bit for bit (a copy landing late or into the buffer being read would show)."""
-    geom = G(Family.CONV, 8, 8, (6, 7, 6, 9), (3, 3, 3, 3), (1, 1, 1, 1), (1, 0, 1, 1), batch=2)
-    rng = reference.case_rng("cuda direct stages", channels)
-    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    two, one = (run(tape_choosing(staged(stages, channels))(), geom, inputs, grad) for stages in (2, 1))
-    np.testing.assert_array_equal(two[0], one[0])
-    np.testing.assert_array_equal(two[1][2], one[1][2])
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4])

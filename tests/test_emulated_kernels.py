@@ -10,7 +10,6 @@ every family. `pytest -m cuda` runs the same kernels on a GPU."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 import signal
@@ -129,24 +128,14 @@ def assert_same_non_finite(got: np.ndarray, ref: np.ndarray, tolerance: float) -
     np.testing.assert_allclose(got[finite], ref[finite], rtol=tolerance, atol=tolerance)
 
 
-def two_stages(shape, hardware):
-    """The direct tiles with two stages (the next step's channels copied while one multiplies), at most two channels
-    a step, so that a stage of more source channels takes several steps; the weight gradient's as planned."""
-    if shape.weight:
-        return direct_tile(shape, hardware)
-    tile = cut_tile(shape, 2, 64, hardware, stages=2)
-    return tile and dataclasses.replace(tile, cb=min(tile.cb, 2))
-
-
-@pytest.mark.parametrize("direct", [direct_tile, two_stages, no_direct], ids=["direct", "direct-two-stages", "gemm"])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "gemm"])
 def test_non_finite_values_take_the_rare_path(direct) -> None:
     """An inf or NaN in A (the weight; the upstream gradient for the weight gradient) sends its slice down
     the masked path, which skips padding: exactly the cells the CPU tape makes non-finite are, with the
     same signs, and the rest is close. The forward and input gradient (of 6 and 12 channels; stride 2: phases)
-    run their GEMMs or the direct kernel (whose careful path skips padding too), staged in one or two stages."""
+    run their GEMMs or the direct kernel (whose careful path skips padding too)."""
     geom = Geometry.build(Family.CONV, 12, 6, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
-    chooser = direct
-    direct = chooser is not no_direct
+    chooser = direct_tile if direct else no_direct
     launches = plan(geom, direct_chooser=chooser).launches
     assert bool(launches["forward"].kernel) is direct and bool(launches["backward_input"].kernel) is direct
     rng = reference.case_rng("emulated non-finite")
@@ -216,18 +205,6 @@ def test_direct_kernel_of_more_cells_a_thread(v) -> None:
         assert made.launches["forward"].kernel == "forward_direct" and made.defines["FWD_DIRECT_V"] == v, geom
         assert made.launches["backward_input"].kernel == "backward_input_direct", geom
         check(geom, "float32", direct_chooser=chooser)
-
-
-def test_direct_kernel_copying_the_next_step_while_multiplying() -> None:
-    """Two stages: the next step's weights and halo copied by cp.async while the block multiplies this step's.
-    Stages of 2 to 19 source channels, two a step (an odd count of steps, a last step of one channel), both forms,
-    strides, dilation, groups and a transpose."""
-    for geom in (DIRECT_GEOMETRIES[1], DIRECT_GEOMETRIES[2], DIRECT_GEOMETRIES[4], DIRECT_GEOMETRIES[8]):
-        made = plan(geom, direct_chooser=two_stages)
-        for stage, prefix in (("forward", "FWD"), ("backward_input", "BWI")):
-            assert made.launches[stage].kernel == f"{stage}_direct", geom
-            assert made.defines[f"{prefix}_DIRECT_STAGES"] == 2 and made.defines[f"{prefix}_DIRECT_CB"] <= 2, geom
-        check(geom, "float32", direct_chooser=two_stages)
 
 
 def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None:

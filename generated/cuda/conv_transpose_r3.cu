@@ -14,22 +14,22 @@
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
-    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_STAGES) || \
-    !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_WGMMA) || \
-    !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || \
-    !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || \
-    !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || \
-    !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || \
-    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
-    !defined(BWI_DIRECT_STAGES) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || \
-    !defined(BWI_DIRECT_BOX2) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || \
-    !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || \
-    !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
-    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
-    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
-    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || !defined(BWW_WGMMA) || \
-    !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || \
-    !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
+    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
+    !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || \
+    !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || \
+    !defined(FWD_WG_CHANNELS_LAST) || !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || !defined(BWI_BN) || \
+    !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || \
+    !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || \
+    !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || \
+    !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || \
+    !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || \
+    !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || \
+    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
+    !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
+    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || \
+    !defined(BWW_DIRECT_BOX2) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
+    !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1862,8 +1862,6 @@ extern "C" __global__ void conv_transpose_r3_forward_direct(
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
-    constexpr unsigned STAGES = FWD_DIRECT_STAGES;  // 2: the next step's channels copied while this one multiplies
-    static_assert(STAGES == 1 || (STAGES == 2 && ELEMENT_BYTES == 4), "cp.async stages 4-byte elements unwidened");
     // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
     constexpr unsigned E0 = (OUT0 + S0 - 1) / S0;  // the cells u of a phase
     constexpr pos_t HS0 = 1, HD0 = D0 / gcd_of(S0, D0);
@@ -1892,11 +1890,11 @@ extern "C" __global__ void conv_transpose_r3_forward_direct(
     constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u;  // of the staged halo
-    // A stage: the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; a second
-    // stage starts on a quad.
-    constexpr unsigned STEP_SIZE = STAGES == 1 ? WEIGHTS + CB * HALO : (WEIGHTS + CB * HALO + 3) / 4 * 4;
-    __shared__ __align__(16) scalar direct_shared[DIRECT ? STAGES * STEP_SIZE : 1];
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
+        scalar* const ws = direct_shared;
+        scalar* const halo = direct_shared + WEIGHTS;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -1991,170 +1989,57 @@ extern "C" __global__ void conv_transpose_r3_forward_direct(
 #pragma unroll
             for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
         }
-        if constexpr (STAGES == 2) {
-            if (any_tap) {  // the first step's copies
-                scalar* const stage = direct_shared;
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                    const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = 0u + e / MQ / T_SIZE, mm = m0 + mq;
-                    // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
-                    unsigned rest = tap;
-                    const pos_t r2 = (pos_t)(rest % nonzero(T2));
-                    rest /= nonzero(T2);
-                    const pos_t r1 = (pos_t)(rest % nonzero(T1));
-                    rest /= nonzero(T1);
-                    const pos_t r0 = (pos_t)rest;
-                    bool tap_ok = true;
-                    unsigned kappa = 0;
-                    tap_ok = tap_ok && r0 < R0;
-                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
-                    tap_ok = tap_ok && r1 < R1;
-                    kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
-                    tap_ok = tap_ok && r2 < R2;
-                    kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
-                    const bool valid = tap_ok && mq < MB && mm < M && c < SRC_C;
-                    copy_async(stage + e, valid ? w_values + ((size_t)c * M + mm) * K_SIZE + kappa : w_values, valid);
-                }
-                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                for (unsigned e = tid; e < HALO; e += THREADS) {
-                    unsigned rest = e;
-                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                    rest /= nonzero(H2);
-                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                    rest /= nonzero(H1);
-                    const pos_t h0 = (pos_t)rest;
-                    bool inside = true;
-                    unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
-                    inside = inside && j0 >= 0 && j0 < IN0;
-                    offset = offset * IN0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
-                    inside = inside && j1 >= 0 && j1 < IN1;
-                    offset = offset * IN1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
-                    inside = inside && j2 >= 0 && j2 < IN2;
-                    offset = offset * IN2 + (unsigned)j2;
-                    const real* __restrict__ cell = src_values + (size_t)0u * IN_SIZE + offset;
-#pragma unroll
-                    for (unsigned c = 0; c < CB; ++c) {
-                        const bool load = inside && (SRC_C % CB == 0 || 0u + c < SRC_C);
-                        copy_async(stage + WEIGHTS + c * HALO + e, load ? cell + (size_t)c * IN_SIZE : src_values, load);
-                    }
-                }
-                commit_copies();
-            }
-        }
 #pragma unroll 1
-        for (unsigned c0 = 0, step = 0; any_tap && c0 < SRC_C; c0 += CB, ++step) {
-            scalar* const ws = direct_shared + (STAGES == 1 ? 0u : step % 2 * STEP_SIZE);
-            scalar* const halo = ws + WEIGHTS;
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            __syncthreads();  // the last step's reads are done
             bool rare = false;
-            if constexpr (STAGES == 1) {
-                __syncthreads();  // the last step's reads are done
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                    const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
-                    // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
-                    unsigned rest = tap;
-                    const pos_t r2 = (pos_t)(rest % nonzero(T2));
-                    rest /= nonzero(T2);
-                    const pos_t r1 = (pos_t)(rest % nonzero(T1));
-                    rest /= nonzero(T1);
-                    const pos_t r0 = (pos_t)rest;
-                    bool tap_ok = true;
-                    unsigned kappa = 0;
-                    tap_ok = tap_ok && r0 < R0;
-                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
-                    tap_ok = tap_ok && r1 < R1;
-                    kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
-                    tap_ok = tap_ok && r2 < R2;
-                    kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
-                    const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                         ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
-                    rare = rare || !isfinite(w);
-                    ws[e] = w;
-                }
-                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                for (unsigned e = tid; e < HALO; e += THREADS) {
-                    unsigned rest = e;
-                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                    rest /= nonzero(H2);
-                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                    rest /= nonzero(H1);
-                    const pos_t h0 = (pos_t)rest;
-                    bool inside = true;
-                    unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
-                    inside = inside && j0 >= 0 && j0 < IN0;
-                    offset = offset * IN0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
-                    inside = inside && j1 >= 0 && j1 < IN1;
-                    offset = offset * IN1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
-                    inside = inside && j2 >= 0 && j2 < IN2;
-                    offset = offset * IN2 + (unsigned)j2;
-                    const real* __restrict__ cell = src_values + (size_t)c0 * IN_SIZE + offset;
+            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
+                unsigned rest = tap;
+                const pos_t r2 = (pos_t)(rest % nonzero(T2));
+                rest /= nonzero(T2);
+                const pos_t r1 = (pos_t)(rest % nonzero(T1));
+                rest /= nonzero(T1);
+                const pos_t r0 = (pos_t)rest;
+                bool tap_ok = true;
+                unsigned kappa = 0;
+                tap_ok = tap_ok && r0 < R0;
+                kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                tap_ok = tap_ok && r1 < R1;
+                kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
+                tap_ok = tap_ok && r2 < R2;
+                kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
+                                     ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
+                rare = rare || !isfinite(w);
+                ws[e] = w;
+            }
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
+                const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                rest /= nonzero(H2);
+                const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                rest /= nonzero(H1);
+                const pos_t h0 = (pos_t)rest;
+                bool inside = true;
+                unsigned offset = 0;
+                const pos_t j0 = first0 + h0;
+                inside = inside && j0 >= 0 && j0 < IN0;
+                offset = offset * IN0 + (unsigned)j0;
+                const pos_t j1 = first1 + h1;
+                inside = inside && j1 >= 0 && j1 < IN1;
+                offset = offset * IN1 + (unsigned)j1;
+                const pos_t j2 = first2 + h2;
+                inside = inside && j2 >= 0 && j2 < IN2;
+                offset = offset * IN2 + (unsigned)j2;
+                const real* __restrict__ cell = src_values + (size_t)c0 * IN_SIZE + offset;
 #pragma unroll
-                    for (unsigned c = 0; c < CB; ++c) {
-                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
-                    }
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
                 }
-            } else {
-                // The next step's copies go out before this one's are waited for: they land while it multiplies.
-                if (c0 + CB < SRC_C) {
-                    scalar* const stage = direct_shared + (step + 1) % 2 * STEP_SIZE;
-                    for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                        const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = (c0 + CB) + e / MQ / T_SIZE, mm = m0 + mq;
-                        // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
-                        unsigned rest = tap;
-                        const pos_t r2 = (pos_t)(rest % nonzero(T2));
-                        rest /= nonzero(T2);
-                        const pos_t r1 = (pos_t)(rest % nonzero(T1));
-                        rest /= nonzero(T1);
-                        const pos_t r0 = (pos_t)rest;
-                        bool tap_ok = true;
-                        unsigned kappa = 0;
-                        tap_ok = tap_ok && r0 < R0;
-                        kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
-                        tap_ok = tap_ok && r1 < R1;
-                        kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
-                        tap_ok = tap_ok && r2 < R2;
-                        kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
-                        const bool valid = tap_ok && mq < MB && mm < M && c < SRC_C;
-                        copy_async(stage + e, valid ? w_values + ((size_t)c * M + mm) * K_SIZE + kappa : w_values, valid);
-                    }
-                    // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                    for (unsigned e = tid; e < HALO; e += THREADS) {
-                        unsigned rest = e;
-                        const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                        rest /= nonzero(H2);
-                        const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                        rest /= nonzero(H1);
-                        const pos_t h0 = (pos_t)rest;
-                        bool inside = true;
-                        unsigned offset = 0;
-                        const pos_t j0 = first0 + h0;
-                        inside = inside && j0 >= 0 && j0 < IN0;
-                        offset = offset * IN0 + (unsigned)j0;
-                        const pos_t j1 = first1 + h1;
-                        inside = inside && j1 >= 0 && j1 < IN1;
-                        offset = offset * IN1 + (unsigned)j1;
-                        const pos_t j2 = first2 + h2;
-                        inside = inside && j2 >= 0 && j2 < IN2;
-                        offset = offset * IN2 + (unsigned)j2;
-                        const real* __restrict__ cell = src_values + (size_t)(c0 + CB) * IN_SIZE + offset;
-#pragma unroll
-                        for (unsigned c = 0; c < CB; ++c) {
-                            const bool load = inside && (SRC_C % CB == 0 || (c0 + CB) + c < SRC_C);
-                            copy_async(stage + WEIGHTS + c * HALO + e, load ? cell + (size_t)c * IN_SIZE : src_values, load);
-                        }
-                    }
-                    commit_copies();
-                    wait_copies<1>();
-                } else {
-                    wait_copies<0>();
-                }
-                // A thread's own copies are visible to it once waited for; the barrier below shows them to the rest.
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) rare = rare || !isfinite(ws[e]);
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
@@ -2224,7 +2109,6 @@ extern "C" __global__ void conv_transpose_r3_forward_direct(
                     }
                 }
             }
-            if constexpr (STAGES == 2) __syncthreads();  // this buffer's reads are done before the copies after next
         }
         // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
         const bool row_inside = o0 < E0 && rho0 + S0 * o0 < OUT0 && o1 < E1 && rho1 + S1 * o1 < OUT1;
@@ -3235,8 +3119,6 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
-    constexpr unsigned STAGES = BWI_DIRECT_STAGES;  // 2: the next step's channels copied while this one multiplies
-    static_assert(STAGES == 1 || (STAGES == 2 && ELEMENT_BYTES == 4), "cp.async stages 4-byte elements unwidened");
     // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
     constexpr unsigned E0 = IN0;
     constexpr pos_t HS0 = S0, HD0 = D0;
@@ -3265,11 +3147,11 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
     constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u;  // of the staged halo
-    // A stage: the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; a second
-    // stage starts on a quad.
-    constexpr unsigned STEP_SIZE = STAGES == 1 ? WEIGHTS + CB * HALO : (WEIGHTS + CB * HALO + 3) / 4 * 4;
-    __shared__ __align__(16) scalar direct_shared[DIRECT ? STAGES * STEP_SIZE : 1];
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
+    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
+        scalar* const ws = direct_shared;
+        scalar* const halo = direct_shared + WEIGHTS;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -3313,131 +3195,44 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
 #pragma unroll
             for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
         }
-        if constexpr (STAGES == 2) {
-            if (any_tap) {  // the first step's copies
-                scalar* const stage = direct_shared;
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                    const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = 0u + e / MQ / T_SIZE, mm = m0 + mq;
-                    constexpr bool tap_ok = true;
-                    const unsigned kappa = tap;
-                    const bool valid = tap_ok && mq < MB && mm < M && c < SRC_C;
-                    copy_async(stage + e, valid ? w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa : w_values, valid);
-                }
-                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                for (unsigned e = tid; e < HALO; e += THREADS) {
-                    unsigned rest = e;
-                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                    rest /= nonzero(H2);
-                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                    rest /= nonzero(H1);
-                    const pos_t h0 = (pos_t)rest;
-                    bool inside = true;
-                    unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
-                    inside = inside && j0 >= 0 && j0 < OUT0;
-                    offset = offset * OUT0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
-                    inside = inside && j1 >= 0 && j1 < OUT1;
-                    offset = offset * OUT1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
-                    inside = inside && j2 >= 0 && j2 < OUT2;
-                    offset = offset * OUT2 + (unsigned)j2;
-                    const real* __restrict__ cell = src_values + (size_t)0u * OUT_SIZE + offset;
-#pragma unroll
-                    for (unsigned c = 0; c < CB; ++c) {
-                        const bool load = inside && (SRC_C % CB == 0 || 0u + c < SRC_C);
-                        copy_async(stage + WEIGHTS + c * HALO + e, load ? cell + (size_t)c * OUT_SIZE : src_values, load);
-                    }
-                }
-                commit_copies();
-            }
-        }
 #pragma unroll 1
-        for (unsigned c0 = 0, step = 0; any_tap && c0 < SRC_C; c0 += CB, ++step) {
-            scalar* const ws = direct_shared + (STAGES == 1 ? 0u : step % 2 * STEP_SIZE);
-            scalar* const halo = ws + WEIGHTS;
+        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            __syncthreads();  // the last step's reads are done
             bool rare = false;
-            if constexpr (STAGES == 1) {
-                __syncthreads();  // the last step's reads are done
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                    const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
-                    constexpr bool tap_ok = true;
-                    const unsigned kappa = tap;
-                    const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                         ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
-                    rare = rare || !isfinite(w);
-                    ws[e] = w;
-                }
-                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                for (unsigned e = tid; e < HALO; e += THREADS) {
-                    unsigned rest = e;
-                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                    rest /= nonzero(H2);
-                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                    rest /= nonzero(H1);
-                    const pos_t h0 = (pos_t)rest;
-                    bool inside = true;
-                    unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
-                    inside = inside && j0 >= 0 && j0 < OUT0;
-                    offset = offset * OUT0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
-                    inside = inside && j1 >= 0 && j1 < OUT1;
-                    offset = offset * OUT1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
-                    inside = inside && j2 >= 0 && j2 < OUT2;
-                    offset = offset * OUT2 + (unsigned)j2;
-                    const real* __restrict__ cell = src_values + (size_t)c0 * OUT_SIZE + offset;
+            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = c0 + e / MQ / T_SIZE, mm = m0 + mq;
+                constexpr bool tap_ok = true;
+                const unsigned kappa = tap;
+                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
+                                     ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
+                rare = rare || !isfinite(w);
+                ws[e] = w;
+            }
+            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
+            for (unsigned e = tid; e < HALO; e += THREADS) {
+                unsigned rest = e;
+                const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                rest /= nonzero(H2);
+                const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                rest /= nonzero(H1);
+                const pos_t h0 = (pos_t)rest;
+                bool inside = true;
+                unsigned offset = 0;
+                const pos_t j0 = first0 + h0;
+                inside = inside && j0 >= 0 && j0 < OUT0;
+                offset = offset * OUT0 + (unsigned)j0;
+                const pos_t j1 = first1 + h1;
+                inside = inside && j1 >= 0 && j1 < OUT1;
+                offset = offset * OUT1 + (unsigned)j1;
+                const pos_t j2 = first2 + h2;
+                inside = inside && j2 >= 0 && j2 < OUT2;
+                offset = offset * OUT2 + (unsigned)j2;
+                const real* __restrict__ cell = src_values + (size_t)c0 * OUT_SIZE + offset;
 #pragma unroll
-                    for (unsigned c = 0; c < CB; ++c) {
-                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
-                    }
+                for (unsigned c = 0; c < CB; ++c) {
+                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
                 }
-            } else {
-                // The next step's copies go out before this one's are waited for: they land while it multiplies.
-                if (c0 + CB < SRC_C) {
-                    scalar* const stage = direct_shared + (step + 1) % 2 * STEP_SIZE;
-                    for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                        const unsigned mq = e % MQ, tap = e / MQ % T_SIZE, c = (c0 + CB) + e / MQ / T_SIZE, mm = m0 + mq;
-                        constexpr bool tap_ok = true;
-                        const unsigned kappa = tap;
-                        const bool valid = tap_ok && mq < MB && mm < M && c < SRC_C;
-                        copy_async(stage + e, valid ? w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa : w_values, valid);
-                    }
-                    // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent).
-                    for (unsigned e = tid; e < HALO; e += THREADS) {
-                        unsigned rest = e;
-                        const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                        rest /= nonzero(H2);
-                        const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                        rest /= nonzero(H1);
-                        const pos_t h0 = (pos_t)rest;
-                        bool inside = true;
-                        unsigned offset = 0;
-                        const pos_t j0 = first0 + h0;
-                        inside = inside && j0 >= 0 && j0 < OUT0;
-                        offset = offset * OUT0 + (unsigned)j0;
-                        const pos_t j1 = first1 + h1;
-                        inside = inside && j1 >= 0 && j1 < OUT1;
-                        offset = offset * OUT1 + (unsigned)j1;
-                        const pos_t j2 = first2 + h2;
-                        inside = inside && j2 >= 0 && j2 < OUT2;
-                        offset = offset * OUT2 + (unsigned)j2;
-                        const real* __restrict__ cell = src_values + (size_t)(c0 + CB) * OUT_SIZE + offset;
-#pragma unroll
-                        for (unsigned c = 0; c < CB; ++c) {
-                            const bool load = inside && (SRC_C % CB == 0 || (c0 + CB) + c < SRC_C);
-                            copy_async(stage + WEIGHTS + c * HALO + e, load ? cell + (size_t)c * OUT_SIZE : src_values, load);
-                        }
-                    }
-                    commit_copies();
-                    wait_copies<1>();
-                } else {
-                    wait_copies<0>();
-                }
-                // A thread's own copies are visible to it once waited for; the barrier below shows them to the rest.
-                for (unsigned e = tid; e < WEIGHTS; e += THREADS) rare = rare || !isfinite(ws[e]);
             }
             // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
             rare = __syncthreads_or(rare);
@@ -3483,7 +3278,6 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
                     }
                 }
             }
-            if constexpr (STAGES == 2) __syncthreads();  // this buffer's reads are done before the copies after next
         }
         // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
         const bool row_inside = o0 < IN0 && o1 < IN1;
