@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Time one stage (`--stage`: the forward, the backward_input or the backward_weight) of small-channel conv cases
 under the small-channel direct kernels' tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
-direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the
-plans cut them; none for the weight gradient). Back-to-back forwards, or backwards of one recorded forward (whose
-other stages are the same kernels in every row), on the CUDA tape, CUDA events, median of rounds: at these sizes
-the GPU, not the host, sets the pace. Every row's output (y, or the input's or weight's gradient) is compared
-with the first's. The weight gradient gets a row of its direct kernel wherever the kernel can take it. Feeds
-docs/DESIGN.md's rule for when the plans take the direct kernels.
+direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the plans
+cut them, or CB channels a step in opted-in shared memory; none for the weight gradient). Back-to-back forwards,
+or backwards of one recorded forward (whose other stages are the same kernels in every row), on the CUDA tape,
+CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. Every row's output (y, or the
+input's or weight's gradient) is compared with the first's. The weight gradient gets a row of its direct kernel
+wherever the kernel can take it. Feeds docs/DESIGN.md's rule for when the plans take the direct kernels.
 
     python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
-                                      [--tile V,THREADS]... [--rounds N] [--list]
+                                      [--tile V,THREADS[,CB]]... [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
 below. `--list` prints each row's tile without a GPU.
@@ -52,12 +52,12 @@ ROUNDS, LAUNCHES_PER_ROUND = 7, 20
 Chooser = Callable[[DirectShape, Hardware], "DirectTile | None"]
 
 
-def parse_tile(text: str) -> tuple[int, int]:
-    """`V,THREADS` (argparse's type for --tile)."""
+def parse_tile(text: str) -> tuple[int, ...]:
+    """`V,THREADS` or `V,THREADS,CB` (argparse's type for --tile)."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"a tile is V,THREADS (positive integers), got {text!r}")
-    return int(parts[0]), int(parts[1])
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a tile is V,THREADS or V,THREADS,CB (positive integers), got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def stage_shape(case: Case, stage: str) -> DirectShape | None:
@@ -69,14 +69,20 @@ def stage_shape(case: Case, stage: str) -> DirectShape | None:
     return direct_shapes(case.geometry, 4)[stage]
 
 
-def tile_of(shape: DirectShape, v: int, threads: int, hardware: Hardware = H200) -> DirectTile | None:
-    """The direct tile of `v` cells a thread and `threads` threads, cut as the plans cut one; None when the
-    stage has more dst channels than the kernel holds or one channel's step does not fit the shared memory, and
-    for the weight gradient (whose tile has no such choice)."""
-    return cut_tile(shape, v, threads, hardware) if direct_tile(shape, hardware) and not shape.weight else None
+def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, hardware: Hardware = H200
+            ) -> DirectTile | None:
+    """The direct tile of `v` cells a thread and `threads` threads, cut as the plans cut one, or with `cb` source
+    channels a step in as much shared memory as a block may opt in to; None when the stage has more dst channels
+    than the kernel holds or the step does not fit, and for the weight gradient (whose tile has no such choice)."""
+    if not direct_tile(shape, hardware) or shape.weight:
+        return None
+    if cb is None:
+        return cut_tile(shape, v, threads, hardware)
+    tile = cut_tile(shape, v, threads, hardware, max_cb=cb, shared_bytes=hardware.shared_optin_per_block)
+    return tile if tile is not None and tile.cb == min(cb, shape.source_c) else None
 
 
-def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Chooser]]:
+def rows(shape: DirectShape, tiles: list[tuple[int, ...]]) -> list[tuple[str, Chooser]]:
     """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones. A row's
     choice applies to the swept stage (`shape`); the other stage keeps the plans' pick."""
 
@@ -85,8 +91,8 @@ def rows(shape: DirectShape, tiles: list[tuple[int, int]]) -> list[tuple[str, Ch
 
     planned = choose_direct(shape, H200)
     out: list[tuple[str, Chooser]] = [(f"planned {describe(planned)}", choose_direct), ("gemm", only(None))]
-    for v, threads in tiles:
-        tile = tile_of(shape, v, threads)
+    for tile_args in tiles:
+        tile = tile_of(shape, *tile_args)
         if tile is not None:
             out.append((describe(tile), only(tile)))
     weight = direct_tile(shape, H200) if shape.weight else None
@@ -142,7 +148,8 @@ def main() -> None:
     all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := stage_shape(case, stage)) and s.m <= 16}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
-                        help="V,THREADS: one more row for every case (repeatable)")
+                        help="V,THREADS or V,THREADS,CB (CB channels a step in opted-in shared memory): one more "
+                             "row for every case (repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()

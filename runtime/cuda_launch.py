@@ -23,6 +23,7 @@ from convgen.direct_model import (
     choose_direct,
     direct_grid,
     direct_shapes,
+    direct_shared_bytes,
     weight_shape,
 )
 from convgen.gemm_shapes import HALF_MMA_K, MMA_K, GemmShape, ceil_div, gemm_shapes
@@ -40,6 +41,7 @@ from convgen.generated.contract import (
     PACKED_FIELD,
     PRECISION_MMA_MODES,
     STAGE_MMA_FIELD,
+    STATIC_SHARED_BYTES,
     TILE_FIELDS,
     WGMMA_FIELDS,
     gemm_dynamic_shared_bytes,
@@ -187,8 +189,11 @@ def _direct_defines(prefix: str, fields: tuple[str, ...], values: tuple[int, ...
 
 def _direct_stage(stage: str, shape: DirectShape, tile: DirectTile, launches: dict[str, Launch],
                   splits: dict[str, int]) -> None:
-    """Launches of a stage that runs its `_direct` kernel: no pack, no split, no reduce."""
-    launches[stage] = Launch(direct_grid(tile, shape), tile.threads, kernel=f"{stage}_direct")
+    """Launches of a stage that runs its `_direct` kernel: no pack, no split, no reduce. A staging past the static
+    limit is the launch's dynamic shared memory, as the kernel takes it."""
+    staged = direct_shared_bytes(tile, shape)
+    launches[stage] = Launch(direct_grid(tile, shape), tile.threads, staged if staged > STATIC_SHARED_BYTES else 0,
+                             kernel=f"{stage}_direct")
     launches[f"{stage}_pack"] = launches[f"{stage}_reduce"] = Launch(0)
     splits[stage] = 1
 

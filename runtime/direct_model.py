@@ -57,7 +57,12 @@ DIRECT_MAX_SUMS = 32  # ... while a thread's V x MB sums stay within this many (
 DIRECT_MIN_BLOCKS_PER_SM = 2  # ... and its grid keeps this many blocks an SM
 DIRECT_MAX_SPAN = 32  # The source run a thread's V cells read stays within this many registers
 DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
-DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers; the halo's size bounds it)
+DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers and halo positions a channel) ...
+# ... within the static shared memory, or past it in dynamic shared memory up to an SM's share for this many blocks,
+# or for the blocks an SM the grid has where fewer. H100 (benchmarks/measured/2026-12-06-h100-s44-direct-sweep-*):
+# conv4d N8 forward 169.6 µs at 2 channels a step, 159.3 at 4 (72 KB, 3 blocks an SM), 180.1 at 8 (one block);
+# one image's 64 blocks 35.2 at 2, 29.6 at 8; the k7 s2 input gradient's backward 869.4 at 4, 833.4 at 8.
+DIRECT_STAGING_BLOCKS_PER_SM = 3
 # The direct weight gradient: a thread per (U channel, outer window offsets) and lane holds M x K_last sums ...
 WEIGHT_MAX_ROWS = 256  # ... of at most this many rows a block (one thread each, and lanes up to this many threads)
 WEIGHT_MAX_SUMS = 64  # ... and registers
@@ -159,7 +164,8 @@ def halo(box: tuple[int, ...], shape: DirectShape) -> int:
 
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
-    """Static shared memory of a block: CB channels' weights (MB padded to quads) and halo."""
+    """Shared memory of a block's staging: CB channels' weights (MB padded to quads) and halo (in the launch's
+    dynamic shared memory past the static limit)."""
     weights = tile.cb * shape.window * ceil_div(tile.mb, 4) * 4
     return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
 
@@ -211,15 +217,29 @@ def covered(tile: DirectTile, shape: DirectShape) -> float:
     return math.prod(shape.cells) / math.prod(ceil_div(c, b) * b for c, b in zip(shape.cells, tile.box))
 
 
-def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware) -> DirectTile | None:
-    """The tile of `v` cells a thread and a box for `threads` threads, staging as many source channels a step as
-    fit the shared memory (DIRECT_MAX_CB, then halves of it, none past the stage's), or None when one does not."""
+def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware, max_cb: int = DIRECT_MAX_CB,
+             shared_bytes: int | None = None) -> DirectTile | None:
+    """The tile of `v` cells a thread and a box for `threads` threads, or None when one source channel's step does
+    not fit the static shared memory. It stages as many source channels a step as fit `shared_bytes` (by default
+    `staging_bytes`; `max_cb`, then halves of it, none past the stage's)."""
     box = direct_box(shape.cells, v, threads)
-    for halvings in range(DIRECT_MAX_CB.bit_length()):
-        tile = DirectTile(v=v, mb=shape.m, cb=min(DIRECT_MAX_CB >> halvings, shape.source_c), box=box)
-        if direct_shared_bytes(tile, shape) <= hardware.shared_per_block:
+    one_channel = DirectTile(v=v, mb=shape.m, cb=1, box=box)
+    if direct_shared_bytes(one_channel, shape) > hardware.shared_per_block:
+        return None
+    limit = staging_bytes(direct_grid(one_channel, shape), hardware) if shared_bytes is None else shared_bytes
+    for halvings in range(max_cb.bit_length()):
+        tile = DirectTile(v=v, mb=shape.m, cb=min(max_cb >> halvings, shape.source_c), box=box)
+        if direct_shared_bytes(tile, shape) <= limit:
             return tile
     return None
+
+
+def staging_bytes(grid: int, hardware: Hardware) -> int:
+    """The shared memory a block of a `grid` of blocks may stage in: an SM's share for DIRECT_STAGING_BLOCKS_PER_SM
+    blocks, or for the blocks an SM the grid has where fewer, and never less than the static limit."""
+    blocks = min(DIRECT_STAGING_BLOCKS_PER_SM, ceil_div(grid, hardware.sm_count))
+    share = hardware.shared_per_sm // blocks - hardware.shared_reserved_per_block
+    return max(hardware.shared_per_block, min(hardware.shared_optin_per_block, share))
 
 
 def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:

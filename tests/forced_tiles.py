@@ -1,11 +1,13 @@
 """Block tiles forced onto every GEMM stage, for the CUDA tests (run), the plan tests and the compile
 tests (no GPU): the FMA tiles that reach every path of the implicit-GEMM kernels in float32 and float64,
 the tensor-core tiles of the precisions "high" and "medium", the geometries they run on and the chooser
-that forces them. No CuPy."""
+that forces them; and a direct chooser forcing the channels the small-channel direct kernels stage a step. No
+CuPy."""
 
 from __future__ import annotations
 
 from convgen.cuda_launch import GemmTile
+from convgen.direct_model import DirectChooser, cut_tile, direct_tile
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
@@ -94,3 +96,16 @@ PIPELINE_FORCED_TILES = [  # (bm, bn, tm, tn, split, packed, wide, stages)
     (32, 256, 2, 8, 1, False, False, 3),
     (64, 32, 4, 4, 2, True, False, 5),
 ]
+
+
+def staged_channels(max_cb: int | None) -> DirectChooser:
+    """A direct chooser of V = 4 at 256 threads staging, with `max_cb`, that many source channels a step in as much
+    shared memory as a block may opt in to (the launch's dynamic shared memory past 48 KB), else within the static
+    48 KB; the weight gradient's tile as the plans cut it."""
+    def chooser(shape, hardware):
+        if shape.weight:
+            return direct_tile(shape, hardware)
+        if max_cb is None:
+            return cut_tile(shape, 4, 256, hardware, shared_bytes=hardware.shared_per_block)
+        return cut_tile(shape, 4, 256, hardware, max_cb=max_cb, shared_bytes=hardware.shared_optin_per_block)
+    return chooser

@@ -15,15 +15,18 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm() -> None:
-    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "2,256")
+    """A tile of V,THREADS stages as many channels a step as the plans would; V,THREADS,CB that many."""
+    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "2,256", "--tile", "4,256,8")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "conv4d_8_16_n8     planned v4 thr256 cb2 box4x4x4x16",
+        "conv4d_8_16_n8     planned v4 thr256 cb4 box4x4x4x16",
         "conv4d_8_16_n8     gemm",
-        "conv4d_8_16_n8     v2 thr256 cb2 box2x4x4x16",
+        "conv4d_8_16_n8     v2 thr256 cb4 box2x4x4x16",
+        "conv4d_8_16_n8     v4 thr256 cb8 box4x4x4x16",
         "conv3d_16_16_n16   planned (the GEMM)",
         "conv3d_16_16_n16   gemm",
         "conv3d_16_16_n16   v2 thr256 cb8 box4x8x16",
+        "conv3d_16_16_n16   v4 thr256 cb8 box8x8x16",
     ]
 
 
@@ -43,6 +46,7 @@ def test_rows_of_the_weight_gradient() -> None:
 def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
     done = sweep("--cases", "conv2d_64_56_n32")  # 64 dst channels: no direct tile
     assert done.returncode == 2 and "error: --cases: unknown case 'conv2d_64_56_n32' (cases: conv4d_8_16," in done.stderr
-    done = sweep("--tile", "4")
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
-        "error: argument --tile: a tile is V,THREADS (positive integers), got '4'")
+    for tile in ("4", "4,256,0", "4,256,2,1"):
+        done = sweep("--tile", tile)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+            f"error: argument --tile: a tile is V,THREADS or V,THREADS,CB (positive integers), got '{tile}'")

@@ -16,6 +16,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import DIRECT_THREADS, direct_tile
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, GemmTape, PoisonBackend, PoisonTape, _has_gpu, check_against_cpu, run
+from forced_tiles import staged_channels
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
@@ -111,3 +112,25 @@ def test_the_plans_take_the_direct_kernel_for_few_channels_and_large_windows() -
         assert all(launches[stage].kernel == f"{stage}_direct" for stage in (*STAGES, "backward_weight"))
         assert plan(geom).splits["backward_weight"] > 1
         check_against_cpu(geom, rng)
+
+
+@pytest.mark.parametrize("geom", [G(Family.CONV, 8, 4, (14, 134), (7, 7), (1, 1), (0, 0), batch=2),
+                                  G(Family.CONV, 8, 8, (10, 8, 8, 16), (3, 3, 3, 3), (1,) * 4, (1,) * 4, batch=2)],
+                         ids=["k7", "conv4d"])
+def test_direct_staging_in_dynamic_shared_memory_gives_the_static_bits(geom: Geometry) -> None:
+    """More source channels a step than 48 KB hold, in the launch's dynamic shared memory: the sums run channel by
+    channel either way, so output and gradients equal the static staging's bit for bit, and the CPU tape's within
+    the bound."""
+    tapes = {}
+    for max_cb in (None, 8):
+        backend = type("StagedBackend", (PoisonBackend,), {"direct_chooser": staticmethod(staged_channels(max_cb))})
+        tapes[max_cb] = type("StagedTape", (PoisonTape,), {"backend_class": backend})
+    dynamic = plan(geom, direct_chooser=staged_channels(8))
+    assert dynamic.launches["forward"].shared_bytes > 48 * 1024, dynamic.launches["forward"]
+    assert plan(geom, direct_chooser=staged_channels(None)).launches["forward"].shared_bytes == 0
+    rng = reference.case_rng("cuda direct dynamic staging", geom.rank)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    static_run, dynamic_run = (run(tapes[max_cb](), geom, inputs, grad) for max_cb in (None, 8))
+    for a, b in zip([dynamic_run[0], *dynamic_run[1]], [static_run[0], *static_run[1]], strict=True):
+        np.testing.assert_array_equal(a, b)
+    check_against_cpu(geom, rng, tapes[8])

@@ -16,11 +16,13 @@ from convgen.direct_model import (
     covered,
     cut_tile,
     direct_box,
+    direct_grid,
     direct_shapes,
     direct_shared_bytes,
     direct_tile,
     halo,
     no_direct,
+    staging_bytes,
     weight_shape,
 )
 from convgen.geometry import Family, Geometry
@@ -37,14 +39,16 @@ def test_the_batched_4d_convolution_of_8_channels_runs_its_forward_and_input_gra
     assert (forward.block, forward.grid) == (256, 512)
     assert [p.defines[f"FWD_DIRECT_BOX{a}"] for a in range(4)] == [4, 4, 4, 16]
     assert (p.defines["FWD_DIRECT"], p.defines["FWD_DIRECT_V"], p.defines["FWD_DIRECT_MB"]) == (1, 4, 8)
-    # Two channels a step: 2 x (81 x 8 weights + 6 x 6 x 6 x 18 halo cells) floats; four would not fit 48 KB.
-    assert p.defines["FWD_DIRECT_CB"] == 2
+    # Four channels a step: 4 x (81 x 8 weights + 6 x 6 x 6 x 18 halo cells) floats, 72 KB of dynamic shared memory,
+    # under a third of an SM's 228 KB (its grid has 3.9 blocks an SM); eight would leave room for one block.
+    assert p.defines["FWD_DIRECT_CB"] == 4
+    assert forward.shared_bytes == 4 * (81 * 8 + 6 * 6 * 6 * 18) * 4
     # Nothing else of the GEMM forward runs: no pack, no split, no reduce.
     assert (p.launches["forward_pack"].grid, p.launches["forward_reduce"].grid, p.splits["forward"]) == (0, 0, 1)
     # Stride 1: the gather-form backward_input is one phase of the same stencil, flipped.
     backward_input = p.launches["backward_input"]
     assert (backward_input.kernel, backward_input.block, backward_input.grid) == ("backward_input_direct", 256, 512)
-    assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [4, 8, 2]
+    assert [p.defines[f"BWI_DIRECT_{field}"] for field in ("V", "MB", "CB")] == [4, 8, 4]
     # The weight gradient: a thread per (input channel, outer window offsets), 8 x 27 = 216; boxes of 2 x 2 x 2 x
     # 16 cells of the output gradient (8 x 128 of it and 8 x 4 x 4 x 4 x 18 of the input's halo: 40 KB), 4 cells a
     # read; 528 blocks (4 an SM by the registers) split 8 images x 512 boxes, their partial sums reduced.
@@ -180,7 +184,7 @@ def test_a_thread_takes_more_cells_where_its_boxes_cover_the_cells_as_well_and_t
     # 112 cells a line: 16 threads of 7 cover them; 64 of 2, 32 of 4 and 16 of 8 cover 128.
     assert [covered(cut_tile(k7["backward_input"], v, 256, H200), k7["backward_input"]) for v in (2, 4, 7, 8)] == \
         [0.875, 0.875, 1.0, 0.875]
-    assert direct_tile(k7["backward_input"], H200) == DirectTile(v=7, mb=3, cb=4, box=(16, 112))
+    assert direct_tile(k7["backward_input"], H200) == DirectTile(v=7, mb=3, cb=8, box=(16, 112))
     one_image = direct_shapes(Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4), 4)
     batched = direct_shapes(CONV4D_N8, 4)
     # 8 dst channels: V = 4 at most (32 sums); its 64 boxes of one image are under 2 an SM, 8 images' 512 are not.
@@ -209,15 +213,30 @@ def test_a_long_dilated_window_leaves_the_stage_to_its_gemm():
     assert direct_tile(DirectShape(taps=(3,), spacing=(16,), **common), H200) is None  # 0 + 32 + 1
 
 
-def test_every_direct_tile_fits_the_static_shared_memory():
+def test_every_direct_tile_stages_within_its_share_of_the_shared_memory():
+    """A step of one channel fits the static shared memory; the channels a step fit the grid's share of an SM's
+    (staging_bytes), and a launch past the static limit takes them as its dynamic shared memory."""
     for family, rank, dtype in itertools.product((Family.CONV, Family.CONV_TRANSPOSE), range(1, 9),
                                                  ("float32", "float64")):
         geom = representative_geometry(family, rank)
-        for shape in direct_shapes(geom, 8 if dtype == "float64" else 4).values():
+        launches = plan(geom, dtype=dtype, direct_chooser=direct_tile).launches
+        for stage, shape in direct_shapes(geom, 8 if dtype == "float64" else 4).items():
             tile = direct_tile(shape, H200)
             if tile is not None:
-                assert direct_shared_bytes(tile, shape) <= H200.shared_per_block
+                staged = direct_shared_bytes(tile, shape)
+                assert direct_shared_bytes(dataclasses.replace(tile, cb=1), shape) <= H200.shared_per_block
+                assert staged <= staging_bytes(direct_grid(tile, shape), H200)
                 assert tile.threads <= 256 and tile.box[-1] % tile.v == 0
+                assert launches[stage].shared_bytes == (staged if staged > H200.shared_per_block else 0)
+
+
+def test_the_channels_a_step_leave_room_for_three_blocks_an_sm_or_the_grid_s_fewer():
+    """An SM's 228 KB less 1 KB a block: 75 KB a block for 3 blocks, 113 KB for 2, the opt-in limit for one; never
+    under the static 48 KB."""
+    assert [staging_bytes(grid, H200) for grid in (132, 133, 264, 265, 10_000)] == \
+        [227 * 1024, 113 * 1024, 113 * 1024, 75 * 1024, 75 * 1024]
+    few = dataclasses.replace(H200, shared_per_sm=96 * 1024)
+    assert staging_bytes(10_000, few) == 48 * 1024
 
 
 def test_the_halo_is_the_windows_of_the_box():

@@ -36,6 +36,7 @@ from forced_tiles import (
     WIDE_FORCED_GEOMETRY,
     WIDE_FORCED_TILES,
     forced_chooser,
+    staged_channels,
 )
 from half_support import HALF_DTYPES, draw_half, run_backend, stored, widened
 from half_support import relative_errors as half_errors
@@ -205,6 +206,23 @@ def test_direct_kernel_of_more_cells_a_thread(v) -> None:
         assert made.launches["forward"].kernel == "forward_direct" and made.defines["FWD_DIRECT_V"] == v, geom
         assert made.launches["backward_input"].kernel == "backward_input_direct", geom
         check(geom, "float32", direct_chooser=chooser)
+
+
+def test_direct_staging_past_the_static_limit_is_dynamic_shared_memory() -> None:
+    """Eight source channels a step of a 7x7 window's halo (66 KB) go into the launch's dynamic shared memory. The
+    sums run channel by channel whatever the channels a step, so the results are those of the static staging's
+    fewer channels a step bit for bit, and the CPU tape's within the tolerance."""
+    geom = Geometry.build(Family.CONV, 8, 4, (14, 134), (7, 7), (1, 1), (0, 0), batch=2)
+    static, dynamic = plan(geom, direct_chooser=staged_channels(None)), plan(geom, direct_chooser=staged_channels(8))
+    assert static.defines["FWD_DIRECT_CB"] < 8 and static.launches["forward"].shared_bytes == 0
+    assert dynamic.defines["FWD_DIRECT_CB"] == 8 and dynamic.launches["forward"].shared_bytes > 48 * 1024
+    rng = reference.case_rng("emulated dynamic staging")
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = reference.run_on_tape(emulated_tape("float32", direct_chooser=staged_channels(None)), geom, inputs, grad)
+    got = reference.run_on_tape(emulated_tape("float32", direct_chooser=staged_channels(8)), geom, inputs, grad)
+    for a, b in zip([got[0], *got[1]], [expected[0], *expected[1]], strict=True):
+        np.testing.assert_array_equal(a, b)
+    check(geom, "float32", direct_chooser=staged_channels(8))
 
 
 def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None:

@@ -1890,11 +1890,18 @@ extern "C" __global__ void conv_transpose_r3_forward_direct(
     constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
-    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (the contract's direct_dynamic_shared_bytes,
+    // from which the launcher sizes it; a launch given less traps).
+    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
-        scalar* const ws = direct_shared;
-        scalar* const halo = direct_shared + WEIGHTS;
+        if constexpr (DYNAMIC) {
+            if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
+        }
+        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
+        scalar* const halo = ws + WEIGHTS;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -3147,11 +3154,18 @@ extern "C" __global__ void conv_transpose_r3_backward_input_direct(
     constexpr unsigned STRIDE0 = 1u * H1 * H2;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u * H2;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo.
-    __shared__ __align__(16) scalar direct_shared[DIRECT ? WEIGHTS + CB * HALO : 1];
+    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (the contract's direct_dynamic_shared_bytes,
+    // from which the launcher sizes it; a launch given less traps).
+    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
     if constexpr (DIRECT) {
-        scalar* const ws = direct_shared;
-        scalar* const halo = direct_shared + WEIGHTS;
+        if constexpr (DYNAMIC) {
+            if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
+        }
+        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
+        scalar* const halo = ws + WEIGHTS;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
