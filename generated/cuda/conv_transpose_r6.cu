@@ -2085,8 +2085,8 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
     constexpr unsigned STRIDE4 = 1u * H5;  // of the staged halo
     constexpr unsigned STRIDE5 = 1u;  // of the staged halo
     // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
-    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (the contract's direct_dynamic_shared_bytes,
-    // from which the launcher sizes it; a launch given less traps).
+    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
+    // the same count; a launch given less traps).
     constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
     __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
@@ -3655,8 +3655,8 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
     constexpr unsigned STRIDE4 = 1u * H5;  // of the staged halo
     constexpr unsigned STRIDE5 = 1u;  // of the staged halo
     // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
-    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (the contract's direct_dynamic_shared_bytes,
-    // from which the launcher sizes it; a launch given less traps).
+    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
+    // the same count; a launch given less traps).
     constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
     __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
