@@ -236,8 +236,8 @@ def cut_tile(shape: DirectShape, v: int, threads: int, hardware: Hardware, max_c
 
 def staging_bytes(grid: int, hardware: Hardware) -> int:
     """The shared memory a block of a `grid` of blocks may stage in: an SM's share for DIRECT_STAGING_BLOCKS_PER_SM
-    blocks, or for the blocks an SM the grid has where fewer, and never less than the static limit."""
-    blocks = min(DIRECT_STAGING_BLOCKS_PER_SM, ceil_div(grid, hardware.sm_count))
+    blocks, or for the blocks an SM the grid has where fewer (at least one), and never less than the static limit."""
+    blocks = max(1, min(DIRECT_STAGING_BLOCKS_PER_SM, ceil_div(grid, hardware.sm_count)))
     share = hardware.shared_per_sm // blocks - hardware.shared_reserved_per_block
     return max(hardware.shared_per_block, min(hardware.shared_optin_per_block, share))
 

@@ -233,8 +233,8 @@ def test_every_direct_tile_stages_within_its_share_of_the_shared_memory():
 def test_the_channels_a_step_leave_room_for_three_blocks_an_sm_or_the_grid_s_fewer():
     """An SM's 228 KB less 1 KB a block: 75 KB a block for 3 blocks, 113 KB for 2, the opt-in limit for one; never
     under the static 48 KB."""
-    assert [staging_bytes(grid, H200) for grid in (132, 133, 264, 265, 10_000)] == \
-        [227 * 1024, 113 * 1024, 113 * 1024, 75 * 1024, 75 * 1024]
+    assert [staging_bytes(grid, H200) for grid in (0, 132, 133, 264, 265, 10_000)] == \
+        [227 * 1024, 227 * 1024, 113 * 1024, 113 * 1024, 75 * 1024, 75 * 1024]
     few = dataclasses.replace(H200, shared_per_sm=96 * 1024)
     assert staging_bytes(10_000, few) == 48 * 1024
 
