@@ -56,7 +56,7 @@ DIRECT_MAX_CELLS = 8  # ... up to this many, boxes the cells with fewer idle thr
 DIRECT_MAX_SUMS = 32  # ... while a thread's V x MB sums stay within this many (V = 2 at 16 dst channels) ...
 DIRECT_MIN_BLOCKS_PER_SM = 2  # ... and its grid keeps this many blocks an SM
 DIRECT_MAX_SPAN = 32  # The source run a thread's V cells read stays within this many registers
-DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until the staged step fits
+DIRECT_THREADS = (256, 128, 64, 32)  # block sizes tried, largest first, until one channel's step fits 48 KB
 DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers and halo positions a channel) ...
 # ... within the static shared memory, or past it in dynamic shared memory up to an SM's share for this many blocks,
 # or for the blocks an SM the grid has where fewer. H100 (benchmarks/measured/2026-12-06-h100-s44-direct-sweep-*):
@@ -192,7 +192,8 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
     None. V = DIRECT_CELLS cells a thread (fewer while their source run exceeds DIRECT_MAX_SPAN), or a larger V
     up to DIRECT_MAX_CELLS whose tile covers the cells at least as well (the largest such), within
     DIRECT_MAX_SUMS sums a thread and DIRECT_MIN_BLOCKS_PER_SM blocks an SM. A V's tile: the first block size of
-    `threads_tried` whose step of one source channel fits the shared memory, then as many channels a step as fit."""
+    `threads_tried` whose step of one source channel fits the static shared memory, then as many channels a step
+    as `staging_bytes` holds."""
     if shape.weight:
         return weight_tile(shape, hardware)
     if not 1 <= shape.m <= DIRECT_MAX_M or shape.source_c == 0 or 0 in shape.cells:
