@@ -1779,6 +1779,7 @@ extern "C" __global__ void conv_r2_forward_direct(
                 inside = inside && j1 >= 0 && j1 < IN1;
                 offset = offset * IN1 + (unsigned)j1;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3065,6 +3066,7 @@ extern "C" __global__ void conv_r2_backward_input_direct(
                 inside = inside && j1 >= 0 && j1 < OUT1;
                 offset = offset * OUT1 + (unsigned)j1;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

@@ -1815,6 +1815,7 @@ extern "C" __global__ void conv_r3_forward_direct(
                 inside = inside && j2 >= 0 && j2 < IN2;
                 offset = offset * IN2 + (unsigned)j2;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3232,6 +3233,7 @@ extern "C" __global__ void conv_r3_backward_input_direct(
                 inside = inside && j2 >= 0 && j2 < OUT2;
                 offset = offset * OUT2 + (unsigned)j2;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

@@ -1850,6 +1850,7 @@ extern "C" __global__ void conv_r4_forward_direct(
                 inside = inside && j3 >= 0 && j3 < IN3;
                 offset = offset * IN3 + (unsigned)j3;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3396,6 +3397,7 @@ extern "C" __global__ void conv_r4_backward_input_direct(
                 inside = inside && j3 >= 0 && j3 < OUT3;
                 offset = offset * OUT3 + (unsigned)j3;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

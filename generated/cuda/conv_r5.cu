@@ -1885,6 +1885,7 @@ extern "C" __global__ void conv_r5_forward_direct(
                 inside = inside && j4 >= 0 && j4 < IN4;
                 offset = offset * IN4 + (unsigned)j4;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3562,6 +3563,7 @@ extern "C" __global__ void conv_r5_backward_input_direct(
                 inside = inside && j4 >= 0 && j4 < OUT4;
                 offset = offset * OUT4 + (unsigned)j4;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

@@ -1957,6 +1957,7 @@ extern "C" __global__ void conv_r7_forward_direct(
                 inside = inside && j6 >= 0 && j6 < IN6;
                 offset = offset * IN6 + (unsigned)j6;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3894,6 +3895,7 @@ extern "C" __global__ void conv_r7_backward_input_direct(
                 inside = inside && j6 >= 0 && j6 < OUT6;
                 offset = offset * OUT6 + (unsigned)j6;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

@@ -1867,6 +1867,7 @@ extern "C" __global__ void conv_transpose_r1_forward_direct(
                 inside = inside && j0 >= 0 && j0 < IN0;
                 offset = offset * IN0 + (unsigned)j0;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -2914,6 +2915,7 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
                 inside = inside && j0 >= 0 && j0 < OUT0;
                 offset = offset * OUT0 + (unsigned)j0;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

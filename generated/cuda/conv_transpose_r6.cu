@@ -2342,6 +2342,7 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                 inside = inside && j5 >= 0 && j5 < IN5;
                 offset = offset * IN5 + (unsigned)j5;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -3785,6 +3786,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                 inside = inside && j5 >= 0 && j5 < OUT5;
                 offset = offset * OUT5 + (unsigned)j5;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);

@@ -2532,6 +2532,7 @@ extern "C" __global__ void conv_transpose_r8_forward_direct(
                 inside = inside && j7 >= 0 && j7 < IN7;
                 offset = offset * IN7 + (unsigned)j7;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
@@ -4134,6 +4135,7 @@ extern "C" __global__ void conv_transpose_r8_backward_input_direct(
                 inside = inside && j7 >= 0 && j7 < OUT7;
                 offset = offset * OUT7 + (unsigned)j7;
                 const real* __restrict__ cell = step_values + offset;
+                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
 #pragma unroll
                 for (unsigned c = 0; c < CB; ++c) {
                     const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
