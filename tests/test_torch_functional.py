@@ -388,18 +388,28 @@ def test_torch_func_transforms_are_refused_by_name(transform: str) -> None:
         torch.func.vmap(lambda xi: ct.max_pool(xi, 2))(x)
 
 
-@pytest.mark.parametrize("op", ["conv", "max_pool"])
-def test_gradients_taken_with_create_graph_are_not_differentiated_again(op: str) -> None:
-    """The backward's kernels are not themselves differentiable: under create_graph=True the gradients come out
-    as torch's once_differentiable makes them, a second backward through them an error, not a silent zero. The
-    first gradient is the one a plain backward gives."""
+@pytest.mark.parametrize("op", ["conv", "max_pool", "smooth_max_pool"])
+@pytest.mark.parametrize("loss", ["square", "sum"])
+def test_gradients_taken_with_create_graph_are_not_differentiated_again(op: str, loss: str) -> None:
+    """The backward's kernels are not themselves differentiable: under create_graph=True a backward through the
+    gradients is an error naming the op, not a silent zero, where they depend on the upstream gradient (a squared
+    output's) or on the op's inputs alone (a sum's: a conv's input gradient through its weight, a smooth max's
+    through its input). A max pool's input gradient under a sum depends on nothing that requires grad (its derivative
+    through the input is zero): it comes out as a constant. The first gradient is the one a plain backward gives."""
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(1, 2, 5, 5, dtype=torch.float64, generator=generator, requires_grad=True)
-    weight = torch.randn(3, 2, 3, 3, dtype=torch.float64, generator=generator)
-    forward = (lambda: ct.conv(x, weight, None)) if op == "conv" else (lambda: ct.max_pool(x, 2))
-    (plain,) = torch.autograd.grad((forward() ** 2).sum(), x)
-    (first,) = torch.autograd.grad((forward() ** 2).sum(), x, create_graph=True)
+    weight = torch.randn(3, 2, 3, 3, dtype=torch.float64, generator=generator, requires_grad=True)
+    forward = {"conv": lambda: ct.conv(x, weight, None), "max_pool": lambda: ct.max_pool(x, 2),
+               "smooth_max_pool": lambda: ct.smooth_max_pool(x, 2, 1.5)}[op]
+    reduce = (lambda y: (y**2).sum()) if loss == "square" else (lambda y: y.sum())
+    (plain,) = torch.autograd.grad(reduce(forward()), x)
+    (first,) = torch.autograd.grad(reduce(forward()), x, create_graph=True)
     assert torch.equal(first.detach(), plain)
-    with pytest.raises(RuntimeError, match="^trying to differentiate twice a function that was marked with "
-                                           "@once_differentiable$"):
-        first.sum().backward()
+    if op == "max_pool" and loss == "sum":
+        assert not first.requires_grad
+        return
+    with pytest.raises(RuntimeError, match=rf"^convgen\.torch\.{op}: a backward through its gradients is not "
+                                           r"supported: they were computed under create_graph=True, but convgen does "
+                                           r"not differentiate them \(a gradient penalty through this op needs "
+                                           r"torch's own ops\)$"):
+        first.square().sum().backward()

@@ -324,11 +324,16 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        # Grad mode is on here only under create_graph=True: there once_differentiable's wrapper makes a second
-        # backward through these gradients an error. Elsewhere its no_grad block and checks would cost about 3 µs
-        # of autograd's device thread a step (the development machine), for nothing.
+        # Grad mode is on here only under create_graph=True: there the gradients come out of _NoSecondBackward, so
+        # that a backward through them is an error. Elsewhere its no_grad block and checks would cost about 3 µs of
+        # autograd's device thread a step (the development machine), for nothing.
         if torch.is_grad_enabled():
-            return _backward_once_differentiable(ctx, grad)
+            with torch.no_grad():
+                grads = _backward(ctx, grad)
+            # A max or average pool's input gradient depends on its input nowhere differentiably (through which
+            # cells won, or not at all); a conv's gradients depend on its inputs, a smooth max's on its input.
+            linear = ctx.op in ("max_pool", "avg_pool")
+            return _NoSecondBackward.refusing(ctx.op, grads, (grad,) if linear else (grad, *ctx.saved_tensors))
         return _backward(ctx, grad)
 
 
@@ -345,7 +350,33 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     return None, None, None, None, *grads
 
 
-_backward_once_differentiable = torch.autograd.function.once_differentiable(_backward)
+class _NoSecondBackward(torch.autograd.Function):
+    """Gradients computed under create_graph=True, passed on unchanged, whose own backward is an error: convgen does
+    not differentiate its gradients, and leaving their derivatives out (a gradient penalty's term through the weight)
+    would be a wrong result, not a missing one. torch's once_differentiable refuses only where the upstream gradient
+    requires grad; these depend on the op's saved inputs too."""
+
+    @staticmethod
+    def refusing(op: str, grads: tuple[Tensor | None, ...], sources: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
+        """`grads` as this function's outputs where any of `sources` (what they depend on; None for a missing bias)
+        requires grad."""
+        depended = [t for t in sources if t is not None and t.requires_grad]
+        if not depended:
+            return grads
+        made = [g for g in grads if g is not None]
+        refused = iter(_NoSecondBackward.apply(op, len(made), *made, *depended))
+        return tuple(None if g is None else next(refused) for g in grads)
+
+    @staticmethod
+    def forward(ctx: Any, op: str, count: int, *tensors: Tensor) -> tuple[Tensor, ...]:
+        ctx.op = op
+        return tuple(t.view_as(t) for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> None:
+        raise RuntimeError(f"convgen.torch.{ctx.op}: a backward through its gradients is not supported: they were "
+                           "computed under create_graph=True, but convgen does not differentiate them (a gradient "
+                           "penalty through this op needs torch's own ops)")
 
 
 # Eager calls run the device code and attach the backward with _Eager; torch.compile traces the custom
