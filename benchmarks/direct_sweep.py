@@ -46,6 +46,12 @@ EXTRA_CASES = (
     batched_conv("conv2d_8_64_n32", "conv2d N32 8→64 56² k3 p1", 32, 8, 64, (56, 56), 3, 1, 1, 0, 0),
     batched_conv("conv2d_3_64_k4s2_n32", "conv2d N32 3→64 112² k4 s2 p1", 32, 3, 64, (112, 112), 4, 2, 1, 0, 0),
     batched_conv("conv3d_4_32_s2_n8", "conv3d N8 4→32 32³ k3 s2 p1", 8, 4, 32, (32, 32, 32), 3, 2, 1, 0, 0),
+    # 4-D shapes of conv4d_shapes.py: neighbourhood consensus layers, a 3-D+time volume
+    batched_conv("conv4d_16_20_n4", "conv4d N4 16→16 20⁴ k3 p1", 4, 16, 16, (20,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_16to1_20_n4", "conv4d N4 16→1 20⁴ k3 p1", 4, 16, 1, (20,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_1to16_20_n4", "conv4d N4 1→16 20⁴ k3 p1", 4, 1, 16, (20,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_10_16_k5_n2", "conv4d N2 10→10 16⁴ k5 p2", 2, 10, 10, (16,) * 4, 5, 1, 2, 0, 0),
+    batched_conv("conv4d_16_8x32_n2", "conv4d N2 16→16 8×32³ k3 p1", 2, 16, 16, (8, 32, 32, 32), 3, 1, 1, 0, 0),
 )
 STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
@@ -106,7 +112,7 @@ def describe(tile: DirectTile | WeightTile | None) -> str:
         return "(the GEMM)"
     box = "x".join(map(str, tile.box))
     if isinstance(tile, WeightTile):
-        return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} parts{tile.parts} box{box}"
+        return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} blocks{tile.channel_blocks}x{tile.parts} box{box}"
     return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}"
 
 

@@ -85,9 +85,10 @@ COLUMN_POINTER_ROW_STEP = 2
 DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB")
 DIRECT_BOX_FIELD = "DIRECT_BOX"
 # The weight gradient's `_direct` kernel (templates/cuda/_direct_weight.cu.j2): V cells a thread reads at a time
-# along the last axis, LANES threads per (U channel, outer window offsets), and per axis the box of D's cells of
-# a work item; the stage's <PREFIX>_SPLIT is then its blocks per group (partial sums its reduce kernel adds up).
-DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES")
+# along the last axis, LANES threads per (U channel, outer window offsets), CHANNEL_BLOCKS blocks sharing a group's
+# U channels (each its own equal share), and per axis the box of D's cells of a work item; the stage's
+# <PREFIX>_SPLIT is then its blocks per group and channel block (partial sums its reduce kernel adds up).
+DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES", "DIRECT_CHANNEL_BLOCKS")
 # A conv-shaped stage's `_wgmma` kernel (templates/cuda/_wgmma_conv.cu.j2): the TF32 modes on Hopper's
 # warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
 # `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:

@@ -252,14 +252,15 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                              source_elements, copied_packs)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
-            values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS, weight and (1, weight.v, weight.lanes),
+            values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS,
+                                          weight and (1, weight.v, weight.lanes, weight.channel_blocks),
                                           weight and weight.box, geom.rank))
             wgmma = None if weight else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))
             if weight or wgmma:  # their parts are the stage's split
                 values[f"{prefix}_SPLIT"] = weight.parts if weight else wgmma.split
             if weight and count:
-                launches[stage] = Launch(geom.groups * weight.parts, weight.threads, kernel=f"{stage}_direct")
+                launches[stage] = Launch(geom.groups * weight.blocks, weight.threads, kernel=f"{stage}_direct")
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
                 splits[stage] = weight.parts
             elif wgmma and count:

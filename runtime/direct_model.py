@@ -42,6 +42,13 @@ DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one; a phase's in the g
 DIRECT_FEW_DST = 4
 DIRECT_FEW_DST_MIN_WINDOW = 16
 DIRECT_FEW_DST_MIN_CELLS_PER_SM = 4 * 512  # four such blocks: dst cells of all phases, images and groups
+# The weight gradient's direct kernel, where the plans take it: up to DIRECT_MAX_M D channels, windows of at least 9
+# offsets, up to 64 U channels a group (shared by channel blocks of at most WEIGHT_MAX_ROWS rows). Measured against
+# its GEMM in every such case (H100, whole backward µs, benchmarks/measured/2026-12-06-h100-s45-direct-sweep-bww.txt):
+# conv4d N4 16->16 20⁴ 2131 / 4140, 16->1 358 / 2309, 1->16 305 / 562, N2 10->10 16⁴ k5 2000 / 3084, N2 16->16
+# 8x32³ 1754 / 3163; conv3d N16 16->16 16³ 91 / 146; conv2d N32 16->16 56² 73 / 102, N32 64->8 56² 114 / 166.
+DIRECT_WEIGHT_MIN_WINDOW = 9
+DIRECT_WEIGHT_MAX_SOURCE_C = 64
 # How its blocks are cut. V = 2 cells a thread at 256 threads ran every measured case fastest or within 5% of the
 # fastest (conv4d N8 16⁴: 214 µs, V = 8 205, V = 4 216; one image 46 against 67-118 for V = 4 or 8; conv3d N8
 # 32³: 40 against 43-64); padding the staged rows against bank conflicts changed nothing measurable (conv4d N8:
@@ -114,14 +121,21 @@ class DirectTile:
 
 @dataclass(frozen=True, slots=True)
 class WeightTile:
-    """The direct weight gradient's blocks: `parts` blocks a group split the work items (image, box of D's cells
-    `box`); in a block `lanes` threads per (U channel, outer window offsets), each reading V cells at a time."""
+    """The direct weight gradient's blocks: a group's U channels shared by `channel_blocks` blocks, and `parts`
+    blocks of each split the work items (image, box of D's cells `box`); in a block `lanes` threads per (U channel,
+    outer window offsets), each reading V cells at a time."""
 
     v: int
     lanes: int
     box: tuple[int, ...]
     parts: int
-    rows: int  # U channels x outer window offsets
+    rows: int  # the block's U channels x outer window offsets
+    channel_blocks: int = 1
+
+    @property
+    def blocks(self) -> int:
+        """Blocks a group: its channel blocks' parts."""
+        return self.channel_blocks * self.parts
 
     @property
     def threads(self) -> int:
@@ -244,17 +258,19 @@ def staging_bytes(grid: int, hardware: Hardware) -> int:
 
 
 def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
-    """The plans' direct chooser, where it was measured faster than the GEMM: the direct tile of a stage of at
-    most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
+    """The plans' direct chooser, where it was measured faster than the GEMM: the direct tile of a conv-shaped stage
+    of at most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
     of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets with DIRECT_FEW_DST_MIN_CELLS_PER_SM
-    dst cells an SM; else None (the GEMM)."""
+    dst cells an SM; of a weight-gradient stage of at most DIRECT_MAX_M D channels, DIRECT_WEIGHT_MAX_SOURCE_C U
+    channels and DIRECT_WEIGHT_MIN_WINDOW offsets; else None (the GEMM)."""
     tile = direct_tile(shape, hardware)
     if tile is None:
         return None
+    if shape.weight:
+        few = shape.m <= DIRECT_MAX_M and shape.source_c <= DIRECT_WEIGHT_MAX_SOURCE_C
+        return tile if few and shape.window >= DIRECT_WEIGHT_MIN_WINDOW else None
     if max(shape.m, shape.source_c) <= DIRECT_PLAN_MAX_CHANNELS and shape.window >= DIRECT_MIN_WINDOW:
         return tile
-    if shape.weight:
-        return None
     few_dst = shape.m <= DIRECT_FEW_DST and shape.window >= DIRECT_FEW_DST_MIN_WINDOW
     cells = shape.images * shape.groups * shape.phases * math.prod(shape.cells)
     return tile if few_dst and cells >= DIRECT_FEW_DST_MIN_CELLS_PER_SM * hardware.sm_count else None
@@ -282,40 +298,51 @@ def weight_shape(geom: Geometry, staged_bytes: int) -> DirectShape:
                        images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, weight=True)
 
 
-def weight_staged(box: tuple[int, ...], shape: DirectShape) -> int:
-    """Values a work item stages: the box of D's M channels and U's halo of its channels."""
-    return shape.m * math.prod(box) + shape.source_c * halo(box, shape)
+def weight_staged(box: tuple[int, ...], shape: DirectShape, channels: int) -> int:
+    """Values a work item stages: the box of D's M channels and U's halo of a block's `channels`."""
+    return shape.m * math.prod(box) + channels * halo(box, shape)
 
 
-def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
+def weight_channel_blocks(shape: DirectShape, max_rows: int = WEIGHT_MAX_ROWS) -> int | None:
+    """The fewest blocks that share a group's U channels equally with at most `max_rows` rows (U channels x outer
+    window offsets) each, or None where one channel's rows are more."""
+    outer = math.prod(shape.taps[:-1])
+    return next((b for b in range(1, shape.source_c + 1)
+                 if shape.source_c % b == 0 and shape.source_c // b * outer <= max_rows), None)
+
+
+def weight_tile(shape: DirectShape, hardware: Hardware, max_rows: int = WEIGHT_MAX_ROWS) -> WeightTile | None:
     """How the direct weight kernel would cut a weight-gradient stage multiplied with FMAs, or None: rows of at most
-    WEIGHT_MAX_ROWS (U channels x outer window offsets) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1
-    cells a read, the last axis of the box up to WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the
-    innermost out while the staging fits the shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes
-    up to WEIGHT_MAX_ROWS threads; parts to fill the SMs once, within the split workspace."""
-    rows = shape.source_c * math.prod(shape.taps[:-1])
-    if 0 in shape.cells or not 1 <= rows <= WEIGHT_MAX_ROWS or not 1 <= shape.m:
+    `max_rows` (U channels x outer window offsets; the group's channels shared by as few channel blocks as that
+    takes) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1 cells a read, the last axis of the box up to
+    WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the innermost out while the staging fits the
+    shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes up to WEIGHT_MAX_ROWS threads; parts to
+    fill the SMs once, within the split workspace."""
+    if 0 in shape.cells or not 1 <= shape.m or shape.source_c == 0:
         return None
-    if shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
+    channel_blocks = weight_channel_blocks(shape, max_rows)
+    if channel_blocks is None or shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
         return None
+    channels = shape.source_c // channel_blocks
+    rows = channels * math.prod(shape.taps[:-1])
     capacity = hardware.shared_per_block // shape.staged_bytes
     *outer, last = shape.cells
     v = 4 if last >= 4 else 2 if last >= 2 else 1
     box = [1] * len(outer) + [min(ceil_div(last, v) * v, WEIGHT_BOX_LAST)]
-    if weight_staged(tuple(box), shape) > capacity:
+    if weight_staged(tuple(box), shape, channels) > capacity:
         return None
     grown = True
     while grown:
         grown = False
         for a in reversed(range(len(outer))):
             wider = [*box[:a], box[a] * 2, *box[a + 1:]]
-            if box[a] < outer[a] and math.prod(wider) <= WEIGHT_MAX_BOX_CELLS and weight_staged(tuple(wider), shape) \
-                    <= capacity:
+            if box[a] < outer[a] and math.prod(wider) <= WEIGHT_MAX_BOX_CELLS and \
+                    weight_staged(tuple(wider), shape, channels) <= capacity:
                 box, grown = wider, True
     lanes = max(1, min(WEIGHT_MAX_ROWS // rows, math.prod(box[:-1])))  # lanes take the box's lines in turn
     threads = rows * lanes
-    staged_bytes = max(weight_staged(tuple(box), shape), threads * shape.m * shape.taps[-1] if lanes > 1 else 0) * \
-        shape.staged_bytes
+    staged_bytes = max(weight_staged(tuple(box), shape, channels),
+                       threads * shape.m * shape.taps[-1] if lanes > 1 else 0) * shape.staged_bytes
     if staged_bytes > hardware.shared_per_block:
         return None
     registers = WEIGHT_REGISTERS * shape.staged_bytes // 4
@@ -325,5 +352,5 @@ def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
     items = shape.images * math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box))
     weights = shape.groups * shape.m * shape.source_c * math.prod(shape.taps)
     workspace = SPLIT_WORKSPACE_BYTES // (weights * shape.staged_bytes)
-    parts = max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups), workspace))
-    return WeightTile(v=v, lanes=lanes, box=tuple(box), parts=parts, rows=rows)
+    parts = max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups * channel_blocks), workspace))
+    return WeightTile(v=v, lanes=lanes, box=tuple(box), parts=parts, rows=rows, channel_blocks=channel_blocks)

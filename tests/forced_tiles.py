@@ -6,6 +6,8 @@ CuPy."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from convgen.cuda_launch import GemmTile
 from convgen.direct_model import DirectChooser, cut_tile, direct_tile
 from convgen.generated.contract import SHARED_BUFFERS
@@ -108,4 +110,17 @@ def staged_channels(max_cb: int | None) -> DirectChooser:
         if max_cb is None:
             return cut_tile(shape, 4, 256, hardware, shared_bytes=hardware.shared_per_block)
         return cut_tile(shape, 4, 256, hardware, max_cb=max_cb, shared_bytes=hardware.shared_optin_per_block)
+    return chooser
+
+
+def weight_channel_blocks(blocks: int) -> DirectChooser:
+    """A direct chooser whose weight-gradient tile shares each group's U channels among `blocks` blocks (which must
+    divide them), its V, lanes, box and parts those of the one-block tile the plans cut, so that every weight's sum
+    runs in the same order as there; the conv-shaped stages' tiles as direct_tile cuts them."""
+    def chooser(shape, hardware):
+        tile = direct_tile(shape, hardware)
+        if not shape.weight or tile is None:
+            return tile
+        assert tile.channel_blocks == 1 and shape.source_c % blocks == 0, (tile, shape)
+        return dataclasses.replace(tile, channel_blocks=blocks, rows=tile.rows // blocks)
     return chooser

@@ -31,15 +31,14 @@ def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm()
 
 
 def test_rows_of_the_weight_gradient() -> None:
-    """The plans' pick, the GEMM, and the direct weight kernel where the plans leave the stage to its GEMM."""
-    done = sweep("--stage", "backward_weight", "--cases", "conv4d_8_16_n8,conv3d_16_16_n16")
+    """The plans' pick (a 4-D window's 16 U channels in two channel blocks) and the GEMM."""
+    done = sweep("--stage", "backward_weight", "--cases", "conv4d_8_16_n8,conv4d_16_20_n4")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "conv4d_8_16_n8     planned v4 lanes1 thr216 parts528 box2x2x2x16",
+        "conv4d_8_16_n8     planned v4 lanes1 thr216 blocks1x528 box2x2x2x16",
         "conv4d_8_16_n8     gemm",
-        "conv3d_16_16_n16   planned (the GEMM)",
-        "conv3d_16_16_n16   gemm",
-        "conv3d_16_16_n16   v4 lanes1 thr144 parts512 box2x4x16",
+        "conv4d_16_20_n4    planned v4 lanes1 thr216 blocks2x202 box1x2x2x20",
+        "conv4d_16_20_n4    gemm",
     ]
 
 

@@ -7,7 +7,6 @@ beside padding takes the careful path in both forms."""
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import DIRECT_THREADS, direct_tile
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, GemmTape, PoisonBackend, PoisonTape, _has_gpu, check_against_cpu, run
-from forced_tiles import staged_channels
+from forced_tiles import staged_channels, weight_channel_blocks
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
@@ -57,9 +56,10 @@ def test_direct_kernel_matches_cpu_tape(family: Family, rank: int, dtype: str) -
     geom = direct_geometry(family, rank)
     launches = plan(geom, dtype=dtype, direct_chooser=ANY_BLOCK).launches
     assert all(launches[stage].kernel == f"{stage}_direct" for stage in STAGES), geom
-    # The weight gradient's direct kernel where its rows (source channels x outer window offsets) fit a block.
-    weight_rows = (geom.in_c if family is Family.CONV else geom.out_c) // geom.groups * math.prod(geom.kernel[:-1])
-    assert bool(launches["backward_weight"].kernel) is (weight_rows <= 256), geom
+    # The weight gradient's direct kernel: its rows (source channels x outer window offsets) shared by as many
+    # blocks as keep them within 256 (ranks 7 and 8: 192 offsets, a block a channel or two).
+    assert launches["backward_weight"].kernel == "backward_weight_direct", geom
+    assert launches["backward_weight"].block <= 256, geom
     check_against_cpu(geom, reference.case_rng("cuda direct", family.value, rank, dtype), AnyBlockTape, dtype)
 
 
@@ -134,3 +134,18 @@ def test_direct_staging_in_dynamic_shared_memory_gives_the_static_bits(geom: Geo
     for a, b in zip([dynamic_run[0], *dynamic_run[1]], [static_run[0], *static_run[1]], strict=True):
         np.testing.assert_array_equal(a, b)
     check_against_cpu(geom, rng, tapes[8])
+
+
+@pytest.mark.parametrize("blocks", [2, 4, 8])
+def test_direct_weight_channel_blocks_give_the_one_block_bits(blocks: int) -> None:
+    """A group's 8 input channels shared by several blocks, each staging its channels' halo: every weight's sum runs
+    in the one-block kernel's order, so the weight gradient is its bit for bit, and the CPU tape's within the
+    bound."""
+    geom = G(Family.CONV, 8, 6, (6, 7, 5, 12), (3, 3, 3, 3), (1,) * 4, (1,) * 4, batch=2)
+    assert plan(geom, direct_chooser=weight_channel_blocks(blocks)).defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
+    shared, one = (type(f"Blocks{b}Tape", (PoisonTape,), {"backend_class": type(f"Blocks{b}", (AnyBlockBackend,), {
+        "direct_chooser": staticmethod(weight_channel_blocks(b))})}) for b in (blocks, 1))
+    rng = reference.case_rng("cuda weight channel blocks", blocks)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    np.testing.assert_array_equal(run(shared(), geom, inputs, grad)[1][0], run(one(), geom, inputs, grad)[1][0])
+    check_against_cpu(geom, rng, shared)

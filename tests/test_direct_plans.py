@@ -151,9 +151,10 @@ def test_without_a_direct_tile_every_stage_runs_its_gemm_and_the_defines_say_so(
 
 
 def test_the_weight_gradient_runs_direct_for_few_channels_and_large_windows():
-    """The conv's (input channels x outer offsets rows) and the transpose's (output channels); 16 channels and
-    9-offset windows keep the GEMM (in every precision); the split is chosen for the batch's
-    bucket (a power of two), so batches of 5 to 8 share the defines."""
+    """The conv's (input channels x outer offsets rows) and the transpose's (output channels); the split is chosen
+    for the batch's bucket (a power of two), so batches of 5 to 8 share the defines. Up to 16 D channels, 64 U
+    channels and windows from 9 offsets run direct in every precision, a 4-D window's 16 U channels in two channel
+    blocks of 216 rows; more D or U channels, or fewer offsets, keep the GEMM."""
     for family in (Family.CONV, Family.CONV_TRANSPOSE):
         geom = Geometry.build(family, 8, 4, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=6)
         shape = weight_shape(geom, 4)
@@ -164,7 +165,16 @@ def test_the_weight_gradient_runs_direct_for_few_channels_and_large_windows():
         assert p.defines == plan(dataclasses.replace(geom, batch=8)).defines
         assert plan(geom, precision="medium").launches["backward_weight"].kernel == "backward_weight_direct"
     for geom in (Geometry.build(Family.CONV, 16, 16, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2),
-                 Geometry.build(Family.CONV, 8, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2)):
+                 Geometry.build(Family.CONV, 8, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2),
+                 Geometry.build(Family.CONV, 64, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2)):
+        for precision in ("highest", "high", "medium"):
+            assert plan(geom, precision=precision).launches["backward_weight"].kernel == "backward_weight_direct"
+    four_d = plan(Geometry.build(Family.CONV, 16, 16, (8,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=2))
+    assert four_d.launches["backward_weight"].kernel == "backward_weight_direct"
+    assert four_d.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == 2 and four_d.launches["backward_weight"].block == 216
+    for geom in (Geometry.build(Family.CONV, 16, 32, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2),
+                 Geometry.build(Family.CONV, 128, 8, (30, 30), (3, 3), (1, 1), (1, 1), batch=2),
+                 Geometry.build(Family.CONV, 8, 8, (300,), (5,), (1,), (2,), batch=2)):
         assert not plan(geom).launches["backward_weight"].kernel
         assert not plan(geom, precision="medium").launches["backward_weight"].kernel.endswith("_direct")
 

@@ -37,6 +37,7 @@ from forced_tiles import (
     WIDE_FORCED_TILES,
     forced_chooser,
     staged_channels,
+    weight_channel_blocks,
 )
 from half_support import HALF_DTYPES, draw_half, run_backend, stored, widened
 from half_support import relative_errors as half_errors
@@ -188,10 +189,11 @@ def test_direct_kernel_of_few_channels(dtype) -> None:
         # In both families the forward's dst channels are out_c, the input gradient's in_c.
         for stage, dst_c in (("forward", geom.out_c), ("backward_input", geom.in_c)):
             assert launches[stage].kernel == (f"{stage}_direct" if dst_c // geom.groups <= 16 else ""), geom
-        # The weight gradient's direct kernel: rows of U channels x outer window offsets, M x K_last sums each.
-        u_c, d_c = (geom.in_c, geom.out_c) if geom.family is Family.CONV else (geom.out_c, geom.in_c)
-        rows, sums = u_c // geom.groups * math.prod(geom.kernel[:-1]), d_c // geom.groups * geom.kernel[-1]
-        assert bool(launches["backward_weight"].kernel) is (rows <= 256 and sums <= 64), geom
+        # The weight gradient's direct kernel: rows of U channels x outer window offsets (a channel's at most 256,
+        # the channels shared by as many blocks as that takes), M x K_last sums each.
+        d_c = geom.out_c if geom.family is Family.CONV else geom.in_c
+        outer, sums = math.prod(geom.kernel[:-1]), d_c // geom.groups * geom.kernel[-1]
+        assert bool(launches["backward_weight"].kernel) is (outer <= 256 and sums <= 64), geom
         check(geom, dtype, direct_chooser=direct_tile)
 
 
@@ -223,6 +225,28 @@ def test_direct_staging_past_the_static_limit_is_dynamic_shared_memory() -> None
     for a, b in zip([got[0], *got[1]], [expected[0], *expected[1]], strict=True):
         np.testing.assert_array_equal(a, b)
     check(geom, "float32", direct_chooser=staged_channels(8))
+
+
+@pytest.mark.parametrize("geom, blocks", [
+    (DIRECT_GEOMETRIES[4], 3),  # 2 groups of 3 input channels: a block per channel
+    (Geometry.build(Family.CONV, 4, 3, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2), 2),
+    (DIRECT_GEOMETRIES[10], 2),  # the transpose's U: 2 output channels a group
+], ids=["conv-3d", "conv-4d", "transpose"])
+def test_direct_weight_channel_blocks_give_the_one_block_bits(geom: Geometry, blocks: int) -> None:
+    """A group's U channels shared by several blocks (each staging its own channels' halo): every weight's sum runs
+    in the same order as in one block, so the weight gradient is the one-block kernel's bit for bit, and the CPU
+    tape's within the tolerance."""
+    one, shared = plan(geom, direct_chooser=weight_channel_blocks(1)), plan(geom, direct_chooser=weight_channel_blocks(blocks))
+    assert (one.defines["BWW_DIRECT_CHANNEL_BLOCKS"], shared.defines["BWW_DIRECT_CHANNEL_BLOCKS"]) == (1, blocks)
+    assert shared.launches["backward_weight"].grid == blocks * one.launches["backward_weight"].grid
+    rng = reference.case_rng("emulated weight channel blocks", geom)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    expected = reference.run_on_tape(emulated_tape("float32", direct_chooser=weight_channel_blocks(1)), geom, inputs,
+                                     grad)
+    got = reference.run_on_tape(emulated_tape("float32", direct_chooser=weight_channel_blocks(blocks)), geom, inputs,
+                                grad)
+    np.testing.assert_array_equal(got[1][0], expected[1][0])
+    check(geom, "float32", direct_chooser=weight_channel_blocks(blocks))
 
 
 def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None:

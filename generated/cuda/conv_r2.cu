@@ -24,10 +24,10 @@
     !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || \
     !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
     !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || \
-    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_DIRECT_BOX1) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
-    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
-    !defined(BWW_WG_SHIFT)
+    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
+    !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || \
+    !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || \
+    !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -3927,6 +3927,8 @@ extern "C" __global__ void conv_r2_backward_weight_direct(
     constexpr bool DIRECT = BWW_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
     constexpr unsigned M = OUT_C / GROUPS, U_C = IN_C / GROUPS;
     constexpr unsigned V = BWW_DIRECT_V, LANES = BWW_DIRECT_LANES;
+    constexpr unsigned CHANNEL_BLOCKS = BWW_DIRECT_CHANNEL_BLOCKS, U_CB = U_C / CHANNEL_BLOCKS;
+    static_assert(U_CB * CHANNEL_BLOCKS == U_C, "the channel blocks share the U channels equally");
     constexpr unsigned PARTS = BWW_SPLIT;  // blocks a group: partial sums, added up by the reduce kernel
     constexpr unsigned BOX0 = BWW_DIRECT_BOX0, TILES0 = (OUT0 + BOX0 - 1) / BOX0;
     constexpr unsigned H0 = (BOX0 - 1) * S0 + (K0 - 1) * D0 + 1;  // U's halo extent
@@ -3934,25 +3936,27 @@ extern "C" __global__ void conv_r2_backward_weight_direct(
     constexpr unsigned H1 = (BOX1 - 1) * S1 + (K1 - 1) * D1 + 1;  // U's halo extent
     static_assert(BOX1 % V == 0, "a thread's runs lie in one line");
     constexpr unsigned K_LAST = K1, K_OUTER = K_SIZE / K_LAST;
-    constexpr unsigned ROWS = U_C * K_OUTER;  // a thread per (U channel, outer window offsets) and lane
+    constexpr unsigned ROWS = U_CB * K_OUTER;  // a thread per (U channel of the block, outer window offsets) and lane
     constexpr unsigned THREADS = ROWS * LANES;
     constexpr unsigned BOX_CELLS = 1u * BOX0 * BOX1, LINES = BOX_CELLS / BOX1;
     constexpr unsigned HALO = 1u * H0 * H1;
     constexpr unsigned TILES = 1u * TILES0 * TILES1;
     constexpr unsigned SPAN = (V - 1) * S1 + (K_LAST - 1) * D1 + 1;  // a run's U values
-    constexpr unsigned STAGED = M * BOX_CELLS + U_C * HALO, REDUCED = LANES > 1 ? THREADS * M * K_LAST : 0;
+    constexpr unsigned STAGED = M * BOX_CELLS + U_CB * HALO, REDUCED = LANES > 1 ? THREADS * M * K_LAST : 0;
     constexpr unsigned STRIDE0 = 1u * H1;  // of the staged halo
     constexpr unsigned STRIDE1 = 1u;  // of the staged halo
-    // D's box [M][BOX_CELLS], then U's halo [U_C][HALO]; at the end the lanes' sums [LANES][ROWS][M][K_LAST].
+    // D's box [M][BOX_CELLS], then U's halo [U_CB][HALO]; at the end the lanes' sums [LANES][ROWS][M][K_LAST].
     __shared__ __align__(16) scalar weight_shared[DIRECT ? (STAGED > REDUCED ? STAGED : REDUCED) : 1];
     if constexpr (DIRECT) {
         scalar* const d_box = weight_shared;
         scalar* const u_halo = weight_shared + M * BOX_CELLS;
-        const unsigned group = blockIdx.x / PARTS, part = blockIdx.x % PARTS;
+        const unsigned part = blockIdx.x % PARTS, channel_block = blockIdx.x / PARTS % CHANNEL_BLOCKS;
+        const unsigned group = blockIdx.x / PARTS / CHANNEL_BLOCKS;
         const unsigned items = images * TILES, per_part = (items + PARTS - 1) / PARTS;
         const unsigned item_begin = part * per_part;
         const unsigned item_end = item_begin + per_part < items ? item_begin + per_part : items;
-        const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, c = row / K_OUTER;
+        const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, block_c = row / K_OUTER;
+        const unsigned c = channel_block * U_CB + block_c;  // the row's U channel in the group
         // The row's outer window offsets: its place in the halo and its first flat offset.
         [[maybe_unused]] unsigned row_rest = row % K_OUTER;
         const pos_t k0 = (pos_t)row_rest;
@@ -3974,7 +3978,8 @@ extern "C" __global__ void conv_r2_backward_weight_direct(
             rest /= nonzero(TILES1);
             const pos_t t0 = (pos_t)rest;
             const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * OUT_SIZE;
-            const real* __restrict__ u_image = u_values + ((size_t)image * GROUPS + group) * U_C * IN_SIZE;
+            const real* __restrict__ u_image =
+                u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * IN_SIZE;
             const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
             const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
             const pos_t o1 = t1 * (pos_t)BOX1;  // the box's first D cell
@@ -4013,7 +4018,7 @@ extern "C" __global__ void conv_r2_backward_weight_direct(
                 offset = offset * IN1 + (unsigned)j1;
                 const real* __restrict__ cell = u_image + offset;
 #pragma unroll
-                for (unsigned cc = 0; cc < U_C; ++cc) {
+                for (unsigned cc = 0; cc < U_CB; ++cc) {
                     const scalar value = inside ? load_element(cell + (size_t)cc * IN_SIZE) : scalar(0);
                     rare = rare || !isfinite(value);
                     u_halo[cc * HALO + e] = value;
@@ -4024,7 +4029,7 @@ extern "C" __global__ void conv_r2_backward_weight_direct(
 #pragma unroll 1
             for (unsigned line = lane; line < LINES; line += LANES) {
                 [[maybe_unused]] unsigned line_rest = line;
-                unsigned u_line = c * HALO + row_offset;
+                unsigned u_line = block_c * HALO + row_offset;
                 const pos_t b0 = (pos_t)line_rest;
                 u_line += (unsigned)(b0 * S0) * STRIDE0;
                 const scalar* d_line = d_box + line * BOX1;
