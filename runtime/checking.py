@@ -75,7 +75,10 @@ def natural(value: object) -> int | None:
         return value if value >= 0 else None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         return None
-    value = int(value)
+    try:
+        value = int(value)
+    except Exception:  # a registered Integral whose conversion fails is not a number the op can use
+        return None
     return value if value >= 0 else None
 
 
@@ -119,6 +122,8 @@ def real(value: object) -> float | None:
         return float(value)
     except OverflowError:  # an int beyond float range: as infinite as float32 will make it
         return math.inf if value > 0 else -math.inf
+    except Exception:  # a registered Real whose conversion fails is not a number the op can use
+        return None
 
 
 def float32(value: float) -> float:

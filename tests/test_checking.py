@@ -4,10 +4,12 @@ raises, whatever the value; and `validated`, which remembers an accepted call's 
 from __future__ import annotations
 
 import itertools
+import numbers
 
+import convgen.cpu
 import numpy as np
 import pytest
-from convgen.checking import DESCRIBE_LIMIT, describe, plain, validated
+from convgen.checking import DESCRIBE_LIMIT, describe, natural, plain, real, validated
 
 
 class FailingRepr:
@@ -66,3 +68,44 @@ def test_an_accepted_calls_answer_is_remembered_for_plain_arguments_alone():
     assert validated(check, ("cpu", (0, 0), 1)) == "refusal 6"  # a refusal is not kept
     assert [args[1:] for args in calls] == [((1, 2), 1), ((1, 2), 1.0), ((True, 2), 1), ([1, 2], 1), ((0, 0), 1),
                                             ((0, 0), 1)]
+
+
+class UnconvertibleInteger:
+    """Registered as an Integral, but its conversion fails."""
+
+    def __int__(self) -> int:
+        raise ArithmeticError("no int")
+
+    __index__ = __int__
+
+    def __repr__(self) -> str:
+        return "UnconvertibleInteger()"
+
+
+class UnconvertibleReal:
+    """Registered as a Real, but its conversion fails."""
+
+    def __float__(self) -> float:
+        raise ArithmeticError("no float")
+
+    def __repr__(self) -> str:
+        return "UnconvertibleReal()"
+
+
+numbers.Integral.register(UnconvertibleInteger)
+numbers.Real.register(UnconvertibleReal)
+
+
+def test_a_number_whose_conversion_fails_is_refused_with_a_result() -> None:
+    """A registered Integral or Real whose __int__ or __float__ raises is not a number the op can use: the op's
+    Result says so, as for any other non-number, instead of the conversion's exception escaping."""
+    assert natural(UnconvertibleInteger()) is None and real(UnconvertibleReal()) is None
+    tape = convgen.cpu.Tape()
+    tape, x = tape.leaf(np.ones((1, 4), np.float32))
+    refused = tape.max_pool(x, c=UnconvertibleInteger(), in_spatial=(4,), kernel=(2,), stride=(2,), padding=(0,))
+    assert refused.error == "autograd: cpu: max_pool: c must be a natural number, got UnconvertibleInteger()"
+    refused = tape.smooth_max_pool(x, UnconvertibleReal(), c=1, in_spatial=(4,), kernel=(2,), stride=(2,),
+                                   padding=(0,))
+    assert refused.error == "autograd: cpu: smooth_max_pool: beta must be a real number, got UnconvertibleReal()"
+    refused = tape.max_pool(x, c=1, in_spatial=(4,), kernel=[UnconvertibleInteger()], stride=(2,), padding=(0,))
+    assert refused.error == "autograd: cpu: max_pool: kernel[0] must be a natural number, got UnconvertibleInteger()"
