@@ -236,7 +236,7 @@ def test_direct_weight_channel_blocks_give_the_one_block_bits(geom: Geometry, bl
     """A group's U channels shared by several blocks (each staging its own channels' halo): every weight's sum runs
     in the same order as in one block, so the weight gradient is the one-block kernel's bit for bit, and the CPU
     tape's within the tolerance."""
-    one, shared = plan(geom, direct_chooser=weight_channel_blocks(1)), plan(geom, direct_chooser=weight_channel_blocks(blocks))
+    one, shared = (plan(geom, direct_chooser=weight_channel_blocks(b)) for b in (1, blocks))
     assert (one.defines["BWW_DIRECT_CHANNEL_BLOCKS"], shared.defines["BWW_DIRECT_CHANNEL_BLOCKS"]) == (1, blocks)
     assert shared.launches["backward_weight"].grid == blocks * one.launches["backward_weight"].grid
     rng = reference.case_rng("emulated weight channel blocks", geom)
@@ -268,7 +268,8 @@ def test_few_channel_stages_take_the_direct_kernels_in_every_precision() -> None
 
 def test_a_stage_of_few_source_channels_multiplies_with_fmas_in_every_precision() -> None:
     """3 source channels: in "high" and "medium" the forward runs its GEMM with FMAs on "highest"'s tile, so its
-    output is "highest"'s bit for bit, while the gradients keep the tensor cores and their bounds."""
+    output is "highest"'s bit for bit, while the input gradient keeps the tensor cores and every gradient its bound
+    (the weight gradient, of 16 D channels, runs the direct kernel's FMAs)."""
     geom = Geometry.build(Family.CONV, 3, 16, (9, 8), (3, 3), (2, 1), (1, 1), batch=2)
     rng = reference.case_rng("emulated few source channels")
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
@@ -276,7 +277,8 @@ def test_a_stage_of_few_source_channels_multiplies_with_fmas_in_every_precision(
     fma = relative_errors(geom, emulated_tape("float32"), inputs, grad)
     for precision in ("high", "medium"):
         defines = plan(geom, precision=precision).defines
-        assert (defines["FWD_MMA"], defines["BWW_MMA"]) == (0, defines["MMA_MODE"]), precision
+        assert (defines["FWD_MMA"], defines["BWI_MMA"]) == (0, defines["MMA_MODE"]), precision
+        assert plan(geom, precision=precision).launches["backward_weight"].kernel == "backward_weight_direct"
         got = reference.run_on_tape(emulated_tape("float32", precision=precision), geom, inputs, grad)
         np.testing.assert_array_equal(got[0], expected[0])
         errors = relative_errors(geom, emulated_tape("float32", precision=precision), inputs, grad)

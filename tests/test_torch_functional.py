@@ -259,8 +259,14 @@ W = torch.zeros(6, 4, 3, 3)
 
 ERRORS = [
     (lambda: ct.conv(X, W, stride=0), ValueError, "convgen.torch.conv: stride must be > 0"),
-    (lambda: ct.conv(X, W, padding=(1, 2, 3)), ValueError,
-     "convgen.torch.conv: in_spatial, kernel, stride, padding, dilation must have the same length, got 2, 2, 2, 3, 2"),
+    (lambda: ct.conv(X, W, padding=(1, 2, 3)), TypeError,
+     "convgen.torch.conv: padding must be an int or a tuple of 2 ints, got (1, 2, 3)"),
+    (lambda: ct.conv(X, W, stride=2.0), TypeError,
+     "convgen.torch.conv: stride must be an int or a tuple of 2 ints, got 2.0"),
+    (lambda: ct.conv(X, W, padding="same"), TypeError,
+     "convgen.torch.conv: padding must be an int or a tuple of 2 ints, got 'same'"),
+    (lambda: ct.conv_transpose(X, W.transpose(0, 1), output_padding=[1, 1, 1]), TypeError,
+     "convgen.torch.conv_transpose: output_padding must be an int or a tuple of 2 ints, got [1, 1, 1]"),
     (lambda: ct.conv(X, W, groups=3), ValueError,
      "convgen.torch.conv: in_c and out_c must be divisible by groups, got in_c=4, out_c=6, groups=3"),
     (lambda: ct.conv(X, W, padding=7, padding_mode="circular"), ValueError,
@@ -285,9 +291,8 @@ ERRORS = [
     (lambda: ct.conv_transpose(None, W), TypeError,
      "convgen.torch.conv_transpose: input must be a torch.Tensor, got NoneType"),
     (lambda: ct.max_pool(X.numpy(), 2), TypeError, "convgen.torch.max_pool: input must be a torch.Tensor, got ndarray"),
-    (lambda: ct.smooth_max_pool(X, 2, beta=1.0, stride=(1, 1, 1)), ValueError,
-     "convgen.torch.smooth_max_pool: in_spatial, kernel, stride, padding, dilation must have the same length, "
-     "got 2, 2, 3, 2, 2"),
+    (lambda: ct.smooth_max_pool(X, 2, beta=1.0, stride=(1, 1, 1)), TypeError,
+     "convgen.torch.smooth_max_pool: stride must be an int or a tuple of 2 ints, got (1, 1, 1)"),
     (lambda: ct.conv(X, W, torch.zeros(5)), ValueError, "convgen.torch.conv: bias must have shape (6,), got (5,)"),
     (lambda: ct.conv(X, W, torch.zeros(6, device="meta")), RuntimeError,
      "convgen.torch.conv: bias is on meta but input is on cpu"),
@@ -361,8 +366,8 @@ def test_a_remembered_geometry_does_not_answer_for_a_float_or_bool_argument(op: 
     call = getattr(ct, op)
     expected = call(x, w, None, stride=1, groups=1)
     assert torch.equal(call(x, w, None, stride=1, groups=1), expected)
-    with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: stride must be a sequence of natural numbers, "
-                                         r"got 1\.0$"):
+    with pytest.raises(TypeError, match=rf"^convgen\.torch\.{op}: stride must be an int or a tuple of 2 ints, "
+                                        r"got 1\.0$"):
         call(x, w, None, stride=1.0)
     with pytest.raises(ValueError, match=rf"^convgen\.torch\.{op}: stride\[0\] must be a natural number, got 1\.0$"):
         call(x, w, None, stride=(1.0, 1))
@@ -413,3 +418,12 @@ def test_gradients_taken_with_create_graph_are_not_differentiated_again(op: str,
                                            r"not differentiate them \(a gradient penalty through this op needs "
                                            r"torch's own ops\)$"):
         first.square().sum().backward()
+
+
+def test_a_one_entry_tuple_is_broadcast_to_every_axis_as_torch_does() -> None:
+    """torch's convolutions and pools take `stride=(2,)` on a 2-D input as (2, 2); so does convgen.torch."""
+    generator = torch.Generator().manual_seed(3)
+    x, w = torch.randn(1, 2, 7, 7, generator=generator), torch.randn(3, 2, 3, 3, generator=generator)
+    torch.testing.assert_close(ct.conv(x, w, stride=(2,), padding=[1], dilation=(1,)),
+                               F.conv2d(x, w, stride=(2,), padding=[1], dilation=(1,)))
+    torch.testing.assert_close(ct.max_pool(x, 3, stride=[2]), F.max_pool2d(x, 3, stride=[2]))

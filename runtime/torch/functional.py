@@ -18,7 +18,7 @@ import numbers
 from typing import Any
 
 import torch
-from convgen.checking import plain
+from convgen.checking import describe, plain
 from convgen.geometry import Family, Geometry
 from convgen.torch import devices, library
 from convgen.torch.precision import conv_precision
@@ -36,17 +36,17 @@ def _integer(value: Any) -> Any:
     return int(value)
 
 
-def _per_axis(value: Any, rank: int) -> Any:
-    """An integer broadcast to `rank` axes; a list or tuple of integers as a tuple of ints; anything else
-    as given, for the validator to reject by name."""
+def _per_axis(op: str, argument: str, value: Any, rank: int) -> tuple[Any, ...]:
+    """An integer broadcast to `rank` axes, as a list or tuple of one (as torch's ops broadcast it); a list or tuple of
+    `rank` entries as a tuple, its integers as ints (an entry that is not one goes to the validator, which names it
+    and the rule). Anything else is an error in torch's terms: a TypeError naming the op and the argument."""
     value = _integer(value)
     if type(value) is int:
         return (value,) * rank
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, (tuple, list)) and len(value) in (1, rank):
         items = tuple(_integer(v) for v in value)
-        if all(type(v) is int for v in items):
-            return items
-    return value
+        return items * rank if len(items) == 1 else items
+    raise TypeError(f"convgen.torch.{op}: {argument} must be an int or a tuple of {rank} ints, got {describe(value)}")
 
 
 def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
@@ -200,7 +200,8 @@ def _conv_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, 
                    dilation: Any, groups: Any, padding_mode: Any) -> Geometry:
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, "weight", weight.dim())
-    stride, padding, dilation = (_per_axis(v, rank) for v in (stride, padding, dilation))
+    stride, padding, dilation = (_per_axis(op, name, v, rank) for name, v in
+                                 (("stride", stride), ("padding", padding), ("dilation", dilation)))
     groups = _integer(groups)
     geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode)
     _check_bias(op, bias, geom)
@@ -229,8 +230,9 @@ def _conv_transpose_geometry(op: str, input: Tensor, weight: Tensor, bias: Tenso
                              output_padding: Any, groups: Any, dilation: Any) -> Geometry:
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, "weight", weight.dim())
-    stride, padding, output_padding, dilation = (_per_axis(v, rank) for v in (stride, padding, output_padding,
-                                                                             dilation))
+    stride, padding, output_padding, dilation = (
+        _per_axis(op, name, v, rank) for name, v in
+        (("stride", stride), ("padding", padding), ("output_padding", output_padding), ("dilation", dilation)))
     groups = _integer(groups)
     geom = library.conv_transpose_geometry(op, input.shape, weight.shape, stride, padding, output_padding, dilation,
                                            groups)
@@ -254,9 +256,10 @@ def _pool_geometry(op: str, family: Family, input: Tensor, kernel_size: Any, str
         _check_input_dims(op, input, rank, "kernel_size", rank)
     else:
         raise TypeError(f"convgen.torch.{op}: kernel_size must be an int or a tuple of ints, got {kernel_size!r}")
-    kernel_size = _per_axis(kernel_size, rank)
-    stride = kernel_size if stride is None else _per_axis(stride, rank)
-    padding, dilation = _per_axis(padding, rank), None if dilation is None else _per_axis(dilation, rank)
+    kernel_size = _per_axis(op, "kernel_size", kernel_size, rank)
+    stride = kernel_size if stride is None else _per_axis(op, "stride", stride, rank)
+    padding = _per_axis(op, "padding", padding, rank)
+    dilation = None if dilation is None else _per_axis(op, "dilation", dilation, rank)
     return input, library.pool_geometry(op, family, input.shape, kernel_size, stride, padding, dilation, beta)
 
 
