@@ -60,7 +60,13 @@ def host_numbers(value: Any, dtype: Any, copy: bool) -> np.ndarray:
     when `copy`. A value past the dtype's range rounds to ±inf, as IEEE's conversion has it, without NumPy's overflow
     warning: the rounding is the documented conversion, and a warning made an error would stand in for leaf's own."""
     with np.errstate(over="ignore"):
-        array = real_numbers(np.asarray(value))
+        try:
+            raw = np.asarray(value)
+        except (TypeError, ValueError, OverflowError, MemoryError):
+            raise
+        except Exception as error:  # a foreign object's own conversion refused (torch: a tensor that requires grad)
+            raise TypeError(f"{type(error).__name__}: {error}") from None
+        array = real_numbers(raw)
         return np.array(array, dtype=dtype, order="C", copy=True) if copy else np.ascontiguousarray(array, dtype=dtype)
 
 

@@ -70,6 +70,24 @@ def test_a_leaf_value_that_is_not_numbers_is_an_error_naming_the_tape_and_the_va
     assert str(caught.value).startswith(f"autograd: cpu: leaf: {message}")
 
 
+class RefusesConversion:
+    """An object whose own conversion to an array raises something other than NumPy's errors, as a torch tensor that
+    requires grad does."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("no conversion")
+
+    def __repr__(self) -> str:
+        return "RefusesConversion()"
+
+
+def test_a_leaf_value_whose_own_conversion_fails_is_a_type_error_naming_the_tape_and_the_value():
+    with pytest.raises(TypeError) as caught:
+        convgen.cpu.Tape().leaf(RefusesConversion())
+    assert str(caught.value) == ("autograd: cpu: leaf: value must be numbers (an array, a nested sequence or a scalar), "
+                                 "got RefusesConversion(): RuntimeError: no conversion")
+
+
 NOT_REAL_VALUES = [
     ("1.5", "'1.5'", "strings"), (b"2", "b'2'", "bytes"), ("nan", "'nan'", "strings"),
     ([1, "2", 3.0], "[1, '2', 3.0]", "strings"), (np.array(["1"], dtype=object), "array(['1'], dtype=object)", "strings"),
