@@ -303,24 +303,24 @@ def weight_staged(box: tuple[int, ...], shape: DirectShape, channels: int) -> in
     return shape.m * math.prod(box) + channels * halo(box, shape)
 
 
-def weight_channel_blocks(shape: DirectShape, max_rows: int = WEIGHT_MAX_ROWS) -> int | None:
-    """The fewest blocks that share a group's U channels equally with at most `max_rows` rows (U channels x outer
-    window offsets) each, or None where one channel's rows are more."""
+def weight_channel_blocks(shape: DirectShape) -> int | None:
+    """The fewest blocks that share a group's U channels equally with at most WEIGHT_MAX_ROWS rows (U channels x
+    outer window offsets) each, or None where one channel's rows are more."""
     outer = math.prod(shape.taps[:-1])
     return next((b for b in range(1, shape.source_c + 1)
-                 if shape.source_c % b == 0 and shape.source_c // b * outer <= max_rows), None)
+                 if shape.source_c % b == 0 and shape.source_c // b * outer <= WEIGHT_MAX_ROWS), None)
 
 
-def weight_tile(shape: DirectShape, hardware: Hardware, max_rows: int = WEIGHT_MAX_ROWS) -> WeightTile | None:
+def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
     """How the direct weight kernel would cut a weight-gradient stage multiplied with FMAs, or None: rows of at most
-    `max_rows` (U channels x outer window offsets; the group's channels shared by as few channel blocks as that
+    WEIGHT_MAX_ROWS (U channels x outer window offsets; the group's channels shared by as few channel blocks as that
     takes) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1 cells a read, the last axis of the box up to
     WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the innermost out while the staging fits the
     shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes up to WEIGHT_MAX_ROWS threads; parts to
     fill the SMs once, within the split workspace."""
     if 0 in shape.cells or not 1 <= shape.m or shape.source_c == 0:
         return None
-    channel_blocks = weight_channel_blocks(shape, max_rows)
+    channel_blocks = weight_channel_blocks(shape)
     if channel_blocks is None or shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
         return None
     channels = shape.source_c // channel_blocks

@@ -4152,7 +4152,7 @@ extern "C" __global__ void conv_transpose_r3_backward_weight_direct(
     constexpr unsigned V = BWW_DIRECT_V, LANES = BWW_DIRECT_LANES;
     constexpr unsigned CHANNEL_BLOCKS = BWW_DIRECT_CHANNEL_BLOCKS, U_CB = U_C / CHANNEL_BLOCKS;
     static_assert(U_CB * CHANNEL_BLOCKS == U_C, "the channel blocks share the U channels equally");
-    constexpr unsigned PARTS = BWW_SPLIT;  // blocks a group: partial sums, added up by the reduce kernel
+    constexpr unsigned PARTS = BWW_SPLIT;  // blocks a channel block: partial sums, added up by the reduce kernel
     constexpr unsigned BOX0 = BWW_DIRECT_BOX0, TILES0 = (IN0 + BOX0 - 1) / BOX0;
     constexpr unsigned H0 = (BOX0 - 1) * S0 + (K0 - 1) * D0 + 1;  // U's halo extent
     constexpr unsigned BOX1 = BWW_DIRECT_BOX1, TILES1 = (IN1 + BOX1 - 1) / BOX1;
