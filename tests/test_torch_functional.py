@@ -263,8 +263,14 @@ ERRORS = [
      "convgen.torch.conv: padding must be an int or a tuple of 2 ints, got (1, 2, 3)"),
     (lambda: ct.conv(X, W, stride=2.0), TypeError,
      "convgen.torch.conv: stride must be an int or a tuple of 2 ints, got 2.0"),
-    (lambda: ct.conv(X, W, padding="same"), TypeError,
-     "convgen.torch.conv: padding must be an int or a tuple of 2 ints, got 'same'"),
+    (lambda: ct.conv(X, W, padding="full"), ValueError,
+     "convgen.torch.conv: padding must be 'valid', 'same', an int or a tuple, got 'full'"),
+    (lambda: ct.conv(X, W, padding="same", stride=(1, 2)), ValueError,
+     "convgen.torch.conv: padding='same' needs stride 1 on every axis, got stride=(1, 2)"),
+    (lambda: ct.conv(X, W[..., :2], padding="same"), ValueError,
+     "convgen.torch.conv: padding='same' needs an even dilation*(kernel_size-1) on every axis, got (2, 1)"),
+    (lambda: ct.conv_transpose(X, W.transpose(0, 1), padding="same"), TypeError,
+     "convgen.torch.conv_transpose: padding must be an int or a tuple of 2 ints, got 'same'"),
     (lambda: ct.conv_transpose(X, W.transpose(0, 1), output_padding=[1, 1, 1]), TypeError,
      "convgen.torch.conv_transpose: output_padding must be an int or a tuple of 2 ints, got [1, 1, 1]"),
     (lambda: ct.conv(X, W, groups=3), ValueError,
@@ -427,3 +433,14 @@ def test_a_one_entry_tuple_is_broadcast_to_every_axis_as_torch_does() -> None:
     torch.testing.assert_close(ct.conv(x, w, stride=(2,), padding=[1], dilation=(1,)),
                                F.conv2d(x, w, stride=(2,), padding=[1], dilation=(1,)))
     torch.testing.assert_close(ct.max_pool(x, 3, stride=[2]), F.max_pool2d(x, 3, stride=[2]))
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_string_paddings_are_torchs(padding: str) -> None:
+    """conv takes torch's 'same' and 'valid', with dilation too, at ranks 2 and 3 as F.conv2d and F.conv3d do."""
+    generator = torch.Generator().manual_seed(8)
+    x, w = torch.randn(2, 3, 9, 8, generator=generator), torch.randn(4, 3, 3, 5, generator=generator)
+    torch.testing.assert_close(ct.conv(x, w, padding=padding, dilation=(2, 1)),
+                               F.conv2d(x, w, padding=padding, dilation=(2, 1)))
+    x, w = torch.randn(1, 2, 5, 6, 7, generator=generator), torch.randn(3, 2, 3, 1, 5, generator=generator)
+    torch.testing.assert_close(ct.conv(x, w, padding=padding), F.conv3d(x, w, padding=padding))

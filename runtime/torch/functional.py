@@ -49,6 +49,25 @@ def _per_axis(op: str, argument: str, value: Any, rank: int) -> tuple[Any, ...]:
     raise TypeError(f"convgen.torch.{op}: {argument} must be an int or a tuple of {rank} ints, got {describe(value)}")
 
 
+def explicit_padding(who: str, padding: Any, kernel: tuple[int, ...], stride: tuple[Any, ...],
+                     dilation: tuple[Any, ...]) -> Any:
+    """The padding per axis that torch's string paddings stand for: 'valid' none, 'same' half of dilation *
+    (kernel - 1) on each side, which needs stride 1 and an even span on every axis (torch pads an odd one
+    asymmetrically; convgen does not). Any other value as given; an error that `who` (the op or layer) names."""
+    if not isinstance(padding, str):
+        return padding
+    if padding == "valid":
+        return (0,) * len(kernel)
+    if padding != "same":
+        raise ValueError(f"{who}: padding must be 'valid', 'same', an int or a tuple, got {padding!r}")
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{who}: padding='same' needs stride 1 on every axis, got stride={tuple(stride)}")
+    spans = tuple(d * (k - 1) for d, k in zip(dilation, kernel))
+    if any(span % 2 for span in spans):
+        raise ValueError(f"{who}: padding='same' needs an even dilation*(kernel_size-1) on every axis, got {spans}")
+    return tuple(span // 2 for span in spans)
+
+
 def _autocast(tensors: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...]:
     """A convolution's tensors (input first) under autocast, cast as torch casts its own convolutions'
     (autocast's lower-precision list): every floating tensor but float64 to the autocast dtype."""
@@ -180,7 +199,8 @@ def _remembered(key: tuple | None, geom: Geometry) -> Geometry:
 
 def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
-    """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding_mode 'zeros' or 'circular'."""
+    """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding an int, a tuple, 'valid' or 'same'
+    (stride 1, an even dilation * (kernel - 1) on every axis); padding_mode 'zeros' or 'circular'."""
     op = "conv"
     input, weight, bias = _checked(op, _CONV_TENSORS, (input, weight, bias), autocast=True)
     key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
@@ -200,8 +220,12 @@ def _conv_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, 
                    dilation: Any, groups: Any, padding_mode: Any) -> Geometry:
     rank = _conv_rank(op, weight)
     _check_input_dims(op, input, rank, "weight", weight.dim())
-    stride, padding, dilation = (_per_axis(op, name, v, rank) for name, v in
-                                 (("stride", stride), ("padding", padding), ("dilation", dilation)))
+    stride, dilation = _per_axis(op, "stride", stride, rank), _per_axis(op, "dilation", dilation, rank)
+    if isinstance(padding, str):  # where a stride or dilation entry is not an int, the validator names it first
+        ints = all(type(v) is int for v in (*stride, *dilation))
+        padding = explicit_padding(f"convgen.torch.{op}", padding, tuple(weight.shape[2:]), stride, dilation) \
+            if ints else (0,) * rank
+    padding = _per_axis(op, "padding", padding, rank)
     groups = _integer(groups)
     geom = library.conv_geometry(op, input.shape, weight.shape, stride, padding, dilation, groups, padding_mode)
     _check_bias(op, bias, geom)

@@ -159,24 +159,8 @@ class _Conv(_ConvLayer):
             raise ValueError(f"{self._name}: padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
         self._setup(in_channels, out_channels, kernel_size, stride, padding, dilation, 0, groups, bias,
                     padding_mode, device, dtype)
-        self._explicit_padding = self._resolve_padding()
-
-    def _resolve_padding(self) -> tuple[int, ...]:
-        """The padding per axis that 'valid' and 'same' stand for (torch pads 'same' asymmetrically; we do not)."""
-        if not isinstance(self.padding, str):
-            return self.padding
-        if self.padding == "valid":
-            return (0,) * self.rank
-        if self.padding != "same":
-            raise ValueError(f"{self._name}: padding must be 'valid', 'same', an int or a tuple, got {self.padding!r}")
-        if self.stride != (1,) * self.rank:
-            raise ValueError(f"{self._name}: padding='same' needs stride 1 on every axis, got stride={self.stride}")
-        spans = tuple(d * (k - 1) for d, k in zip(self.dilation, self.kernel_size))
-        if any(span % 2 for span in spans):
-            raise ValueError(
-                f"{self._name}: padding='same' needs an even dilation*(kernel_size-1) on every axis, got {spans}"
-            )
-        return tuple(span // 2 for span in spans)
+        self._explicit_padding = functional.explicit_padding(self._name, self.padding, self.kernel_size, self.stride,
+                                                             self.dilation)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input(input, self.in_channels)
