@@ -19,6 +19,10 @@ import numpy as np
 
 TOO_LARGE = "autograd: tensor too large (numel does not fit in UInt32)"
 DESCRIBE_LIMIT = 100  # characters: a message shows the argument, not all of it
+# Entries of a geometry sequence (other than a list or tuple, which already holds them) read at most: a longer one is
+# refused by its length, unread. Entry by entry, `range(10**9)` took 5 s and 4 GB to be refused, and an object that
+# claims 2**62 entries and never stops ended its process.
+SEQUENCE_ENTRIES_READ = 1 << 16
 _INT_DIGITS_SHOWN = 40  # an int with more digits is shown by its digit count
 
 
@@ -93,6 +97,9 @@ def natural_sequence(param: str, value: object) -> tuple[int, ...] | str:
     entries = _sized_entries(value)
     if entries is None:
         return f"{param} must be a sequence of natural numbers, got {describe(value)}"
+    if type(entries) is int:
+        return (f"{param} must be a sequence of at most {SEQUENCE_ENTRIES_READ} natural numbers (an op has at most 8 "
+                f"axes), got {describe(value)} of {entries} entries")
     naturals = tuple(natural(entry) for entry in entries)
     for i, n in enumerate(naturals):
         if n is None:
@@ -100,14 +107,16 @@ def natural_sequence(param: str, value: object) -> tuple[int, ...] | str:
     return naturals  # type: ignore[return-value]
 
 
-def _sized_entries(value: object) -> tuple[object, ...] | None:
-    """The entries of a sized sequence (a list, a tuple, a 1-d array, ...), or None for anything
-    else: a string, a set or mapping (no order), a 0-d array, an iterator or generator (which could
-    be endless), or an object whose len() or iteration fails or disagree."""
+def _sized_entries(value: object) -> tuple[object, ...] | int | None:
+    """The entries of a sized sequence (a list, a tuple, a 1-d array, ...); its length, unread, where that passes
+    SEQUENCE_ENTRIES_READ; or None for anything else: a string, a set or mapping (no order), a 0-d array, an
+    iterator or generator (which could be endless), or an object whose len() or iteration fails or disagree."""
     if isinstance(value, (str, bytes, bytearray, collections.abc.Set, collections.abc.Mapping)):
         return None
     try:
         length = len(value)  # type: ignore[arg-type]
+        if length > SEQUENCE_ENTRIES_READ:
+            return length
         entries = tuple(itertools.islice(iter(value), length + 1))  # type: ignore[call-overload]
     except Exception:  # no len() (an iterator, a 0-d array) or a failing __iter__
         return None

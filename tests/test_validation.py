@@ -316,6 +316,32 @@ def test_only_sized_sequences_are_sequences(conv_tape, value, shown):
     assert error.startswith(f"autograd: cpu: conv: kernel must be a sequence of natural numbers, got {shown}"), error
 
 
+class ClaimsEndlessEntries:
+    """A sequence whose len() is 2**62 and whose iterator never ends."""
+
+    def __len__(self) -> int:
+        return 2**62
+
+    def __iter__(self):
+        return itertools.repeat(1)
+
+    def __repr__(self) -> str:
+        return "ClaimsEndlessEntries()"
+
+
+@pytest.mark.parametrize(("value", "shown", "length"), [
+    (range(10**9), "range(0, 1000000000)", 10**9), (ClaimsEndlessEntries(), "ClaimsEndlessEntries()", 2**62),
+    (np.ones(65537, np.int64), "array([1, 1, 1, ..., 1, 1, 1], shape=(65537,))", 65537),
+], ids=["range", "endless", "array"])
+def test_a_sequence_too_long_for_any_op_is_refused_by_its_length_unread(conv_tape, value, shown, length):
+    """Read entry by entry, these took seconds and gigabytes (the range) or never ended (the object)."""
+    assert error_of(call(conv_tape, "conv", kernel=value)) == (
+        f"autograd: cpu: conv: kernel must be a sequence of at most 65536 natural numbers (an op has at most 8 axes), "
+        f"got {shown} of {length} entries")
+    assert error_of(call(conv_tape, "conv", kernel=range(65536))).startswith(  # read: its entries are checked first
+        "autograd: cpu: conv: in_spatial, kernel, stride, padding must have the same length, got 2, 65536, ")
+
+
 def snapshot(tape):
     return len(tape), [tape.value(i).copy() for i in range(len(tape))]
 
