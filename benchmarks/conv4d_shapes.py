@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from convgen.generated.contract import GEMM_STAGES
 from suite.contestants import conv4d_by_conv3d
 
 
@@ -61,7 +62,6 @@ SHAPES = (
     Shape("lattice_4to8_f64", "lattice, periodic, float64", 16, 4, 8, (16, 16, 16, 16), 3, "circular", "float64"),
 )
 SHAPES_BY_NAME = {shape.name: shape for shape in SHAPES}
-DEVICE = "cuda"
 
 
 def loop_conv(x: Any, weight: Any, bias: Any, shape: Shape) -> Any:
@@ -94,13 +94,13 @@ def time_ms(torch: Any, call: Any, rounds: int, calls: int) -> float:
 
 
 def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, calls: int) -> dict[str, float]:
-    """convgen.torch and the loop, forward and forward+backward, with TF32 allowed or not; the worst relative error
-    of convgen's output against the loop's."""
+    """convgen.torch and the loop, forward and forward+backward, with TF32 allowed or not; the relative error of
+    convgen's output against the loop's."""
     dtype = getattr(torch, shape.dtype)
-    generator = torch.Generator(device=DEVICE).manual_seed(20261206)
+    generator = torch.Generator(device="cuda").manual_seed(20261206)
 
     def normal(*size: int) -> Any:
-        return torch.randn(*size, device=DEVICE, dtype=dtype, generator=generator)
+        return torch.randn(*size, device="cuda", dtype=dtype, generator=generator)
 
     x = normal(shape.batch, shape.in_c, *shape.extents).requires_grad_(True)
     weight = (normal(shape.out_c, shape.in_c, *(shape.k,) * 4) / (shape.in_c * shape.k**4) ** 0.5).requires_grad_(True)
@@ -122,12 +122,9 @@ def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, c
     return row
 
 
-PLAN_PREFIXES = {"forward": "FWD", "backward_input": "BWI", "backward_weight": "BWW"}
-
-
 def stage_kernel(defines: dict[str, int], stage: str) -> str:
     """What the plan runs `stage` on, from its defines."""
-    p = PLAN_PREFIXES[stage]
+    p = GEMM_STAGES[stage]
     if defines.get(f"{p}_DIRECT"):
         if stage == "backward_weight":
             return f"direct V{defines[f'{p}_DIRECT_V']} blocks {defines[f'{p}_DIRECT_CHANNEL_BLOCKS']}x" \
