@@ -34,6 +34,12 @@ class AnyBlockTape(PoisonTape):
     backend_class = AnyBlockBackend
 
 
+def direct_tape(chooser) -> type:
+    """A poisoning tape whose plans take `chooser`'s direct tiles (its own backend, so its own module cache)."""
+    backend = type("ChosenBackend", (PoisonBackend,), {"direct_chooser": staticmethod(chooser)})
+    return type("ChosenTape", (PoisonTape,), {"backend_class": backend})
+
+
 def direct_geometry(family: Family, rank: int) -> Geometry:
     """A geometry of `rank` whose direct-form stage runs the direct kernel: windows of 3 and 2, strides 1
     and 2, padding, a dilation, 2 groups of 3 and 4 channels, 2 images; extents small enough that the
@@ -121,10 +127,7 @@ def test_direct_staging_in_dynamic_shared_memory_gives_the_static_bits(geom: Geo
     """More source channels a step than 48 KB hold, in the launch's dynamic shared memory: the sums run channel by
     channel either way, so output and gradients equal the static staging's bit for bit, and the CPU tape's within
     the bound."""
-    tapes = {}
-    for max_cb in (None, 8):
-        backend = type("StagedBackend", (PoisonBackend,), {"direct_chooser": staticmethod(staged_channels(max_cb))})
-        tapes[max_cb] = type("StagedTape", (PoisonTape,), {"backend_class": backend})
+    tapes = {max_cb: direct_tape(staged_channels(max_cb)) for max_cb in (None, 8)}
     dynamic = plan(geom, direct_chooser=staged_channels(8))
     assert dynamic.launches["forward"].shared_bytes > 48 * 1024, dynamic.launches["forward"]
     assert plan(geom, direct_chooser=staged_channels(None)).launches["forward"].shared_bytes == 0
@@ -143,8 +146,7 @@ def test_direct_weight_channel_blocks_give_the_one_block_bits(blocks: int) -> No
     bound."""
     geom = G(Family.CONV, 8, 6, (6, 7, 5, 12), (3, 3, 3, 3), (1,) * 4, (1,) * 4, batch=2)
     assert plan(geom, direct_chooser=weight_channel_blocks(blocks)).defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
-    shared, one = (type(f"Blocks{b}Tape", (PoisonTape,), {"backend_class": type(f"Blocks{b}", (AnyBlockBackend,), {
-        "direct_chooser": staticmethod(weight_channel_blocks(b))})}) for b in (blocks, 1))
+    shared, one = (direct_tape(weight_channel_blocks(b)) for b in (blocks, 1))
     rng = reference.case_rng("cuda weight channel blocks", blocks)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     np.testing.assert_array_equal(run(shared(), geom, inputs, grad)[1][0], run(one(), geom, inputs, grad)[1][0])
