@@ -2,14 +2,16 @@
 """Time one stage (`--stage`: the forward, the backward_input or the backward_weight) of small-channel conv cases
 under the small-channel direct kernels' tiles and under the implicit GEMM: the plans' pick first, then the GEMM (no
 direct kernel), then each `--tile` (V cells a thread, block threads; the box and channels a step cut as the plans
-cut them, or CB channels a step in opted-in shared memory; none for the weight gradient). Back-to-back forwards,
+cut them, or CB channels a step in opted-in shared memory; none for the weight gradient), and in the precision
+"medium" (`--precision`) each `--mma-tile` (the direct kernel on TF32 tensor cores). Back-to-back forwards,
 or backwards of one recorded forward (whose other stages are the same kernels in every row), on the CUDA tape,
 CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. Every row's output (y, or the
 input's or weight's gradient) is compared with the first's. The weight gradient gets a row of its direct kernel
 wherever the kernel can take it. Feeds docs/DESIGN.md's rule for when the plans take the direct kernels.
 
     python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
-                                      [--tile V,THREADS[,CB]]... [--rounds N] [--list]
+                                      [--tile V,THREADS[,CB]]... [--precision P] [--mma-tile TILES,CELLS]...
+                                      [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
 below. `--list` prints each row's tile without a GPU.
@@ -18,11 +20,13 @@ below. `--list` prints each row's tile without a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 from convgen.direct_model import (
+    MMA_DIRECT_MODE,
     DirectShape,
     DirectTile,
     WeightTile,
@@ -30,6 +34,8 @@ from convgen.direct_model import (
     cut_tile,
     direct_shapes,
     direct_tile,
+    mma_box,
+    mma_tile,
     weight_shape,
 )
 from convgen.tile_model import H200, Hardware
@@ -66,13 +72,21 @@ def parse_tile(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def stage_shape(case: Case, stage: str) -> DirectShape | None:
-    """The case's `stage` as the direct kernels see it (float32, FMAs), if it is a convolution."""
+def parse_mma_tile(text: str) -> tuple[int, int]:
+    """`TILES,CELLS` (argparse's type for --mma-tile)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS (positive integers), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def stage_shape(case: Case, stage: str, precision: str = "highest") -> DirectShape | None:
+    """The case's `stage` as the direct kernels see it on float32 elements in `precision`, if it is a convolution."""
     if not case.is_conv:
         return None
     if stage == "backward_weight":
         return weight_shape(case.geometry, 4)
-    return direct_shapes(case.geometry, 4)[stage]
+    return direct_shapes(case.geometry, 4, MMA_DIRECT_MODE if precision == "medium" else 0)[stage]
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, hardware: Hardware = H200
@@ -88,9 +102,11 @@ def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, har
     return tile if tile is not None and tile.cb == min(cb, shape.source_c) else None
 
 
-def rows(shape: DirectShape, tiles: list[tuple[int, ...]]) -> list[tuple[str, Chooser]]:
-    """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones. A row's
-    choice applies to the swept stage (`shape`); the other stage keeps the plans' pick."""
+def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple[int, int]] = ()
+         ) -> list[tuple[str, Chooser]]:
+    """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones and, on TF32
+    tensor cores, mma_tile's pick and the --mma-tile ones. A row's choice applies to the swept stage (`shape`); the
+    other stage keeps the plans' pick."""
 
     def only(choice: DirectTile | None) -> Chooser:
         return lambda s, hw: choice if s == shape else choose_direct(s, hw)
@@ -101,6 +117,10 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]]) -> list[tuple[str, Ch
         tile = tile_of(shape, *tile_args)
         if tile is not None:
             out.append((describe(tile), only(tile)))
+    mma = mma_tile(shape, H200)
+    if mma is not None:
+        picks = [mma, *(dataclasses.replace(mma, v=v, box=mma_box(shape.cells, cells)) for v, cells in mma_tiles)]
+        out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight = direct_tile(shape, H200) if shape.weight else None
     if weight is not None and weight != planned:
         out.append((describe(weight), only(weight)))
@@ -116,14 +136,14 @@ def describe(tile: DirectTile | WeightTile | None) -> str:
     return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}"
 
 
-def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int
-               ) -> tuple[float, Any]:
+def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int,
+               precision: str = "highest") -> tuple[float, Any]:
     """Median µs of one forward (or one backward of a recorded forward) on a tape whose plans take `chooser`'s
     direct tiles, and its output (y, or the input's gradient)."""
     import convgen.cuda
 
     backend = type("SweepBackend", (convgen.cuda.CupyBackend,), {"direct_chooser": staticmethod(chooser)})
-    tape = type("SweepTape", (convgen.cuda.Tape,), {"backend_class": backend})()
+    tape = type("SweepTape", (convgen.cuda.Tape,), {"backend_class": backend})(precision=precision)
     ids = {}
     for name in ("weight", "bias", "x"):
         tape, ids[name] = tape.leaf(inputs[name])
@@ -150,12 +170,19 @@ def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=STAGES, default="forward")
-    stage = parser.parse_known_args()[0].stage
-    all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES) if (s := stage_shape(case, stage)) and s.m <= 16}
+    parser.add_argument("--precision", choices=("highest", "high", "medium"), default="highest",
+                        help="the tape's precision (the GEMM rows' tensor cores; 'medium': the --mma-tile rows)")
+    known = parser.parse_known_args()[0]
+    stage, precision = known.stage, known.precision
+    all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES)
+                 if (s := stage_shape(case, stage, precision)) and s.m <= 16}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="V,THREADS or V,THREADS,CB (CB channels a step in opted-in shared memory): one more "
                              "row for every case (repeatable)")
+    parser.add_argument("--mma-tile", type=parse_mma_tile, action="append", default=[],
+                        help="TILES,CELLS: with --precision medium, one more row for every case on TF32 tensor cores, "
+                             "TILES tiles of 16 cells a warp, boxes of at most CELLS cells (repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
@@ -166,15 +193,15 @@ def main() -> None:
     cupy = None if args.list else __import__("cupy")
     for name in names:
         case = all_cases[name]
-        shape = stage_shape(case, stage)
+        shape = stage_shape(case, stage, precision)
         assert shape is not None
         reference = None
         inputs = None if cupy is None else make_device_inputs(case, cupy)
-        for label, chooser in rows(shape, args.tile):
+        for label, chooser in rows(shape, args.tile, args.mma_tile):
             if cupy is None:
                 print(f"{name:18s} {label}")
                 continue
-            us, output = time_stage(case, stage, chooser, inputs, cupy, args.rounds)
+            us, output = time_stage(case, stage, chooser, inputs, cupy, args.rounds, precision)
             reference = output if reference is None else reference
             err = float(cupy.linalg.norm(output - reference) / cupy.linalg.norm(reference))
             print(f"{name:18s} {label:44s} {us:9.1f} us  err {err:.1e}", flush=True)

@@ -81,8 +81,11 @@ COLUMN_POINTER_ROW_STEP = 2
 # A conv-shaped stage (forward or backward_input) also has a `_direct` kernel: the small-channel direct
 # convolution (templates/cuda/_direct_conv.cu.j2), which the plan launches instead of the stage's GEMM
 # where <PREFIX>_DIRECT is 1. Its defines: V dst cells a thread owns along the last axis, MB dst channels and
-# CB source channels of a block's step, and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
-DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB")
+# CB source channels of a block's step, MMA 1 where it multiplies on TF32 tensor cores (then V is the 16-cell tiles
+# a warp takes; _direct_mma.cu.j2), and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
+DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB", "DIRECT_MMA")
+# The switches among the fields: 0 where the GEMM runs (the sizes then 1).
+DIRECT_SWITCHES = ("DIRECT", "DIRECT_MMA")
 DIRECT_BOX_FIELD = "DIRECT_BOX"
 # The weight gradient's `_direct` kernel (templates/cuda/_direct_weight.cu.j2): V cells a thread reads at a time
 # along the last axis, LANES threads per (U channel, outer window offsets), CHANNEL_BLOCKS blocks sharing a group's

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
 from convgen.direct_model import (
+    MMA_DIRECT_MODE,
     DirectChooser,
     DirectShape,
     DirectTile,
@@ -32,6 +33,7 @@ from convgen.generated.contract import (
     BIAS_STAGE,
     DIRECT_BOX_FIELD,
     DIRECT_FIELDS,
+    DIRECT_SWITCHES,
     DIRECT_WEIGHT_FIELDS,
     ELEMENT_TYPES,
     GEMM_STAGES,
@@ -180,9 +182,9 @@ def batch_bucket(images: int) -> int:
 
 def _direct_defines(prefix: str, fields: tuple[str, ...], values: tuple[int, ...] | None,
                     box: tuple[int, ...] | None, rank: int) -> dict[str, int]:
-    """A stage's direct-kernel defines: `fields` set to `values` and the box, or all 1 but <PREFIX>_DIRECT = 0
-    when `values` is None (the GEMM runs)."""
-    values = values or (0, *(1 for _ in fields[1:]))
+    """A stage's direct-kernel defines: `fields` set to `values` and the box, or when `values` is None (the GEMM
+    runs) the switches <PREFIX>_DIRECT and _DIRECT_MMA 0 and the sizes 1."""
+    values = values or tuple(0 if field in DIRECT_SWITCHES else 1 for field in fields)
     return {**{f"{prefix}_{field}": value for field, value in zip(fields, values, strict=True)},
             **{f"{prefix}_{DIRECT_BOX_FIELD}{axis}": extent for axis, extent in enumerate(box or (1,) * rank)}}
 
@@ -219,7 +221,9 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     shapes = {mode: gemm_shapes(geom, staged_bytes, mode) for mode in {mma, 0}}
     tile_shapes = {mode: gemm_shapes(bucketed, staged_bytes, mode) for mode in {tile_mma, 0}}
     # The direct kernels' tiles are chosen for the bucket too (their V and box are defines), launched for the batch.
-    stencils, tile_stencils = direct_shapes(geom, staged_bytes), direct_shapes(bucketed, staged_bytes)
+    direct_mma = MMA_DIRECT_MODE if mma == TF32_MMA_MODE and dtype == "float32" else 0
+    stencils = direct_shapes(geom, staged_bytes, direct_mma)
+    tile_stencils = direct_shapes(bucketed, staged_bytes, direct_mma)
     for stage, geometry_shape in shapes[mma].items():
         mode = stage_mma(geometry_shape, mma)
         shape = shapes[mode][stage]
@@ -241,8 +245,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         splits[stage] = tile.split
         if stage in stencils:  # a conv-shaped stage: its `_direct` kernel where the chooser gives a tile
             direct = direct_chooser(tile_stencils[stage], hardware)
-            values.update(_direct_defines(prefix, DIRECT_FIELDS, direct and (1, direct.v, direct.mb, direct.cb),
-                                          direct and direct.box, geom.rank))
+            direct_values = direct and (1, direct.v, direct.mb, direct.cb, direct.mma)
+            values.update(_direct_defines(prefix, DIRECT_FIELDS, direct_values, direct and direct.box, geom.rank))
             wgmma = None if direct else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))
             if direct and count:

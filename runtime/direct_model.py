@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.gemm_shapes import ceil_div
+from convgen.generated.contract import direct_mma_row_words
 from convgen.geometry import Family, Geometry
 from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware
 
@@ -76,6 +77,17 @@ WEIGHT_MAX_SUMS = 64  # ... and registers
 WEIGHT_MAX_BOX_CELLS = 512  # a work item's box of D's cells grows to this many while its staging fits
 WEIGHT_BOX_LAST = 32  # cells of the box along the last axis at most
 WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC: 64-72 in float32, ~100 in float64)
+# The direct kernel on TF32 tensor cores (_direct_mma.cu.j2): each warp takes V tiles of MMA_TILE_CELLS of the box's
+# cells against MB dst channels (whole tiles of 8, at most MMA_DIRECT_MAX_M), CB source channels a step (8: one k
+# step, whose rows of 8 words keep a warp's fragment loads on distinct banks), a box of the most cells of
+# MMA_DIRECT_BOX_CELLS whose staging leaves two blocks an SM.
+MMA_DIRECT_MODE = 1
+MMA_TILE_CELLS = 16
+MMA_DIRECT_MAX_M = 32
+MMA_DIRECT_TILES = 4
+MMA_DIRECT_CB = 8
+MMA_DIRECT_BOX_CELLS = (512, 256, 128, 64)
+MMA_DIRECT_BLOCKS_PER_SM = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +109,9 @@ class DirectShape:
     # The weight gradient (its own kernel, _direct_weight.cu.j2): `cells` are D's, `m` D's channels, `source_c`
     # U's, and `images` the batch its split is chosen for (the plan's bucket: the split is a define).
     weight: bool = False
+    # A conv-shaped stage of float32 elements in the precision "medium": the direct kernel may multiply on TF32
+    # tensor cores (MMA_DIRECT_MODE), else 0 (FMAs).
+    mma: int = 0
 
     @property
     def window(self) -> int:
@@ -113,9 +128,12 @@ class DirectTile:
     mb: int
     cb: int
     box: tuple[int, ...]
+    mma: int = 0  # MMA_DIRECT_MODE: on the tensor cores, each warp taking v tiles of 16 of the box's cells
 
     @property
     def threads(self) -> int:
+        if self.mma:
+            return 32 * ceil_div(ceil_div(math.prod(self.box), MMA_TILE_CELLS), self.v)
         return math.prod(self.box[:-1]) * (self.box[-1] // self.v)
 
 
@@ -145,13 +163,13 @@ class WeightTile:
 DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | WeightTile | None"]
 
 
-def direct_shapes(geom: Geometry, staged_bytes: int) -> dict[str, DirectShape]:
+def direct_shapes(geom: Geometry, staged_bytes: int, mma: int = 0) -> dict[str, DirectShape]:
     """The conv-shaped stages of a conv-family geometry: forward and backward_input, one of them of the direct
     form (conv's forward, the transpose's backward_input), the other of the gather form (dst cell d = j*S + k*D
     - P collects from source cell j), which runs per stride phase: per axis ceil(dst / S) cells u, at most
-    ceil(K / SG) taps DG apart (SG = S / gcd(S, D), DG = D / gcd(S, D); _phases.cu.j2)."""
+    ceil(K / SG) taps DG apart (SG = S / gcd(S, D), DG = D / gcd(S, D); _phases.cu.j2). `mma`: DirectShape.mma."""
     in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
-    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes}
+    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
     gcds = [math.gcd(s, d) for s, d in zip(geom.stride, geom.dilation)]
 
     def direct_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
@@ -179,7 +197,10 @@ def halo(box: tuple[int, ...], shape: DirectShape) -> int:
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
     """Shared memory of a block's staging: CB channels' weights (MB padded to quads) and halo (in the launch's
-    dynamic shared memory past the static limit)."""
+    dynamic shared memory past the static limit); on the tensor cores a row of CB channels per (window offset, dst
+    channel) and per halo cell."""
+    if tile.mma:
+        return (shape.window * tile.mb + halo(tile.box, shape)) * direct_mma_row_words(tile.cb) * 4
     weights = tile.cb * shape.window * ceil_div(tile.mb, 4) * 4
     return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
 
@@ -225,6 +246,39 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
              if wide * shape.m <= DIRECT_MAX_SUMS and span(wide) <= DIRECT_MAX_SPAN and (tile := first_fit(wide))
              and direct_grid(tile, shape) >= DIRECT_MIN_BLOCKS_PER_SM * hardware.sm_count)
     return max((base, *wider), key=lambda tile: (covered(tile, shape), tile.v))
+
+
+def mma_tile(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
+    """How the direct kernel would cut a conv-shaped stage on TF32 tensor cores (`shape.mma`), or None: MMA_DIRECT_TILES
+    tiles a warp, every dst channel of a group (up to MMA_DIRECT_MAX_M) a block, MMA_DIRECT_CB source channels a step,
+    the box of the most cells of MMA_DIRECT_BOX_CELLS (mma_box) whose staging leaves MMA_DIRECT_BLOCKS_PER_SM blocks
+    an SM."""
+    if shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_DIRECT_MAX_M or shape.source_c == 0 \
+            or 0 in shape.cells:
+        return None
+    limit = min(hardware.shared_optin_per_block,
+                hardware.shared_per_sm // MMA_DIRECT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
+    for cells in MMA_DIRECT_BOX_CELLS:
+        tile = DirectTile(v=MMA_DIRECT_TILES, mb=ceil_div(shape.m, 8) * 8, cb=MMA_DIRECT_CB,
+                          box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE)
+        if direct_shared_bytes(tile, shape) <= limit:
+            return tile
+    return None
+
+
+def mma_box(dst_spatial: tuple[int, ...], cells: int) -> tuple[int, ...]:
+    """A tensor-core direct block's box of at most `cells` cells (more where the last axis alone has more): the last
+    axis whole up to `cells` (else `cells` of it), then the other axes doubled in turn from the innermost out while
+    the box stays within `cells`, none past its extent rounded up to a power of two."""
+    *outer, last = dst_spatial
+    box = [1] * len(outer) + [min(last, cells)]
+    grown = True
+    while grown:
+        grown = False
+        for a in reversed(range(len(outer))):
+            if box[a] < outer[a] and 2 * math.prod(box) <= cells:
+                box[a], grown = box[a] * 2, True
+    return tuple(box)
 
 
 def covered(tile: DirectTile, shape: DirectShape) -> float:

@@ -129,13 +129,15 @@ def compile_source(family: Family, rank: int, arch: str, dtype: str = "float32",
 
 
 def compile_plan(geom: Geometry, arch: str, dtype: str = "float32", precision: str = "highest",
-                 chooser: Any = None, wgmma_chooser: Any = None) -> SourceReport:
+                 chooser: Any = None, wgmma_chooser: Any = None, direct_chooser: Any = None) -> SourceReport:
     """Compile the source of `geom` with the defines of its plan for `dtype` and `precision` (tiles
-    from `chooser`, by default the tile model's, and `_wgmma` tiles from `wgmma_chooser`, by default
-    convgen.wgmma_tiles') to a cubin for `arch`."""
+    from `chooser`, by default the tile model's, `_wgmma` tiles from `wgmma_chooser` and direct ones from
+    `direct_chooser`, by default convgen.wgmma_tiles' and convgen.direct_model's) to a cubin for `arch`."""
     chosen = {} if chooser is None else {"choose_tile": chooser}
     if wgmma_chooser is not None:
         chosen["wgmma_chooser"] = wgmma_chooser
+    if direct_chooser is not None:
+        chosen["direct_chooser"] = direct_chooser
     # The H200's plan on sm_90, whose `_wgmma` kernels compile for sm_90a; elsewhere the GEMMs'.
     hardware = H200 if _has_wgmma(arch) else dataclasses.replace(H200, wgmma=False)
     geometry_plan = plan(geom, hardware, dtype=dtype, precision=precision, **chosen)

@@ -9,7 +9,15 @@ from __future__ import annotations
 import dataclasses
 
 from convgen.cuda_launch import GemmTile
-from convgen.direct_model import DirectChooser, cut_tile, direct_tile
+from convgen.direct_model import (
+    MMA_DIRECT_CB,
+    MMA_DIRECT_MODE,
+    DirectChooser,
+    DirectTile,
+    cut_tile,
+    direct_tile,
+    mma_box,
+)
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
@@ -123,4 +131,15 @@ def weight_channel_blocks(blocks: int) -> DirectChooser:
             return tile
         assert tile.channel_blocks == 1 and shape.source_c % blocks == 0, (tile, shape)
         return dataclasses.replace(tile, channel_blocks=blocks, rows=tile.rows // blocks)
+    return chooser
+
+
+def mma_direct(cells: int, tiles: int) -> DirectChooser:
+    """A direct chooser that puts every conv-shaped stage it can on the TF32 tensor cores (DirectShape.mma): boxes of
+    at most `cells` cells, `tiles` tiles of 16 a warp; the weight gradient's tile as the plans cut it."""
+    def chooser(shape, hardware):
+        if shape.weight or shape.mma != MMA_DIRECT_MODE:
+            return direct_tile(shape, hardware)
+        mb = -(-shape.m // 8) * 8
+        return DirectTile(v=tiles, mb=mb, cb=MMA_DIRECT_CB, box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE)
     return chooser

@@ -11,6 +11,7 @@ import math
 import pytest
 from convgen.cuda_launch import H200, plan, representative_geometry
 from convgen.direct_model import (
+    MMA_DIRECT_MODE,
     DirectShape,
     DirectTile,
     covered,
@@ -21,6 +22,8 @@ from convgen.direct_model import (
     direct_shared_bytes,
     direct_tile,
     halo,
+    mma_box,
+    mma_tile,
     no_direct,
     staging_bytes,
     weight_shape,
@@ -255,3 +258,42 @@ def test_the_halo_is_the_windows_of_the_box():
     assert halo((4, 16), shape) == (3 * 2 + 3) * (15 + 8 + 1)
     tile = DirectTile(v=4, mb=8, cb=2, box=(4, 16))
     assert direct_shared_bytes(tile, shape) == (2 * 15 * 8 + 2 * 9 * 24) * 4
+
+
+NC_16 = Geometry.build(Family.CONV, 16, 16, (20,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=4)
+
+
+def test_the_tensor_core_direct_tile_of_a_16_channel_4d_stage():
+    """mma_tile: 16 dst channels (two n tiles of 8), 8 source channels a step; the box of 2 x 2 x 4 x 20 cells (the
+    last axis whole, the others doubled while within 512), 20 tiles of 16 in 5 warps of 4; its staging a row of 8 words
+    per (window offset, dst channel) and per halo cell: (81 x 16 + 4 x 4 x 6 x 22) x 8 x 4 bytes, two blocks an SM."""
+    shape = direct_shapes(NC_16, 4, MMA_DIRECT_MODE)["forward"]
+    tile = mma_tile(shape, H200)
+    assert tile == DirectTile(v=4, mb=16, cb=8, box=(2, 2, 4, 20), mma=MMA_DIRECT_MODE)
+    assert tile.threads == 160
+    assert direct_shared_bytes(tile, shape) == (81 * 16 + 4 * 4 * 6 * 22) * 8 * 4
+    assert 2 * (direct_shared_bytes(tile, shape) + H200.shared_reserved_per_block) <= H200.shared_per_sm
+    assert mma_tile(direct_shapes(NC_16, 4)["forward"], H200) is None  # FMAs: no tensor cores
+    assert mma_tile(dataclasses.replace(shape, m=33), H200) is None  # past four n tiles
+
+
+@pytest.mark.parametrize(("dtype", "precision", "mode"), [("float32", "medium", MMA_DIRECT_MODE),
+                                                          ("float32", "high", 0), ("float32", "highest", 0),
+                                                          ("float64", "highest", 0), ("bfloat16", "medium", 0)])
+def test_only_tf32_on_float32_elements_offers_the_direct_kernel_tensor_cores(dtype, precision, mode):
+    """The plan hands the direct chooser of a conv-shaped stage DirectShape.mma = 1 in "medium" on float32 elements
+    alone: 3xTF32 keeps the FMAs, which are as accurate, and 16-bit elements their own path; the weight gradient's
+    direct kernel has FMAs only."""
+    seen = []
+    plan(NC_16, dtype=dtype, precision=precision, direct_chooser=lambda shape, hw: seen.append((shape.weight, shape.mma)))
+    assert sorted(seen) == [(False, mode), (False, mode), (True, 0)]
+
+
+
+def test_the_tensor_core_direct_box():
+    """The last axis whole up to the cells (else that many of it), then the others doubled from the innermost out while
+    the box stays within them."""
+    assert mma_box((20, 20, 20, 20), 512) == (2, 2, 4, 20)
+    assert mma_box((4096,), 256) == (256,)
+    assert mma_box((3, 5, 9), 64) == (2, 2, 9)
+    assert mma_box((1, 7, 30), 128) == (1, 4, 30)

@@ -12,20 +12,21 @@
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
-    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
-    !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || \
-    !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || !defined(FWD_WG_SHIFT) || \
-    !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || \
-    !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || \
-    !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || \
-    !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || \
-    !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || \
-    !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || \
-    !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
-    !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
-    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || \
-    !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
+    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_MMA) || \
+    !defined(FWD_DIRECT_BOX0) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || \
+    !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || \
+    !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
+    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_MMA) || !defined(BWI_DIRECT_BOX0) || \
+    !defined(BWI_WGMMA) || !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || \
+    !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || \
+    !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || \
+    !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || \
+    !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
+    !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
+    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || \
+    !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1063,6 +1064,46 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
     }
 }
 
+// The tensor-core direct kernels (_direct_mma.cu.j2) keep a staged cell's CB channels together, as a weight row's,
+// in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
+__host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
+__host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+
+// An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
+// is with `rare` set (an inf, a NaN or a value TF32 would round past its largest), which sends the step down the
+// careful path.
+__device__ __forceinline__ unsigned staged_tf32(float x, bool& rare)
+{
+    const unsigned bits = __float_as_uint(x);
+    const bool exact = (bits & 0x7fffffffu) < 0x7f7ff000u;
+    rare = rare || !exact;
+    return exact ? to_tf32(x) : bits;
+}
+
+// One window offset of a tensor-core direct kernel's step (8 staged channels): the warp's R tiles of 16 cells times
+// its NT tiles of 8 dst channels, one mma each. `weights` points at the thread's word of the offset's first weight row
+// (row g, word 2t; the n tile j's row 8j rows further), `halo` at its word of the halo cell the offset shifts cell 0
+// to, `cells` the halo cells of its rows (g and g + 8 of each tile) at the window's first offset.
+template <unsigned R, unsigned NT, unsigned CP>
+__device__ __forceinline__ void direct_mma_offset(const unsigned* weights, const unsigned* halo,
+                                                  const unsigned (&cells)[R][2], float (&acc)[R][NT][4])
+{
+    unsigned b[NT][2];
+#pragma unroll
+    for (unsigned j = 0; j < NT; ++j) {
+        const uint2 pair = *reinterpret_cast<const uint2*>(weights + 8 * j * CP);
+        b[j][0] = pair.x, b[j][1] = pair.y;
+    }
+#pragma unroll
+    for (unsigned r = 0; r < R; ++r) {
+        const uint2 low = *reinterpret_cast<const uint2*>(halo + cells[r][0] * CP);
+        const uint2 high = *reinterpret_cast<const uint2*>(halo + cells[r][1] * CP);
+        const unsigned a[4] = {low.x, high.x, low.y, high.y};
+#pragma unroll
+        for (unsigned j = 0; j < NT; ++j) mma_tf32(acc[r][j][0], acc[r][j][1], acc[r][j][2], acc[r][j][3], a, b[j]);
+    }
+}
+
 constexpr unsigned WG_BK = 32;  // source channels of a _wgmma slice (contract)
 constexpr unsigned WG_CELL_PAD = 8;  // floats after each staged row of a _wgmma slice's cells (contract)
 constexpr unsigned WG_ROW_PAD = 4;  // floats after each staged row of U in the weight's _wgmma (contract)
@@ -1759,6 +1800,7 @@ extern "C" __global__ void conv_transpose_r1_forward_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = FWD_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = FWD_DIRECT_MMA;  // TF32 tensor cores (_direct_mma.cu.j2), else FMAs
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
@@ -1768,9 +1810,6 @@ extern "C" __global__ void conv_transpose_r1_forward_direct(
     constexpr unsigned T0 = (K0 + S0 / gcd_of(S0, D0) - 1) / (S0 / gcd_of(S0, D0));  // R at most
     constexpr unsigned BOX0 = FWD_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
     constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
-    static_assert(BOX0 % V == 0, "a thread's cells lie in one box");
-    constexpr unsigned LINE = BOX0 / V;  // threads along the last axis
-    constexpr unsigned THREADS = LINE;
     constexpr unsigned HALO = 1u * H0;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0;
     constexpr unsigned T_SIZE = 1u * T0;
@@ -1778,18 +1817,19 @@ extern "C" __global__ void conv_transpose_r1_forward_direct(
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
     constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
+    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
     // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
     // the same count; a launch given less traps).
-    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
-    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
     if constexpr (DIRECT) {
         if constexpr (DYNAMIC) {
             if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
         }
-        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
-        scalar* const halo = ws + WEIGHTS;
+        scalar* const staged = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -1813,110 +1853,277 @@ extern "C" __global__ void conv_transpose_r1_forward_direct(
                              ? (K0 - phi0 + SG0 - 1) / SG0 : 0;
         const pos_t origin0 = D0 == 1 ? (rho0 + P0) / S0
                                            : (rho0 + P0 - phi0 * D0) / S0;
-        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
-        const unsigned tid = threadIdx.x;
-        [[maybe_unused]] unsigned thread_rest = tid / LINE;
-        const pos_t b0 = (pos_t)(tid % LINE * V);
-        unsigned thread_offset = 0;  // of the thread's first window in the halo
         bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
         // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
         [[maybe_unused]] const pos_t taps0 = R0;
         const pos_t first0 = t0 * (pos_t)BOX0 + origin0 - (R0 - 1) * DG0;  // the halo's first source cell
         any_tap = any_tap && R0 > 0;
-        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
-
-        scalar acc[MB][V];
+        real* __restrict__ dst_values = dest + ((size_t)image * GROUPS + group) * M * OUT_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned R = V, NT = (MB + 7) / 8, CP = mma_row_words(CB);
+            static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
+            constexpr unsigned BOX_CELLS = 1u * BOX0;
+            constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
+            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
+            // rows past the box read cell 0 and are not stored.
+            unsigned row_cell[R][2];
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
-            const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
-        }
-#pragma unroll 1
-        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
-            __syncthreads();  // the last step's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned flat = opaque_index(e);
-                const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
-                // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
-                unsigned rest = tap;
-                const pos_t r0 = (pos_t)rest;
-                bool tap_ok = true;
-                unsigned kappa = 0;
-                tap_ok = tap_ok && r0 < R0;
-                kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
-                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                     ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
-                rare = rare || !isfinite(w);
-                ws[e] = w;
-            }
-            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
-            // at constant distances from the cell's first).
-            const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
-            keep_in_register(step_values);
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = opaque_index(e);
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < IN0;
-                offset = offset * IN0 + (unsigned)j0;
-                const real* __restrict__ cell = step_values + offset;
-                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
-#pragma unroll
-                for (unsigned c = 0; c < CB; ++c) {
-                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b0 = (pos_t)rest;
+                    unsigned cell = 0;
+                    cell += (unsigned)(b0 * HS0) * STRIDE0;
+                    row_cell[r][h] = cell;
                 }
             }
-            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
-            rare = __syncthreads_or(rare);
-            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
-            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+            float acc[R][NT][4];
+#pragma unroll
+            for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                for (unsigned u = 0; u < 2; ++u) {
+                    const unsigned m = m0 + 8 * j + 2 * t + u;
+                    const float b = m < M ? (float)load_element(bias + group * M + m) : 0.f;
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
+                }
+            }
 #pragma unroll 1
-            for (unsigned c = 0; c < CB; ++c) {
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    unsigned rest = tap;
+                    const pos_t r0 = (pos_t)rest;
+                    bool tap_ok = true;
+                    unsigned kappa = 0;
+                    tap_ok = tap_ok && r0 < R0;
+                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                    float w = 0.f;
+                    if (tap_ok && m < M && c < SRC_C) {
+                        w = (float)load_element(w_values + ((size_t)c * M + m) * K_SIZE + kappa);
+                    }
+                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                }
+                const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < IN0;
+                    offset = offset * IN0 + (unsigned)j0;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);
+#pragma unroll
+                    for (unsigned q = 0; q < CB; q += 4) {
+                        unsigned quad[4];
+#pragma unroll
+                        for (unsigned c = 0; c < 4; ++c) {
+                            const bool load = inside && (SRC_C % CB == 0 || c0 + q + c < SRC_C);
+                            quad[c] = staged_tf32(load ? (float)load_element(cell + (size_t)(q + c) * IN_SIZE) : 0.f,
+                                                  rare);
+                        }
+                        *reinterpret_cast<uint4*>(halo + e * CP + q) = make_uint4(quad[0], quad[1], quad[2], quad[3]);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
                 if (!rare) {
-                    // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
-                    constexpr unsigned T_SHORT = T0 > 1 ? T0 - 1 : 1;
-                    if (taps0 == (pos_t)T0) {
-                        const scalar* line = halo + c * HALO + thread_offset;
-                        const scalar* w_line = ws + c * T_SIZE * MQ;
-                        direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
+#pragma unroll 1
+                    for (unsigned s = 0; s < CB; s += 8) {
+                        const unsigned* const step_weights = ws + g * CP + s + 2 * t;
+                        const unsigned* const step_halo = halo + s + 2 * t;
+                        // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
+#pragma unroll 1
+                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T0; ++outer_tap) {
+                            [[maybe_unused]] unsigned rest = outer_tap;
+                            unsigned line = 0;  // the halo cells from a row's first offset to this one
+                            const unsigned* const tap_weights = step_weights + outer_tap * T0 * MB * CP;
+#pragma unroll
+                            for (unsigned kl = 0; kl < T0; ++kl) {
+                                direct_mma_offset<R, NT, CP>(tap_weights + kl * MB * CP,
+                                                             step_halo + (line + kl * (unsigned)HD0) * CP, row_cell,
+                                                             acc);
+                            }
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) {
+#pragma unroll
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b0 = (pos_t)rest;
+#pragma unroll 1
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                                unsigned kr = tap, shift = 0;
+                                bool inside = true;
+                                const pos_t k0 = (pos_t)(kr % T0);
+                                kr /= T0;
+                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < IN0;
+                                shift += (unsigned)(k0 * HD0) * STRIDE0;
+                                if (!inside) continue;
+                                const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
+#pragma unroll 1
+                                for (unsigned cl = 0; cl < CB; ++cl) {
+                                    const float x = __uint_as_float(halo[(row_cell[r][h] + shift) * CP + cl]);
+#pragma unroll
+                                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                                        for (unsigned u = 0; u < 2; ++u) {
+                                            const float w = __uint_as_float(tap_weights[(8 * j + u) * CP + cl]);
+                                            acc[r][j][2 * h + u] = fmaf(w, x, acc[r][j][2 * h + u]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (unsigned r = 0; r < R; ++r) {
+#pragma unroll
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = q < BOX_CELLS;
+                    unsigned cell = 0;
+                    const pos_t o0 = t0 * (pos_t)BOX0 + b0;
+                    const pos_t d0 = rho0 + S0 * o0;
+                    inside = inside && o0 < (pos_t)E0 && d0 < OUT0;
+                    cell = cell * OUT0 + (unsigned)d0;
+#pragma unroll
+                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                        for (unsigned u = 0; u < 2; ++u) {
+                            const unsigned m = m0 + 8 * j + 2 * t + u;
+                            if (inside && m < M) {
+                                dst_values[(size_t)m * OUT_SIZE + cell] = narrowed(acc[r][j][2 * h + u]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            static_assert(MMA || BOX0 % V == 0, "a thread's cells lie in one box");
+            constexpr unsigned LINE = MMA ? 1 : BOX0 / V;  // threads along the last axis
+            constexpr unsigned THREADS = LINE;
+            scalar* const ws = staged;
+            scalar* const halo = ws + WEIGHTS;
+            // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+            const unsigned tid = threadIdx.x;
+            [[maybe_unused]] unsigned thread_rest = tid / LINE;
+            const pos_t b0 = (pos_t)(tid % LINE * V);
+            unsigned thread_offset = 0;  // of the thread's first window in the halo
+            const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+            thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+
+            scalar acc[MB][V];
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+                const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+            }
+    #pragma unroll 1
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    unsigned rest = tap;
+                    const pos_t r0 = (pos_t)rest;
+                    bool tap_ok = true;
+                    unsigned kappa = 0;
+                    tap_ok = tap_ok && r0 < R0;
+                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                    scalar w = 0;
+                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa);
+                    }
+                    rare = rare || !isfinite(w);
+                    ws[e] = w;
+                }
+                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
+                // at constant distances from the cell's first).
+                const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < IN0;
+                    offset = offset * IN0 + (unsigned)j0;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
+    #pragma unroll
+                    for (unsigned c = 0; c < CB; ++c) {
+                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                    }
+                }
+                // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+                rare = __syncthreads_or(rare);
+                // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+                // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+    #pragma unroll 1
+                for (unsigned c = 0; c < CB; ++c) {
+                    if (!rare) {
+                        // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
+                        constexpr unsigned T_SHORT = T0 > 1 ? T0 - 1 : 1;
+                        if (taps0 == (pos_t)T0) {
+                            const scalar* line = halo + c * HALO + thread_offset;
+                            const scalar* w_line = ws + c * T_SIZE * MQ;
+                            direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
+                        } else {
+                            const scalar* line = halo + c * HALO + thread_offset;
+                            const scalar* w_line = ws + c * T_SIZE * MQ;
+                            direct_row<V, MB, MQ, T_SHORT, HS0, HD0>(line, w_line, acc);
+                        }
                     } else {
                         const scalar* line = halo + c * HALO + thread_offset;
                         const scalar* w_line = ws + c * T_SIZE * MQ;
-                        direct_row<V, MB, MQ, T_SHORT, HS0, HD0>(line, w_line, acc);
-                    }
-                } else {
-                    const scalar* line = halo + c * HALO + thread_offset;
-                    const scalar* w_line = ws + c * T_SIZE * MQ;
-                    bool inside = true;  // the row's outer coordinates lie in the source
-                    if (inside) {
-                        direct_row_inside<V, MB, MQ, HS0, HD0>(
-                            line, w_line, (unsigned)taps0, first0 + b0 * HS0, IN0, acc);
+                        bool inside = true;  // the row's outer cells are in the source
+                        if (inside) {
+                            direct_row_inside<V, MB, MQ, HS0, HD0>(
+                                line, w_line, (unsigned)taps0, first0 + b0 * HS0,
+                                IN0, acc);
+                        }
                     }
                 }
             }
-        }
-        // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
-        const bool row_inside = true;
-        unsigned row_offset = 0;
-        constexpr unsigned CELL_STEP = S0;  // between a thread's cells along the last axis
-        const pos_t d_first = rho0 + S0 * o0;
-        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * OUT_SIZE
-                                 + (size_t)row_offset * OUT0 + (unsigned)d_first;
-#pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
-#pragma unroll
-            for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
-                    && d_first + (pos_t)(v * CELL_STEP) < OUT0) {
-                    out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+            // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
+            const bool row_inside = true;
+            unsigned row_offset = 0;
+            constexpr unsigned CELL_STEP = S0;  // between a thread's cells along the last axis
+            const pos_t d_first = rho0 + S0 * o0;
+            real* __restrict__ out = dst_values + (size_t)m0 * OUT_SIZE + (size_t)row_offset * OUT0 + (unsigned)d_first;
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) {
+                    if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
+                        && d_first + (pos_t)(v * CELL_STEP) < OUT0) {
+                        out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                    }
                 }
             }
         }
@@ -2829,6 +3036,7 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = BWI_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = BWI_DIRECT_MMA;  // TF32 tensor cores (_direct_mma.cu.j2), else FMAs
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
@@ -2838,9 +3046,6 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
     constexpr unsigned T0 = K0;
     constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
     constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
-    static_assert(BOX0 % V == 0, "a thread's cells lie in one box");
-    constexpr unsigned LINE = BOX0 / V;  // threads along the last axis
-    constexpr unsigned THREADS = LINE;
     constexpr unsigned HALO = 1u * H0;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0;
     constexpr unsigned T_SIZE = 1u * T0;
@@ -2848,18 +3053,19 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
     constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
     constexpr unsigned STRIDE0 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
+    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
     // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
     // the same count; a launch given less traps).
-    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
-    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
     if constexpr (DIRECT) {
         if constexpr (DYNAMIC) {
             if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
         }
-        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
-        scalar* const halo = ws + WEIGHTS;
+        scalar* const staged = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -2868,95 +3074,259 @@ extern "C" __global__ void conv_transpose_r1_backward_input_direct(
         const unsigned image = blockIdx.x / TILES / M_BLOCKS / PHASES / GROUPS;
         unsigned rest = tile;
         const pos_t t0 = (pos_t)rest;
-        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
-        const unsigned tid = threadIdx.x;
-        [[maybe_unused]] unsigned thread_rest = tid / LINE;
-        const pos_t b0 = (pos_t)(tid % LINE * V);
-        unsigned thread_offset = 0;  // of the thread's first window in the halo
         bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
         [[maybe_unused]] constexpr pos_t taps0 = K0;
         const pos_t first0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
-        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
-
-        scalar acc[MB][V];
+        real* __restrict__ dst_values = dest + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned R = V, NT = (MB + 7) / 8, CP = mma_row_words(CB);
+            static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
+            constexpr unsigned BOX_CELLS = 1u * BOX0;
+            constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
+            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
+            // rows past the box read cell 0 and are not stored.
+            unsigned row_cell[R][2];
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
-            const scalar b = 0;
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
-        }
-#pragma unroll 1
-        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
-            __syncthreads();  // the last step's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned flat = opaque_index(e);
-                const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
-                constexpr bool tap_ok = true;
-                const unsigned kappa = tap;
-                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                     ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
-                rare = rare || !isfinite(w);
-                ws[e] = w;
-            }
-            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
-            // at constant distances from the cell's first).
-            const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
-            keep_in_register(step_values);
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = opaque_index(e);
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < OUT0;
-                offset = offset * OUT0 + (unsigned)j0;
-                const real* __restrict__ cell = step_values + offset;
-                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
-#pragma unroll
-                for (unsigned c = 0; c < CB; ++c) {
-                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b0 = (pos_t)rest;
+                    unsigned cell = 0;
+                    cell += (unsigned)(b0 * HS0) * STRIDE0;
+                    row_cell[r][h] = cell;
                 }
             }
-            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
-            rare = __syncthreads_or(rare);
-            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
-            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+            float acc[R][NT][4];
+#pragma unroll
+            for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                for (unsigned u = 0; u < 2; ++u) {
+                    const unsigned m = m0 + 8 * j + 2 * t + u;
+                    const float b = 0.f;
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
+                }
+            }
 #pragma unroll 1
-            for (unsigned c = 0; c < CB; ++c) {
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    constexpr bool tap_ok = true;
+                    const unsigned kappa = tap;
+                    float w = 0.f;
+                    if (tap_ok && m < M && c < SRC_C) {
+                        w = (float)load_element(w_values + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+                    }
+                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                }
+                const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);
+#pragma unroll
+                    for (unsigned q = 0; q < CB; q += 4) {
+                        unsigned quad[4];
+#pragma unroll
+                        for (unsigned c = 0; c < 4; ++c) {
+                            const bool load = inside && (SRC_C % CB == 0 || c0 + q + c < SRC_C);
+                            quad[c] = staged_tf32(load ? (float)load_element(cell + (size_t)(q + c) * OUT_SIZE) : 0.f,
+                                                  rare);
+                        }
+                        *reinterpret_cast<uint4*>(halo + e * CP + q) = make_uint4(quad[0], quad[1], quad[2], quad[3]);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
                 if (!rare) {
-                    const scalar* line = halo + c * HALO + thread_offset;
-                    const scalar* w_line = ws + c * T_SIZE * MQ;
-                    direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
+#pragma unroll 1
+                    for (unsigned s = 0; s < CB; s += 8) {
+                        const unsigned* const step_weights = ws + g * CP + s + 2 * t;
+                        const unsigned* const step_halo = halo + s + 2 * t;
+                        // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
+#pragma unroll 1
+                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T0; ++outer_tap) {
+                            [[maybe_unused]] unsigned rest = outer_tap;
+                            unsigned line = 0;  // the halo cells from a row's first offset to this one
+                            const unsigned* const tap_weights = step_weights + outer_tap * T0 * MB * CP;
+#pragma unroll
+                            for (unsigned kl = 0; kl < T0; ++kl) {
+                                direct_mma_offset<R, NT, CP>(tap_weights + kl * MB * CP,
+                                                             step_halo + (line + kl * (unsigned)HD0) * CP, row_cell,
+                                                             acc);
+                            }
+                        }
+                    }
                 } else {
-                    const scalar* line = halo + c * HALO + thread_offset;
-                    const scalar* w_line = ws + c * T_SIZE * MQ;
-                    bool inside = true;  // the row's outer coordinates lie in the source
-                    if (inside) {
-                        direct_row_inside<V, MB, MQ, HS0, HD0>(
-                            line, w_line, (unsigned)taps0, first0 + b0 * HS0, OUT0, acc);
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) {
+#pragma unroll
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b0 = (pos_t)rest;
+#pragma unroll 1
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                                unsigned kr = tap, shift = 0;
+                                bool inside = true;
+                                const pos_t k0 = (pos_t)(kr % T0);
+                                kr /= T0;
+                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < OUT0;
+                                shift += (unsigned)(k0 * HD0) * STRIDE0;
+                                if (!inside) continue;
+                                const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
+#pragma unroll 1
+                                for (unsigned cl = 0; cl < CB; ++cl) {
+                                    const float x = __uint_as_float(halo[(row_cell[r][h] + shift) * CP + cl]);
+#pragma unroll
+                                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                                        for (unsigned u = 0; u < 2; ++u) {
+                                            const float w = __uint_as_float(tap_weights[(8 * j + u) * CP + cl]);
+                                            acc[r][j][2 * h + u] = fmaf(w, x, acc[r][j][2 * h + u]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }
-        }
-        // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
-        const bool row_inside = true;
-        unsigned row_offset = 0;
-        constexpr unsigned CELL_STEP = 1;
-        const pos_t d_first = o0;
-        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * IN_SIZE
-                                 + (size_t)row_offset * IN0 + (unsigned)d_first;
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
-                    && d_first + (pos_t)(v * CELL_STEP) < IN0) {
-                    out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = q < BOX_CELLS;
+                    unsigned cell = 0;
+                    const pos_t o0 = t0 * (pos_t)BOX0 + b0;
+                    const pos_t d0 = o0;
+                    inside = inside && o0 < (pos_t)E0;
+                    cell = cell * IN0 + (unsigned)d0;
+#pragma unroll
+                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                        for (unsigned u = 0; u < 2; ++u) {
+                            const unsigned m = m0 + 8 * j + 2 * t + u;
+                            if (inside && m < M) {
+                                dst_values[(size_t)m * IN_SIZE + cell] = narrowed(acc[r][j][2 * h + u]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            static_assert(MMA || BOX0 % V == 0, "a thread's cells lie in one box");
+            constexpr unsigned LINE = MMA ? 1 : BOX0 / V;  // threads along the last axis
+            constexpr unsigned THREADS = LINE;
+            scalar* const ws = staged;
+            scalar* const halo = ws + WEIGHTS;
+            // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+            const unsigned tid = threadIdx.x;
+            [[maybe_unused]] unsigned thread_rest = tid / LINE;
+            const pos_t b0 = (pos_t)(tid % LINE * V);
+            unsigned thread_offset = 0;  // of the thread's first window in the halo
+            const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+            thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+
+            scalar acc[MB][V];
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+                const scalar b = 0;
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+            }
+    #pragma unroll 1
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    constexpr bool tap_ok = true;
+                    const unsigned kappa = tap;
+                    scalar w = 0;
+                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa);
+                    }
+                    rare = rare || !isfinite(w);
+                    ws[e] = w;
+                }
+                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
+                // at constant distances from the cell's first).
+                const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
+    #pragma unroll
+                    for (unsigned c = 0; c < CB; ++c) {
+                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                    }
+                }
+                // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+                rare = __syncthreads_or(rare);
+                // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+                // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+    #pragma unroll 1
+                for (unsigned c = 0; c < CB; ++c) {
+                    if (!rare) {
+                        const scalar* line = halo + c * HALO + thread_offset;
+                        const scalar* w_line = ws + c * T_SIZE * MQ;
+                        direct_row<V, MB, MQ, T0, HS0, HD0>(line, w_line, acc);
+                    } else {
+                        const scalar* line = halo + c * HALO + thread_offset;
+                        const scalar* w_line = ws + c * T_SIZE * MQ;
+                        bool inside = true;  // the row's outer cells are in the source
+                        if (inside) {
+                            direct_row_inside<V, MB, MQ, HS0, HD0>(
+                                line, w_line, (unsigned)taps0, first0 + b0 * HS0,
+                                OUT0, acc);
+                        }
+                    }
+                }
+            }
+            // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
+            const bool row_inside = true;
+            unsigned row_offset = 0;
+            constexpr unsigned CELL_STEP = 1;
+            const pos_t d_first = o0;
+            real* __restrict__ out = dst_values + (size_t)m0 * IN_SIZE + (size_t)row_offset * IN0 + (unsigned)d_first;
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) {
+                    if (row_inside && m0 + i < M && o0 + (pos_t)v < (pos_t)E0
+                        && d_first + (pos_t)(v * CELL_STEP) < IN0) {
+                        out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                    }
                 }
             }
         }

@@ -15,23 +15,24 @@
     !defined(GROUPS) || !defined(MMA_MODE) || !defined(BIAS_SPLIT) || !defined(FWD_BM) || !defined(FWD_BN) || \
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
-    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_BOX0) || \
-    !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || !defined(FWD_WGMMA) || \
-    !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || \
-    !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || \
-    !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || \
-    !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || \
-    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
-    !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || \
-    !defined(BWI_DIRECT_BOX3) || !defined(BWI_WGMMA) || !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || \
-    !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || \
-    !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || \
-    !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || \
-    !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || \
-    !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || \
-    !defined(BWW_DIRECT_BOX2) || !defined(BWW_DIRECT_BOX3) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
-    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || \
-    !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
+    !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_MMA) || \
+    !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || \
+    !defined(FWD_DIRECT_BOX3) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || \
+    !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || \
+    !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
+    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_MMA) || !defined(BWI_DIRECT_BOX0) || \
+    !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || !defined(BWI_DIRECT_BOX3) || !defined(BWI_WGMMA) || \
+    !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
+    !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || \
+    !defined(BWW_BN) || !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || \
+    !defined(BWW_MIN_BLOCKS) || !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || \
+    !defined(BWW_DIRECT_V) || !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || \
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || \
+    !defined(BWW_DIRECT_BOX3) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
+    !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1070,6 +1071,46 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
     }
 }
 
+// The tensor-core direct kernels (_direct_mma.cu.j2) keep a staged cell's CB channels together, as a weight row's,
+// in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
+__host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
+__host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+
+// An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
+// is with `rare` set (an inf, a NaN or a value TF32 would round past its largest), which sends the step down the
+// careful path.
+__device__ __forceinline__ unsigned staged_tf32(float x, bool& rare)
+{
+    const unsigned bits = __float_as_uint(x);
+    const bool exact = (bits & 0x7fffffffu) < 0x7f7ff000u;
+    rare = rare || !exact;
+    return exact ? to_tf32(x) : bits;
+}
+
+// One window offset of a tensor-core direct kernel's step (8 staged channels): the warp's R tiles of 16 cells times
+// its NT tiles of 8 dst channels, one mma each. `weights` points at the thread's word of the offset's first weight row
+// (row g, word 2t; the n tile j's row 8j rows further), `halo` at its word of the halo cell the offset shifts cell 0
+// to, `cells` the halo cells of its rows (g and g + 8 of each tile) at the window's first offset.
+template <unsigned R, unsigned NT, unsigned CP>
+__device__ __forceinline__ void direct_mma_offset(const unsigned* weights, const unsigned* halo,
+                                                  const unsigned (&cells)[R][2], float (&acc)[R][NT][4])
+{
+    unsigned b[NT][2];
+#pragma unroll
+    for (unsigned j = 0; j < NT; ++j) {
+        const uint2 pair = *reinterpret_cast<const uint2*>(weights + 8 * j * CP);
+        b[j][0] = pair.x, b[j][1] = pair.y;
+    }
+#pragma unroll
+    for (unsigned r = 0; r < R; ++r) {
+        const uint2 low = *reinterpret_cast<const uint2*>(halo + cells[r][0] * CP);
+        const uint2 high = *reinterpret_cast<const uint2*>(halo + cells[r][1] * CP);
+        const unsigned a[4] = {low.x, high.x, low.y, high.y};
+#pragma unroll
+        for (unsigned j = 0; j < NT; ++j) mma_tf32(acc[r][j][0], acc[r][j][1], acc[r][j][2], acc[r][j][3], a, b[j]);
+    }
+}
+
 constexpr unsigned WG_BK = 32;  // source channels of a _wgmma slice (contract)
 constexpr unsigned WG_CELL_PAD = 8;  // floats after each staged row of a _wgmma slice's cells (contract)
 constexpr unsigned WG_ROW_PAD = 4;  // floats after each staged row of U in the weight's _wgmma (contract)
@@ -1924,6 +1965,7 @@ extern "C" __global__ void conv_transpose_r4_forward_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = FWD_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = FWD_DIRECT_MMA;  // TF32 tensor cores (_direct_mma.cu.j2), else FMAs
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
@@ -1948,9 +1990,6 @@ extern "C" __global__ void conv_transpose_r4_forward_direct(
     constexpr unsigned T3 = (K3 + S3 / gcd_of(S3, D3) - 1) / (S3 / gcd_of(S3, D3));  // R at most
     constexpr unsigned BOX3 = FWD_DIRECT_BOX3, TILES3 = (E3 + BOX3 - 1) / BOX3;
     constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // halo extent
-    static_assert(BOX3 % V == 0, "a thread's cells lie in one box");
-    constexpr unsigned LINE = BOX3 / V;  // threads along the last axis
-    constexpr unsigned THREADS = LINE * BOX0 * BOX1 * BOX2;
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3;
     constexpr unsigned T_SIZE = 1u * T0 * T1 * T2 * T3;
@@ -1961,18 +2000,19 @@ extern "C" __global__ void conv_transpose_r4_forward_direct(
     constexpr unsigned STRIDE1 = 1u * H2 * H3;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u * H3;  // of the staged halo
     constexpr unsigned STRIDE3 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
+    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
     // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
     // the same count; a launch given less traps).
-    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
-    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
     if constexpr (DIRECT) {
         if constexpr (DYNAMIC) {
             if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
         }
-        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
-        scalar* const halo = ws + WEIGHTS;
+        scalar* const staged = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -2047,224 +2087,472 @@ extern "C" __global__ void conv_transpose_r4_forward_direct(
                              ? (K3 - phi3 + SG3 - 1) / SG3 : 0;
         const pos_t origin3 = D3 == 1 ? (rho3 + P3) / S3
                                            : (rho3 + P3 - phi3 * D3) / S3;
-        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
-        const unsigned tid = threadIdx.x;
-        [[maybe_unused]] unsigned thread_rest = tid / LINE;
-        const pos_t b2 = (pos_t)(thread_rest % BOX2);
-        thread_rest /= BOX2;
-        const pos_t b1 = (pos_t)(thread_rest % BOX1);
-        thread_rest /= BOX1;
-        const pos_t b0 = (pos_t)thread_rest;
-        const pos_t b3 = (pos_t)(tid % LINE * V);
-        unsigned thread_offset = 0;  // of the thread's first window in the halo
         bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
         // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
         [[maybe_unused]] const pos_t taps0 = R0;
         const pos_t first0 = t0 * (pos_t)BOX0 + origin0 - (R0 - 1) * DG0;  // the halo's first source cell
         any_tap = any_tap && R0 > 0;
-        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
-        const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
         // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
         [[maybe_unused]] const pos_t taps1 = R1;
         const pos_t first1 = t1 * (pos_t)BOX1 + origin1 - (R1 - 1) * DG1;  // the halo's first source cell
         any_tap = any_tap && R1 > 0;
-        thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
-        const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
         // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
         [[maybe_unused]] const pos_t taps2 = R2;
         const pos_t first2 = t2 * (pos_t)BOX2 + origin2 - (R2 - 1) * DG2;  // the halo's first source cell
         any_tap = any_tap && R2 > 0;
-        thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
-        const pos_t o3 = t3 * (pos_t)BOX3 + b3;  // its first cell
         // The phase's taps, flipped: tap r' reads source cell origin - (R - 1 - r')*DG + u.
         [[maybe_unused]] const pos_t taps3 = R3;
         const pos_t first3 = t3 * (pos_t)BOX3 + origin3 - (R3 - 1) * DG3;  // the halo's first source cell
         any_tap = any_tap && R3 > 0;
-        thread_offset += (unsigned)(b3 * HS3) * STRIDE3;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * IN_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
-
-        scalar acc[MB][V];
+        real* __restrict__ dst_values = dest + ((size_t)image * GROUPS + group) * M * OUT_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned R = V, NT = (MB + 7) / 8, CP = mma_row_words(CB);
+            static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
+            constexpr unsigned BOX_CELLS = 1u * BOX0 * BOX1 * BOX2 * BOX3;
+            constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
+            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
+            // rows past the box read cell 0 and are not stored.
+            unsigned row_cell[R][2];
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
-            const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
-        }
-#pragma unroll 1
-        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
-            __syncthreads();  // the last step's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned flat = opaque_index(e);
-                const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
-                // Staged tap r' (per axis) is window offset phi + SG*(R - 1 - r'); none where r' >= R.
-                unsigned rest = tap;
-                const pos_t r3 = (pos_t)(rest % nonzero(T3));
-                rest /= nonzero(T3);
-                const pos_t r2 = (pos_t)(rest % nonzero(T2));
-                rest /= nonzero(T2);
-                const pos_t r1 = (pos_t)(rest % nonzero(T1));
-                rest /= nonzero(T1);
-                const pos_t r0 = (pos_t)rest;
-                bool tap_ok = true;
-                unsigned kappa = 0;
-                tap_ok = tap_ok && r0 < R0;
-                kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
-                tap_ok = tap_ok && r1 < R1;
-                kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
-                tap_ok = tap_ok && r2 < R2;
-                kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
-                tap_ok = tap_ok && r3 < R3;
-                kappa = kappa * K3 + (unsigned)(phi3 + SG3 * (R3 - 1 - r3));
-                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                     ? load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa) : scalar(0);
-                rare = rare || !isfinite(w);
-                ws[e] = w;
-            }
-            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
-            // at constant distances from the cell's first).
-            const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
-            keep_in_register(step_values);
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = opaque_index(e);
-                const pos_t h3 = (pos_t)(rest % nonzero(H3));
-                rest /= nonzero(H3);
-                const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                rest /= nonzero(H2);
-                const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                rest /= nonzero(H1);
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < IN0;
-                offset = offset * IN0 + (unsigned)j0;
-                const pos_t j1 = first1 + h1;
-                inside = inside && j1 >= 0 && j1 < IN1;
-                offset = offset * IN1 + (unsigned)j1;
-                const pos_t j2 = first2 + h2;
-                inside = inside && j2 >= 0 && j2 < IN2;
-                offset = offset * IN2 + (unsigned)j2;
-                const pos_t j3 = first3 + h3;
-                inside = inside && j3 >= 0 && j3 < IN3;
-                offset = offset * IN3 + (unsigned)j3;
-                const real* __restrict__ cell = step_values + offset;
-                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
-#pragma unroll
-                for (unsigned c = 0; c < CB; ++c) {
-                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    unsigned cell = 0;
+                    cell += (unsigned)(b0 * HS0) * STRIDE0;
+                    cell += (unsigned)(b1 * HS1) * STRIDE1;
+                    cell += (unsigned)(b2 * HS2) * STRIDE2;
+                    cell += (unsigned)(b3 * HS3) * STRIDE3;
+                    row_cell[r][h] = cell;
                 }
             }
-            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
-            rare = __syncthreads_or(rare);
-            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
-            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
-#pragma unroll 1
-            for (unsigned c = 0; c < CB; ++c) {
-                if (!rare) {
-                    // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
-                    constexpr unsigned T_SHORT = T3 > 1 ? T3 - 1 : 1;
-                    if (taps3 == (pos_t)T3) {
-#pragma unroll 1
-                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
-                            if (k0 >= taps0) break;
-                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
-                            const unsigned tap0 = (unsigned)k0;
-#pragma unroll 1
-                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
-                                if (k1 >= taps1) break;
-                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
-                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+            float acc[R][NT][4];
 #pragma unroll
-                                for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
-                                    if (k2 >= taps2) break;
-                                    const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
-                                    const unsigned tap2 = tap1 * T2 + (unsigned)k2;
-                                    const scalar* line = halo + c * HALO + line2;
-                                    const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
-                                    direct_row<V, MB, MQ, T3, HS3, HD3>(line, w_line, acc);
-                                }
-                            }
+            for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                for (unsigned u = 0; u < 2; ++u) {
+                    const unsigned m = m0 + 8 * j + 2 * t + u;
+                    const float b = m < M ? (float)load_element(bias + group * M + m) : 0.f;
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
+                }
+            }
+#pragma unroll 1
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    unsigned rest = tap;
+                    const pos_t r3 = (pos_t)(rest % nonzero(T3));
+                    rest /= nonzero(T3);
+                    const pos_t r2 = (pos_t)(rest % nonzero(T2));
+                    rest /= nonzero(T2);
+                    const pos_t r1 = (pos_t)(rest % nonzero(T1));
+                    rest /= nonzero(T1);
+                    const pos_t r0 = (pos_t)rest;
+                    bool tap_ok = true;
+                    unsigned kappa = 0;
+                    tap_ok = tap_ok && r0 < R0;
+                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                    tap_ok = tap_ok && r1 < R1;
+                    kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
+                    tap_ok = tap_ok && r2 < R2;
+                    kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
+                    tap_ok = tap_ok && r3 < R3;
+                    kappa = kappa * K3 + (unsigned)(phi3 + SG3 * (R3 - 1 - r3));
+                    float w = 0.f;
+                    if (tap_ok && m < M && c < SRC_C) {
+                        w = (float)load_element(w_values + ((size_t)c * M + m) * K_SIZE + kappa);
+                    }
+                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                }
+                const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < IN0;
+                    offset = offset * IN0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < IN1;
+                    offset = offset * IN1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < IN2;
+                    offset = offset * IN2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < IN3;
+                    offset = offset * IN3 + (unsigned)j3;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);
+#pragma unroll
+                    for (unsigned q = 0; q < CB; q += 4) {
+                        unsigned quad[4];
+#pragma unroll
+                        for (unsigned c = 0; c < 4; ++c) {
+                            const bool load = inside && (SRC_C % CB == 0 || c0 + q + c < SRC_C);
+                            quad[c] = staged_tf32(load ? (float)load_element(cell + (size_t)(q + c) * IN_SIZE) : 0.f,
+                                                  rare);
                         }
-                    } else {
+                        *reinterpret_cast<uint4*>(halo + e * CP + q) = make_uint4(quad[0], quad[1], quad[2], quad[3]);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
+                if (!rare) {
 #pragma unroll 1
-                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
-                            if (k0 >= taps0) break;
-                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
-                            const unsigned tap0 = (unsigned)k0;
+                    for (unsigned s = 0; s < CB; s += 8) {
+                        const unsigned* const step_weights = ws + g * CP + s + 2 * t;
+                        const unsigned* const step_halo = halo + s + 2 * t;
+                        // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
 #pragma unroll 1
-                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
-                                if (k1 >= taps1) break;
-                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
-                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T3; ++outer_tap) {
+                            [[maybe_unused]] unsigned rest = outer_tap;
+                            unsigned line = 0;  // the halo cells from a row's first offset to this one
+                            line += rest % T2 * (unsigned)HD2 * STRIDE2;
+                            rest /= T2;
+                            line += rest % T1 * (unsigned)HD1 * STRIDE1;
+                            rest /= T1;
+                            line += rest % T0 * (unsigned)HD0 * STRIDE0;
+                            rest /= T0;
+                            const unsigned* const tap_weights = step_weights + outer_tap * T3 * MB * CP;
 #pragma unroll
-                                for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
-                                    if (k2 >= taps2) break;
-                                    const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
-                                    const unsigned tap2 = tap1 * T2 + (unsigned)k2;
-                                    const scalar* line = halo + c * HALO + line2;
-                                    const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
-                                    direct_row<V, MB, MQ, T_SHORT, HS3, HD3>(line, w_line, acc);
-                                }
+                            for (unsigned kl = 0; kl < T3; ++kl) {
+                                direct_mma_offset<R, NT, CP>(tap_weights + kl * MB * CP,
+                                                             step_halo + (line + kl * (unsigned)HD3) * CP, row_cell,
+                                                             acc);
                             }
                         }
                     }
                 } else {
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) {
+#pragma unroll
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                            rest /= nonzero(BOX3);
+                            const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                            rest /= nonzero(BOX2);
+                            const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                            rest /= nonzero(BOX1);
+                            const pos_t b0 = (pos_t)rest;
 #pragma unroll 1
-                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
-                        if (k0 >= taps0) break;
-                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
-                        const unsigned tap0 = (unsigned)k0;
-#pragma unroll 1
-                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
-                            if (k1 >= taps1) break;
-                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
-                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
-#pragma unroll 1
-                            for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
-                                if (k2 >= taps2) break;
-                                const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
-                                const unsigned tap2 = tap1 * T2 + (unsigned)k2;
-                                const scalar* line = halo + c * HALO + line2;
-                                const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
-                                bool inside = true;  // the row's outer coordinates lie in the source
-                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
-                                inside = inside && j0 >= 0 && j0 < IN0;
-                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
-                                inside = inside && j1 >= 0 && j1 < IN1;
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                                unsigned kr = tap, shift = 0;
+                                bool inside = true;
+                                const pos_t k3 = (pos_t)(kr % T3);
+                                kr /= T3;
+                                const pos_t j3 = first3 + b3 * HS3 + k3 * HD3;
+                                inside = inside && k3 < taps3 && j3 >= 0 && j3 < IN3;
+                                shift += (unsigned)(k3 * HD3) * STRIDE3;
+                                const pos_t k2 = (pos_t)(kr % T2);
+                                kr /= T2;
                                 const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
-                                inside = inside && j2 >= 0 && j2 < IN2;
-                                if (inside) {
-                                    direct_row_inside<V, MB, MQ, HS3, HD3>(
-                                        line, w_line, (unsigned)taps3, first3 + b3 * HS3, IN3, acc);
+                                inside = inside && k2 < taps2 && j2 >= 0 && j2 < IN2;
+                                shift += (unsigned)(k2 * HD2) * STRIDE2;
+                                const pos_t k1 = (pos_t)(kr % T1);
+                                kr /= T1;
+                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
+                                inside = inside && k1 < taps1 && j1 >= 0 && j1 < IN1;
+                                shift += (unsigned)(k1 * HD1) * STRIDE1;
+                                const pos_t k0 = (pos_t)(kr % T0);
+                                kr /= T0;
+                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < IN0;
+                                shift += (unsigned)(k0 * HD0) * STRIDE0;
+                                if (!inside) continue;
+                                const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
+#pragma unroll 1
+                                for (unsigned cl = 0; cl < CB; ++cl) {
+                                    const float x = __uint_as_float(halo[(row_cell[r][h] + shift) * CP + cl]);
+#pragma unroll
+                                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                                        for (unsigned u = 0; u < 2; ++u) {
+                                            const float w = __uint_as_float(tap_weights[(8 * j + u) * CP + cl]);
+                                            acc[r][j][2 * h + u] = fmaf(w, x, acc[r][j][2 * h + u]);
+                                        }
+                                    }
                                 }
                             }
                         }
                     }
                 }
             }
-        }
-        // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
-        const bool row_inside = o0 < E0 && rho0 + S0 * o0 < OUT0 && o1 < E1 && rho1 + S1 * o1 < OUT1 &&
-                                o2 < E2 && rho2 + S2 * o2 < OUT2;
-        unsigned row_offset = 0;
-        row_offset = row_offset * OUT0 + (unsigned)(rho0 + S0 * o0);
-        row_offset = row_offset * OUT1 + (unsigned)(rho1 + S1 * o1);
-        row_offset = row_offset * OUT2 + (unsigned)(rho2 + S2 * o2);
-        constexpr unsigned CELL_STEP = S3;  // between a thread's cells along the last axis
-        const pos_t d_first = rho3 + S3 * o3;
-        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * OUT_SIZE
-                                 + (size_t)row_offset * OUT3 + (unsigned)d_first;
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o3 + (pos_t)v < (pos_t)E3
-                    && d_first + (pos_t)(v * CELL_STEP) < OUT3) {
-                    out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = q < BOX_CELLS;
+                    unsigned cell = 0;
+                    const pos_t o0 = t0 * (pos_t)BOX0 + b0;
+                    const pos_t d0 = rho0 + S0 * o0;
+                    inside = inside && o0 < (pos_t)E0 && d0 < OUT0;
+                    cell = cell * OUT0 + (unsigned)d0;
+                    const pos_t o1 = t1 * (pos_t)BOX1 + b1;
+                    const pos_t d1 = rho1 + S1 * o1;
+                    inside = inside && o1 < (pos_t)E1 && d1 < OUT1;
+                    cell = cell * OUT1 + (unsigned)d1;
+                    const pos_t o2 = t2 * (pos_t)BOX2 + b2;
+                    const pos_t d2 = rho2 + S2 * o2;
+                    inside = inside && o2 < (pos_t)E2 && d2 < OUT2;
+                    cell = cell * OUT2 + (unsigned)d2;
+                    const pos_t o3 = t3 * (pos_t)BOX3 + b3;
+                    const pos_t d3 = rho3 + S3 * o3;
+                    inside = inside && o3 < (pos_t)E3 && d3 < OUT3;
+                    cell = cell * OUT3 + (unsigned)d3;
+#pragma unroll
+                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                        for (unsigned u = 0; u < 2; ++u) {
+                            const unsigned m = m0 + 8 * j + 2 * t + u;
+                            if (inside && m < M) {
+                                dst_values[(size_t)m * OUT_SIZE + cell] = narrowed(acc[r][j][2 * h + u]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            static_assert(MMA || BOX3 % V == 0, "a thread's cells lie in one box");
+            constexpr unsigned LINE = MMA ? 1 : BOX3 / V;  // threads along the last axis
+            constexpr unsigned THREADS = LINE * BOX0 * BOX1 * BOX2;
+            scalar* const ws = staged;
+            scalar* const halo = ws + WEIGHTS;
+            // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+            const unsigned tid = threadIdx.x;
+            [[maybe_unused]] unsigned thread_rest = tid / LINE;
+            const pos_t b2 = (pos_t)(thread_rest % BOX2);
+            thread_rest /= BOX2;
+            const pos_t b1 = (pos_t)(thread_rest % BOX1);
+            thread_rest /= BOX1;
+            const pos_t b0 = (pos_t)thread_rest;
+            const pos_t b3 = (pos_t)(tid % LINE * V);
+            unsigned thread_offset = 0;  // of the thread's first window in the halo
+            const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+            thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+            const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
+            thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
+            const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
+            thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
+            const pos_t o3 = t3 * (pos_t)BOX3 + b3;  // its first cell
+            thread_offset += (unsigned)(b3 * HS3) * STRIDE3;
+
+            scalar acc[MB][V];
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+                const scalar b = m0 + i < M ? load_element(bias + group * M + m0 + i) : scalar(0);
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+            }
+    #pragma unroll 1
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    unsigned rest = tap;
+                    const pos_t r3 = (pos_t)(rest % nonzero(T3));
+                    rest /= nonzero(T3);
+                    const pos_t r2 = (pos_t)(rest % nonzero(T2));
+                    rest /= nonzero(T2);
+                    const pos_t r1 = (pos_t)(rest % nonzero(T1));
+                    rest /= nonzero(T1);
+                    const pos_t r0 = (pos_t)rest;
+                    bool tap_ok = true;
+                    unsigned kappa = 0;
+                    tap_ok = tap_ok && r0 < R0;
+                    kappa = kappa * K0 + (unsigned)(phi0 + SG0 * (R0 - 1 - r0));
+                    tap_ok = tap_ok && r1 < R1;
+                    kappa = kappa * K1 + (unsigned)(phi1 + SG1 * (R1 - 1 - r1));
+                    tap_ok = tap_ok && r2 < R2;
+                    kappa = kappa * K2 + (unsigned)(phi2 + SG2 * (R2 - 1 - r2));
+                    tap_ok = tap_ok && r3 < R3;
+                    kappa = kappa * K3 + (unsigned)(phi3 + SG3 * (R3 - 1 - r3));
+                    scalar w = 0;
+                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa);
+                    }
+                    rare = rare || !isfinite(w);
+                    ws[e] = w;
+                }
+                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
+                // at constant distances from the cell's first).
+                const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < IN0;
+                    offset = offset * IN0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < IN1;
+                    offset = offset * IN1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < IN2;
+                    offset = offset * IN2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < IN3;
+                    offset = offset * IN3 + (unsigned)j3;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
+    #pragma unroll
+                    for (unsigned c = 0; c < CB; ++c) {
+                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * IN_SIZE) : scalar(0);
+                    }
+                }
+                // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+                rare = __syncthreads_or(rare);
+                // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+                // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+    #pragma unroll 1
+                for (unsigned c = 0; c < CB; ++c) {
+                    if (!rare) {
+                        // A phase has T or T - 1 taps along the last axis: each its own unrolled row.
+                        constexpr unsigned T_SHORT = T3 > 1 ? T3 - 1 : 1;
+                        if (taps3 == (pos_t)T3) {
+    #pragma unroll 1
+                            for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                                if (k0 >= taps0) break;
+                                const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                                const unsigned tap0 = (unsigned)k0;
+    #pragma unroll 1
+                                for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                    if (k1 >= taps1) break;
+                                    const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                    const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+    #pragma unroll
+                                    for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
+                                        if (k2 >= taps2) break;
+                                        const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
+                                        const unsigned tap2 = tap1 * T2 + (unsigned)k2;
+                                        const scalar* line = halo + c * HALO + line2;
+                                        const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
+                                        direct_row<V, MB, MQ, T3, HS3, HD3>(line, w_line, acc);
+                                    }
+                                }
+                            }
+                        } else {
+    #pragma unroll 1
+                            for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                                if (k0 >= taps0) break;
+                                const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                                const unsigned tap0 = (unsigned)k0;
+    #pragma unroll 1
+                                for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                    if (k1 >= taps1) break;
+                                    const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                    const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+    #pragma unroll
+                                    for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
+                                        if (k2 >= taps2) break;
+                                        const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
+                                        const unsigned tap2 = tap1 * T2 + (unsigned)k2;
+                                        const scalar* line = halo + c * HALO + line2;
+                                        const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
+                                        direct_row<V, MB, MQ, T_SHORT, HS3, HD3>(line, w_line, acc);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+    #pragma unroll 1
+                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                            if (k0 >= taps0) break;
+                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                            const unsigned tap0 = (unsigned)k0;
+    #pragma unroll 1
+                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                if (k1 >= taps1) break;
+                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+    #pragma unroll 1
+                                for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
+                                    if (k2 >= taps2) break;
+                                    const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
+                                    const unsigned tap2 = tap1 * T2 + (unsigned)k2;
+                                    const scalar* line = halo + c * HALO + line2;
+                                    const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
+                                    bool inside = true;  // the row's outer cells are in the source
+                                    const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                    inside = inside && j0 >= 0 && j0 < IN0;
+                                    const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
+                                    inside = inside && j1 >= 0 && j1 < IN1;
+                                    const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
+                                    inside = inside && j2 >= 0 && j2 < IN2;
+                                    if (inside) {
+                                        direct_row_inside<V, MB, MQ, HS3, HD3>(
+                                            line, w_line, (unsigned)taps3, first3 + b3 * HS3,
+                                            IN3, acc);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // V consecutive cells of each dst channel: the lanes of a line write one run (S apart in the gather form).
+            const bool row_inside = o0 < E0 && rho0 + S0 * o0 < OUT0 && o1 < E1 && rho1 + S1 * o1 < OUT1 &&
+                                    o2 < E2 && rho2 + S2 * o2 < OUT2;
+            unsigned row_offset = 0;
+            row_offset = row_offset * OUT0 + (unsigned)(rho0 + S0 * o0);
+            row_offset = row_offset * OUT1 + (unsigned)(rho1 + S1 * o1);
+            row_offset = row_offset * OUT2 + (unsigned)(rho2 + S2 * o2);
+            constexpr unsigned CELL_STEP = S3;  // between a thread's cells along the last axis
+            const pos_t d_first = rho3 + S3 * o3;
+            real* __restrict__ out = dst_values + (size_t)m0 * OUT_SIZE + (size_t)row_offset * OUT3 + (unsigned)d_first;
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) {
+                    if (row_inside && m0 + i < M && o3 + (pos_t)v < (pos_t)E3
+                        && d_first + (pos_t)(v * CELL_STEP) < OUT3) {
+                        out[(size_t)i * OUT_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                    }
                 }
             }
         }
@@ -3294,6 +3582,7 @@ extern "C" __global__ void conv_transpose_r4_backward_input_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = BWI_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = BWI_DIRECT_MMA;  // TF32 tensor cores (_direct_mma.cu.j2), else FMAs
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
@@ -3318,9 +3607,6 @@ extern "C" __global__ void conv_transpose_r4_backward_input_direct(
     constexpr unsigned T3 = K3;
     constexpr unsigned BOX3 = BWI_DIRECT_BOX3, TILES3 = (E3 + BOX3 - 1) / BOX3;
     constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // halo extent
-    static_assert(BOX3 % V == 0, "a thread's cells lie in one box");
-    constexpr unsigned LINE = BOX3 / V;  // threads along the last axis
-    constexpr unsigned THREADS = LINE * BOX0 * BOX1 * BOX2;
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3;
     constexpr unsigned T_SIZE = 1u * T0 * T1 * T2 * T3;
@@ -3331,18 +3617,19 @@ extern "C" __global__ void conv_transpose_r4_backward_input_direct(
     constexpr unsigned STRIDE1 = 1u * H2 * H3;  // of the staged halo
     constexpr unsigned STRIDE2 = 1u * H3;  // of the staged halo
     constexpr unsigned STRIDE3 = 1u;  // of the staged halo
-    // The weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo: a static array
+    // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
+    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
     // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
     // the same count; a launch given less traps).
-    constexpr unsigned STAGED_BYTES = (WEIGHTS + CB * HALO) * sizeof(scalar);
+    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
-    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? WEIGHTS + CB * HALO : 1];
+    __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
     if constexpr (DIRECT) {
         if constexpr (DYNAMIC) {
             if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
         }
-        scalar* const ws = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
-        scalar* const halo = ws + WEIGHTS;
+        scalar* const staged = DYNAMIC ? reinterpret_cast<scalar*>(dynamic_shared()) : direct_shared;
         // Block -> (image, group, phase, dst channel block, box), box fastest.
         const unsigned tile = blockIdx.x % TILES;
         const unsigned m0 = blockIdx.x / TILES % M_BLOCKS * MB;
@@ -3357,166 +3644,399 @@ extern "C" __global__ void conv_transpose_r4_backward_input_direct(
         const pos_t t1 = (pos_t)(rest % nonzero(TILES1));
         rest /= nonzero(TILES1);
         const pos_t t0 = (pos_t)rest;
-        // This thread: lane along the last axis (V cells each), then the outer axes of the box.
-        const unsigned tid = threadIdx.x;
-        [[maybe_unused]] unsigned thread_rest = tid / LINE;
-        const pos_t b2 = (pos_t)(thread_rest % BOX2);
-        thread_rest /= BOX2;
-        const pos_t b1 = (pos_t)(thread_rest % BOX1);
-        thread_rest /= BOX1;
-        const pos_t b0 = (pos_t)thread_rest;
-        const pos_t b3 = (pos_t)(tid % LINE * V);
-        unsigned thread_offset = 0;  // of the thread's first window in the halo
         bool any_tap = true;  // false: a phase no window offset reaches, whose cells get the bias (or zero)
-        const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
         [[maybe_unused]] constexpr pos_t taps0 = K0;
         const pos_t first0 = t0 * (pos_t)(BOX0 * S0) - P0;  // the halo's first source cell
-        thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
-        const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
         [[maybe_unused]] constexpr pos_t taps1 = K1;
         const pos_t first1 = t1 * (pos_t)(BOX1 * S1) - P1;  // the halo's first source cell
-        thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
-        const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
         [[maybe_unused]] constexpr pos_t taps2 = K2;
         const pos_t first2 = t2 * (pos_t)(BOX2 * S2) - P2;  // the halo's first source cell
-        thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
-        const pos_t o3 = t3 * (pos_t)BOX3 + b3;  // its first cell
         [[maybe_unused]] constexpr pos_t taps3 = K3;
         const pos_t first3 = t3 * (pos_t)(BOX3 * S3) - P3;  // the halo's first source cell
-        thread_offset += (unsigned)(b3 * HS3) * STRIDE3;
         const real* __restrict__ src_values = source + ((size_t)image * GROUPS + group) * SRC_C * OUT_SIZE;
         const real* __restrict__ w_values = weight + (size_t)group * M * SRC_C * K_SIZE;
-
-        scalar acc[MB][V];
+        real* __restrict__ dst_values = dest + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned R = V, NT = (MB + 7) / 8, CP = mma_row_words(CB);
+            static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
+            constexpr unsigned BOX_CELLS = 1u * BOX0 * BOX1 * BOX2 * BOX3;
+            constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
+            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
+            // rows past the box read cell 0 and are not stored.
+            unsigned row_cell[R][2];
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
-            const scalar b = 0;
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
-        }
-#pragma unroll 1
-        for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
-            __syncthreads();  // the last step's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
-                const unsigned flat = opaque_index(e);
-                const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
-                constexpr bool tap_ok = true;
-                const unsigned kappa = tap;
-                const scalar w = tap_ok && mq < MB && mm < M && c < SRC_C
-                                     ? load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa) : scalar(0);
-                rare = rare || !isfinite(w);
-                ws[e] = w;
-            }
-            // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
-            // at constant distances from the cell's first).
-            const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
-            keep_in_register(step_values);
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = opaque_index(e);
-                const pos_t h3 = (pos_t)(rest % nonzero(H3));
-                rest /= nonzero(H3);
-                const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                rest /= nonzero(H2);
-                const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                rest /= nonzero(H1);
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < OUT0;
-                offset = offset * OUT0 + (unsigned)j0;
-                const pos_t j1 = first1 + h1;
-                inside = inside && j1 >= 0 && j1 < OUT1;
-                offset = offset * OUT1 + (unsigned)j1;
-                const pos_t j2 = first2 + h2;
-                inside = inside && j2 >= 0 && j2 < OUT2;
-                offset = offset * OUT2 + (unsigned)j2;
-                const pos_t j3 = first3 + h3;
-                inside = inside && j3 >= 0 && j3 < OUT3;
-                offset = offset * OUT3 + (unsigned)j3;
-                const real* __restrict__ cell = step_values + offset;
-                keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
-#pragma unroll
-                for (unsigned c = 0; c < CB; ++c) {
-                    const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
-                    halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    unsigned cell = 0;
+                    cell += (unsigned)(b0 * HS0) * STRIDE0;
+                    cell += (unsigned)(b1 * HS1) * STRIDE1;
+                    cell += (unsigned)(b2 * HS2) * STRIDE2;
+                    cell += (unsigned)(b3 * HS3) * STRIDE3;
+                    row_cell[r][h] = cell;
                 }
             }
-            // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
-            rare = __syncthreads_or(rare);
-            // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
-            // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+            float acc[R][NT][4];
+#pragma unroll
+            for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                for (unsigned u = 0; u < 2; ++u) {
+                    const unsigned m = m0 + 8 * j + 2 * t + u;
+                    const float b = 0.f;
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
+                }
+            }
 #pragma unroll 1
-            for (unsigned c = 0; c < CB; ++c) {
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    constexpr bool tap_ok = true;
+                    const unsigned kappa = tap;
+                    float w = 0.f;
+                    if (tap_ok && m < M && c < SRC_C) {
+                        w = (float)load_element(w_values + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
+                    }
+                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                }
+                const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < OUT1;
+                    offset = offset * OUT1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < OUT2;
+                    offset = offset * OUT2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < OUT3;
+                    offset = offset * OUT3 + (unsigned)j3;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);
+#pragma unroll
+                    for (unsigned q = 0; q < CB; q += 4) {
+                        unsigned quad[4];
+#pragma unroll
+                        for (unsigned c = 0; c < 4; ++c) {
+                            const bool load = inside && (SRC_C % CB == 0 || c0 + q + c < SRC_C);
+                            quad[c] = staged_tf32(load ? (float)load_element(cell + (size_t)(q + c) * OUT_SIZE) : 0.f,
+                                                  rare);
+                        }
+                        *reinterpret_cast<uint4*>(halo + e * CP + q) = make_uint4(quad[0], quad[1], quad[2], quad[3]);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
                 if (!rare) {
 #pragma unroll 1
-                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
-                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
-                        const unsigned tap0 = (unsigned)k0;
+                    for (unsigned s = 0; s < CB; s += 8) {
+                        const unsigned* const step_weights = ws + g * CP + s + 2 * t;
+                        const unsigned* const step_halo = halo + s + 2 * t;
+                        // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
 #pragma unroll 1
-                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
-                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
-                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T3; ++outer_tap) {
+                            [[maybe_unused]] unsigned rest = outer_tap;
+                            unsigned line = 0;  // the halo cells from a row's first offset to this one
+                            line += rest % T2 * (unsigned)HD2 * STRIDE2;
+                            rest /= T2;
+                            line += rest % T1 * (unsigned)HD1 * STRIDE1;
+                            rest /= T1;
+                            line += rest % T0 * (unsigned)HD0 * STRIDE0;
+                            rest /= T0;
+                            const unsigned* const tap_weights = step_weights + outer_tap * T3 * MB * CP;
 #pragma unroll
-                            for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
-                                const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
-                                const unsigned tap2 = tap1 * T2 + (unsigned)k2;
-                                const scalar* line = halo + c * HALO + line2;
-                                const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
-                                direct_row<V, MB, MQ, T3, HS3, HD3>(line, w_line, acc);
+                            for (unsigned kl = 0; kl < T3; ++kl) {
+                                direct_mma_offset<R, NT, CP>(tap_weights + kl * MB * CP,
+                                                             step_halo + (line + kl * (unsigned)HD3) * CP, row_cell,
+                                                             acc);
                             }
                         }
                     }
                 } else {
+#pragma unroll
+                    for (unsigned r = 0; r < R; ++r) {
+#pragma unroll
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                            rest /= nonzero(BOX3);
+                            const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                            rest /= nonzero(BOX2);
+                            const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                            rest /= nonzero(BOX1);
+                            const pos_t b0 = (pos_t)rest;
 #pragma unroll 1
-                    for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
-                        const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
-                        const unsigned tap0 = (unsigned)k0;
-#pragma unroll 1
-                        for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
-                            const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
-                            const unsigned tap1 = tap0 * T1 + (unsigned)k1;
-#pragma unroll 1
-                            for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
-                                const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
-                                const unsigned tap2 = tap1 * T2 + (unsigned)k2;
-                                const scalar* line = halo + c * HALO + line2;
-                                const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
-                                bool inside = true;  // the row's outer coordinates lie in the source
-                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
-                                inside = inside && j0 >= 0 && j0 < OUT0;
-                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
-                                inside = inside && j1 >= 0 && j1 < OUT1;
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                                unsigned kr = tap, shift = 0;
+                                bool inside = true;
+                                const pos_t k3 = (pos_t)(kr % T3);
+                                kr /= T3;
+                                const pos_t j3 = first3 + b3 * HS3 + k3 * HD3;
+                                inside = inside && k3 < taps3 && j3 >= 0 && j3 < OUT3;
+                                shift += (unsigned)(k3 * HD3) * STRIDE3;
+                                const pos_t k2 = (pos_t)(kr % T2);
+                                kr /= T2;
                                 const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
-                                inside = inside && j2 >= 0 && j2 < OUT2;
-                                if (inside) {
-                                    direct_row_inside<V, MB, MQ, HS3, HD3>(
-                                        line, w_line, (unsigned)taps3, first3 + b3 * HS3, OUT3, acc);
+                                inside = inside && k2 < taps2 && j2 >= 0 && j2 < OUT2;
+                                shift += (unsigned)(k2 * HD2) * STRIDE2;
+                                const pos_t k1 = (pos_t)(kr % T1);
+                                kr /= T1;
+                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
+                                inside = inside && k1 < taps1 && j1 >= 0 && j1 < OUT1;
+                                shift += (unsigned)(k1 * HD1) * STRIDE1;
+                                const pos_t k0 = (pos_t)(kr % T0);
+                                kr /= T0;
+                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < OUT0;
+                                shift += (unsigned)(k0 * HD0) * STRIDE0;
+                                if (!inside) continue;
+                                const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
+#pragma unroll 1
+                                for (unsigned cl = 0; cl < CB; ++cl) {
+                                    const float x = __uint_as_float(halo[(row_cell[r][h] + shift) * CP + cl]);
+#pragma unroll
+                                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                                        for (unsigned u = 0; u < 2; ++u) {
+                                            const float w = __uint_as_float(tap_weights[(8 * j + u) * CP + cl]);
+                                            acc[r][j][2 * h + u] = fmaf(w, x, acc[r][j][2 * h + u]);
+                                        }
+                                    }
                                 }
                             }
                         }
                     }
                 }
             }
-        }
-        // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
-        const bool row_inside = o0 < IN0 && o1 < IN1 && o2 < IN2;
-        unsigned row_offset = 0;
-        row_offset = row_offset * IN0 + (unsigned)(o0);
-        row_offset = row_offset * IN1 + (unsigned)(o1);
-        row_offset = row_offset * IN2 + (unsigned)(o2);
-        constexpr unsigned CELL_STEP = 1;
-        const pos_t d_first = o3;
-        real* __restrict__ out = dest + (((size_t)image * GROUPS + group) * M + m0) * IN_SIZE
-                                 + (size_t)row_offset * IN3 + (unsigned)d_first;
 #pragma unroll
-        for (unsigned i = 0; i < MB; ++i) {
+            for (unsigned r = 0; r < R; ++r) {
 #pragma unroll
-            for (unsigned v = 0; v < V; ++v) {
-                if (row_inside && m0 + i < M && o3 + (pos_t)v < (pos_t)E3
-                    && d_first + (pos_t)(v * CELL_STEP) < IN3) {
-                    out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                for (unsigned h = 0; h < 2; ++h) {
+                    const unsigned q = (warp * R + r) * 16 + g + 8 * h;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = q < BOX_CELLS;
+                    unsigned cell = 0;
+                    const pos_t o0 = t0 * (pos_t)BOX0 + b0;
+                    const pos_t d0 = o0;
+                    inside = inside && o0 < (pos_t)E0;
+                    cell = cell * IN0 + (unsigned)d0;
+                    const pos_t o1 = t1 * (pos_t)BOX1 + b1;
+                    const pos_t d1 = o1;
+                    inside = inside && o1 < (pos_t)E1;
+                    cell = cell * IN1 + (unsigned)d1;
+                    const pos_t o2 = t2 * (pos_t)BOX2 + b2;
+                    const pos_t d2 = o2;
+                    inside = inside && o2 < (pos_t)E2;
+                    cell = cell * IN2 + (unsigned)d2;
+                    const pos_t o3 = t3 * (pos_t)BOX3 + b3;
+                    const pos_t d3 = o3;
+                    inside = inside && o3 < (pos_t)E3;
+                    cell = cell * IN3 + (unsigned)d3;
+#pragma unroll
+                    for (unsigned j = 0; j < NT; ++j) {
+#pragma unroll
+                        for (unsigned u = 0; u < 2; ++u) {
+                            const unsigned m = m0 + 8 * j + 2 * t + u;
+                            if (inside && m < M) {
+                                dst_values[(size_t)m * IN_SIZE + cell] = narrowed(acc[r][j][2 * h + u]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            static_assert(MMA || BOX3 % V == 0, "a thread's cells lie in one box");
+            constexpr unsigned LINE = MMA ? 1 : BOX3 / V;  // threads along the last axis
+            constexpr unsigned THREADS = LINE * BOX0 * BOX1 * BOX2;
+            scalar* const ws = staged;
+            scalar* const halo = ws + WEIGHTS;
+            // This thread: lane along the last axis (V cells each), then the outer axes of the box.
+            const unsigned tid = threadIdx.x;
+            [[maybe_unused]] unsigned thread_rest = tid / LINE;
+            const pos_t b2 = (pos_t)(thread_rest % BOX2);
+            thread_rest /= BOX2;
+            const pos_t b1 = (pos_t)(thread_rest % BOX1);
+            thread_rest /= BOX1;
+            const pos_t b0 = (pos_t)thread_rest;
+            const pos_t b3 = (pos_t)(tid % LINE * V);
+            unsigned thread_offset = 0;  // of the thread's first window in the halo
+            const pos_t o0 = t0 * (pos_t)BOX0 + b0;  // its first cell
+            thread_offset += (unsigned)(b0 * HS0) * STRIDE0;
+            const pos_t o1 = t1 * (pos_t)BOX1 + b1;  // its first cell
+            thread_offset += (unsigned)(b1 * HS1) * STRIDE1;
+            const pos_t o2 = t2 * (pos_t)BOX2 + b2;  // its first cell
+            thread_offset += (unsigned)(b2 * HS2) * STRIDE2;
+            const pos_t o3 = t3 * (pos_t)BOX3 + b3;  // its first cell
+            thread_offset += (unsigned)(b3 * HS3) * STRIDE3;
+
+            scalar acc[MB][V];
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+                const scalar b = 0;
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) acc[i][v] = b;
+            }
+    #pragma unroll 1
+            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+                __syncthreads();  // the last step's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
+                    const unsigned flat = opaque_index(e);
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    constexpr bool tap_ok = true;
+                    const unsigned kappa = tap;
+                    scalar w = 0;
+                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa);
+                    }
+                    rare = rare || !isfinite(w);
+                    ws[e] = w;
+                }
+                // Cell by cell, a cell's position worked out once for the step's CB channels (their loads independent,
+                // at constant distances from the cell's first).
+                const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
+                keep_in_register(step_values);
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < OUT1;
+                    offset = offset * OUT1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < OUT2;
+                    offset = offset * OUT2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < OUT3;
+                    offset = offset * OUT3 + (unsigned)j3;
+                    const real* __restrict__ cell = step_values + offset;
+                    keep_in_register(cell);  // the CB loads at immediate offsets from one address, not one address each
+    #pragma unroll
+                    for (unsigned c = 0; c < CB; ++c) {
+                        const bool load = inside && (SRC_C % CB == 0 || c0 + c < SRC_C);
+                        halo[c * HALO + e] = load ? load_element(cell + (size_t)c * OUT_SIZE) : scalar(0);
+                    }
+                }
+                // Block-uniform: a staged weight is an inf or NaN, so padded cells must be skipped, not multiplied.
+                rare = __syncthreads_or(rare);
+                // Block-uniform, so tested once a channel rather than once a row: a branch in the unrolled rows cost
+                // about 30% more instructions than the rows' multiply-adds (SASS of the conv4d 8->8 forward).
+    #pragma unroll 1
+                for (unsigned c = 0; c < CB; ++c) {
+                    if (!rare) {
+    #pragma unroll 1
+                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                            const unsigned tap0 = (unsigned)k0;
+    #pragma unroll 1
+                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+    #pragma unroll
+                                for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
+                                    const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
+                                    const unsigned tap2 = tap1 * T2 + (unsigned)k2;
+                                    const scalar* line = halo + c * HALO + line2;
+                                    const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
+                                    direct_row<V, MB, MQ, T3, HS3, HD3>(line, w_line, acc);
+                                }
+                            }
+                        }
+                    } else {
+    #pragma unroll 1
+                        for (pos_t k0 = 0; k0 < (pos_t)T0; ++k0) {
+                            const unsigned line0 = thread_offset + (unsigned)(k0 * HD0) * STRIDE0;
+                            const unsigned tap0 = (unsigned)k0;
+    #pragma unroll 1
+                            for (pos_t k1 = 0; k1 < (pos_t)T1; ++k1) {
+                                const unsigned line1 = line0 + (unsigned)(k1 * HD1) * STRIDE1;
+                                const unsigned tap1 = tap0 * T1 + (unsigned)k1;
+    #pragma unroll 1
+                                for (pos_t k2 = 0; k2 < (pos_t)T2; ++k2) {
+                                    const unsigned line2 = line1 + (unsigned)(k2 * HD2) * STRIDE2;
+                                    const unsigned tap2 = tap1 * T2 + (unsigned)k2;
+                                    const scalar* line = halo + c * HALO + line2;
+                                    const scalar* w_line = ws + (c * T_SIZE + tap2 * T3) * MQ;
+                                    bool inside = true;  // the row's outer cells are in the source
+                                    const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
+                                    inside = inside && j0 >= 0 && j0 < OUT0;
+                                    const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
+                                    inside = inside && j1 >= 0 && j1 < OUT1;
+                                    const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
+                                    inside = inside && j2 >= 0 && j2 < OUT2;
+                                    if (inside) {
+                                        direct_row_inside<V, MB, MQ, HS3, HD3>(
+                                            line, w_line, (unsigned)taps3, first3 + b3 * HS3,
+                                            OUT3, acc);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // V consecutive cells of each dst channel: the lanes of a line write one run (adjacent).
+            const bool row_inside = o0 < IN0 && o1 < IN1 && o2 < IN2;
+            unsigned row_offset = 0;
+            row_offset = row_offset * IN0 + (unsigned)(o0);
+            row_offset = row_offset * IN1 + (unsigned)(o1);
+            row_offset = row_offset * IN2 + (unsigned)(o2);
+            constexpr unsigned CELL_STEP = 1;
+            const pos_t d_first = o3;
+            real* __restrict__ out = dst_values + (size_t)m0 * IN_SIZE + (size_t)row_offset * IN3 + (unsigned)d_first;
+    #pragma unroll
+            for (unsigned i = 0; i < MB; ++i) {
+    #pragma unroll
+                for (unsigned v = 0; v < V; ++v) {
+                    if (row_inside && m0 + i < M && o3 + (pos_t)v < (pos_t)E3
+                        && d_first + (pos_t)(v * CELL_STEP) < IN3) {
+                        out[(size_t)i * IN_SIZE + v * CELL_STEP] = narrowed(acc[i][v]);
+                    }
                 }
             }
         }

@@ -52,3 +52,43 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
         }
     }
 }
+
+// The tensor-core direct kernels (_direct_mma.cu.j2) keep a staged cell's CB channels together, as a weight row's,
+// in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
+__host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
+__host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+
+// An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
+// is with `rare` set (an inf, a NaN or a value TF32 would round past its largest), which sends the step down the
+// careful path.
+__device__ __forceinline__ unsigned staged_tf32(float x, bool& rare)
+{
+    const unsigned bits = __float_as_uint(x);
+    const bool exact = (bits & 0x7fffffffu) < 0x7f7ff000u;
+    rare = rare || !exact;
+    return exact ? to_tf32(x) : bits;
+}
+
+// One window offset of a tensor-core direct kernel's step (8 staged channels): the warp's R tiles of 16 cells times
+// its NT tiles of 8 dst channels, one mma each. `weights` points at the thread's word of the offset's first weight row
+// (row g, word 2t; the n tile j's row 8j rows further), `halo` at its word of the halo cell the offset shifts cell 0
+// to, `cells` the halo cells of its rows (g and g + 8 of each tile) at the window's first offset.
+template <unsigned R, unsigned NT, unsigned CP>
+__device__ __forceinline__ void direct_mma_offset(const unsigned* weights, const unsigned* halo,
+                                                  const unsigned (&cells)[R][2], float (&acc)[R][NT][4])
+{
+    unsigned b[NT][2];
+#pragma unroll
+    for (unsigned j = 0; j < NT; ++j) {
+        const uint2 pair = *reinterpret_cast<const uint2*>(weights + 8 * j * CP);
+        b[j][0] = pair.x, b[j][1] = pair.y;
+    }
+#pragma unroll
+    for (unsigned r = 0; r < R; ++r) {
+        const uint2 low = *reinterpret_cast<const uint2*>(halo + cells[r][0] * CP);
+        const uint2 high = *reinterpret_cast<const uint2*>(halo + cells[r][1] * CP);
+        const unsigned a[4] = {low.x, high.x, low.y, high.y};
+#pragma unroll
+        for (unsigned j = 0; j < NT; ++j) mma_tf32(acc[r][j][0], acc[r][j][1], acc[r][j][2], acc[r][j][3], a, b[j]);
+    }
+}

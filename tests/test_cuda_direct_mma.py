@@ -1,0 +1,98 @@
+"""The direct kernels on TF32 tensor cores (a conv-shaped stage's DIRECT_MMA) on the GPU (`pytest -m cuda`): forward
+and input gradient (one of the direct form, one gathered per stride phase) at every rank 1..8, both families, with
+stride, padding, dilation, groups and batches, within TF32's bound of the float64 CPU tape and bit-identical run
+after run; an inf or NaN takes the careful path, in both forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference
+from convgen.cuda_launch import H200, plan
+from convgen.direct_model import direct_shapes, direct_shared_bytes
+from convgen.geometry import Family, Geometry
+from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
+from forced_tiles import mma_direct
+from precision_bounds import FLOAT32_UNIT, TF32_BOUND
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
+
+import convgen.cpu  # noqa: E402  (after the skip)
+
+STAGES = ("forward", "backward_input")
+
+
+def mma_tape(cells: int, tiles: int) -> type:
+    """A poisoning "medium" tape whose conv-shaped stages run the direct kernel on the tensor cores."""
+    backend = type("MmaDirectBackend", (PoisonBackend,), {"direct_chooser": staticmethod(mma_direct(cells, tiles))})
+    tape = type("MmaDirectTape", (PoisonTape,), {"backend_class": backend})
+    return lambda: tape(precision="medium")
+
+
+def mma_geometry(family: Family, rank: int) -> Geometry:
+    """Up to rank 4 windows of 3, padding and a dilation on the first axis; past it windows of 2 (the staged window of
+    the weights fits shared memory at rank 8); stride 2 on the last axis, 2 groups of 3 and 8 channels, 2 images."""
+    kernel = (3,) * rank if rank <= 4 else (2,) * rank
+    stride = tuple(2 if a == rank - 1 and rank > 1 else 1 for a in range(rank))
+    padding = tuple(1 if k == 3 else 0 for k in kernel)
+    dilation = tuple(2 if a == 0 and 1 < rank <= 4 else 1 for a in range(rank))
+    in_spatial = tuple(7 + a % 3 if rank <= 2 else 5 + a % 2 if rank <= 4 else 3 for a in range(rank))
+    return G(family, 6, 16, in_spatial, kernel, stride, padding, batch=2, dilation=dilation, groups=2)
+
+
+def errors(tape_class, geom: Geometry, inputs, grad) -> list[float]:
+    """The relative error of the output and each gradient against the float64 CPU tape; the run twice, bit for bit."""
+    first, second = run(tape_class(), geom, inputs, grad, repeat=2), run(tape_class(), geom, inputs, grad)
+    for a, b in zip([first[0], *first[1]], [second[0], *second[1]], strict=True):
+        assert np.array_equal(a, b, equal_nan=True), f"{geom}: two runs differ"
+    wide = [a.astype(np.float64) for a in inputs]
+    ref = run(convgen.cpu.Tape(dtype="float64"), geom, wide, grad.astype(np.float64))
+    ref_abs = run(convgen.cpu.Tape(dtype="float64"), geom, [np.abs(a) for a in wide], np.abs(grad).astype(np.float64))
+    out = []
+    for g, r, a in zip([first[0], *first[1]], [ref[0], *ref[1]], [ref_abs[0], *ref_abs[1]], strict=True):
+        out.append(float(np.linalg.norm(np.asarray(g, np.float64) - r) / np.linalg.norm(a)))
+    return out
+
+
+@pytest.mark.parametrize("cells, tiles", [(32, 1), (64, 4)], ids=["one-tile-warps", "four-tile-warps"])
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
+def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank: int, cells: int, tiles: int) -> None:
+    geom = mma_geometry(family, rank)
+    chooser = mma_direct(cells, tiles)
+    made = plan(geom, precision="medium", direct_chooser=chooser)
+    shapes = direct_shapes(geom, 4, 1)
+    for stage in STAGES:
+        assert made.launches[stage].kernel == f"{stage}_direct" and made.defines[f"{made_prefix(stage)}_DIRECT_MMA"]
+        assert direct_shared_bytes(chooser(shapes[stage], H200), shapes[stage]) <= H200.shared_optin_per_block
+    rng = reference.case_rng("cuda direct mma", family.value, rank, cells)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    output, dkernel, dbias, dinput = errors(mma_tape(cells, tiles), geom, inputs, grad)
+    for name, error in (("output", output), ("dkernel", dkernel), ("dbias", dbias), ("dinput", dinput)):
+        assert error <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {error:.3g}"
+    assert min(output, dinput) > 4 * FLOAT32_UNIT, f"{geom}: float32's error: no tensor core ran"
+
+
+def made_prefix(stage: str) -> str:
+    return {"forward": "FWD", "backward_input": "BWI"}[stage]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_non_finite_values_take_the_careful_path(stride: int) -> None:
+    """0 * inf must not reach a sum, and TF32 rounding must not make a finite value inf: a step that stages an inf, a
+    NaN or a value near float32's largest adds its products with FMAs, padded cells skipped (SEMANTICS §3), so
+    exactly the output and input gradient cells the CPU tape makes non-finite are, with the same signs."""
+    geom = G(Family.CONV, 10, 16, (7, 9), (3, 3), (1, stride), (1, 1), batch=2)
+    rng = reference.case_rng("cuda direct mma non-finite", stride)
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    weight[1, 2, 0, 0], weight[3, 9, 2, 1] = np.inf, np.nan
+    x[1, 4, 3, 3], x[0, 2, 0, 5] = -np.inf, np.float32(3.4e38)
+    grad = reference.draw_grad(rng, geom)
+    got = run(mma_tape(64, 2)(), geom, [weight, bias, x], grad)
+    ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], grad)
+    for got_value, ref_value in ((got[0], ref[0]), (got[1][2], ref[1][2])):
+        np.testing.assert_array_equal(np.isnan(got_value), np.isnan(ref_value))
+        np.testing.assert_array_equal(np.isinf(got_value) * np.sign(got_value), np.isinf(ref_value) * np.sign(ref_value))
+        assert not np.isfinite(ref_value).all() and np.isfinite(ref_value).any()
+        finite = np.isfinite(ref_value)
+        np.testing.assert_allclose(got_value[finite], ref_value[finite], rtol=1e-2, atol=1e-2)

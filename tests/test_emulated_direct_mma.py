@@ -1,0 +1,67 @@
+"""The direct kernels on TF32 tensor cores (a conv-shaped stage's DIRECT_MMA, templates/cuda/_direct_mma.cu.j2) run
+on the CPU emulator against the float64 CPU tape with the TF32 bound, and their careful path against the CPU tape's
+non-finite cells. `pytest -m cuda` runs the same kernels on a GPU (tests/test_cuda_direct.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import reference
+from convgen.cpu import Tape as CpuTape
+from convgen.cuda_launch import plan
+from convgen.geometry import Family, Geometry
+from forced_tiles import mma_direct
+from precision_bounds import FLOAT32_UNIT, TF32_BOUND
+from test_emulated_kernels import assert_same_non_finite, emulated_tape, relative_errors
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
+
+CONV_STAGES = ("forward", "backward_input")
+# Ranks 1-4; source channels that are not whole steps of 8 (10, 12: a part step), dst channels that are not whole
+# tiles of 8 (6, 10) and two tiles (16); stride phases (the gather form), dilation, groups, a batch; a transpose with
+# output padding; boxes that do not divide the cells.
+MMA_DIRECT_GEOMETRIES = [
+    Geometry.build(Family.CONV, 10, 16, (9, 10), (3, 3), (1, 1), (1, 1), batch=2),
+    Geometry.build(Family.CONV, 12, 6, (23,), (5,), (2,), (2,), dilation=(2,), batch=2),
+    Geometry.build(Family.CONV, 8, 10, (5, 6, 4), (3, 2, 3), (1, 2, 1), (1, 0, 1), groups=2, batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (6, 7), (3, 3), (2, 1), (1, 0), output_padding=(1, 0), batch=2),
+    Geometry.build(Family.CONV, 8, 8, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
+]
+
+
+@pytest.mark.parametrize("cells, tiles", [(64, 2), (160, 4)], ids=["one-tile-warps", "four-tile-warps"])
+@pytest.mark.parametrize("geom", MMA_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}")
+def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(geom: Geometry, cells: int, tiles: int) -> None:
+    """Forward and input gradient on the tensor cores within TF32's bound of the float64 reference, and not float32's
+    error (the tensor cores ran); the weight gradient stays the FMA direct kernel's."""
+    chooser = mma_direct(cells, tiles)
+    defines = plan(geom, precision="medium", direct_chooser=chooser).defines
+    assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == 1
+    rng = reference.case_rng("emulated direct mma", geom, cells)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=chooser), inputs, grad)
+    for name, error in zip(("output", "dkernel", "dbias", "dinput"), errors, strict=True):
+        assert error <= TF32_BOUND, f"{name}: TF32 relative error {error:.3g}"
+        if name in ("output", "dinput"):
+            assert error > 4 * FLOAT32_UNIT, f"{name}: error {error:.3g} is float32's: no tensor core ran"
+
+
+def test_non_finite_values_take_the_careful_path() -> None:
+    """An inf and a NaN in the weight, an inf in the input and a value TF32 rounding would overflow: the steps that
+    stage them add their products with FMAs, padding skipped, so exactly the cells the CPU tape makes non-finite are,
+    with the same signs, and the rest keeps TF32's accuracy."""
+    geom = MMA_DIRECT_GEOMETRIES[0]
+    chooser = mma_direct(64, 2)
+    rng = reference.case_rng("emulated direct mma non-finite")
+    weight, bias, x = reference.draw_inputs(rng, geom)
+    grad = reference.draw_grad(rng, geom)
+    weight[1, 3, 0, 0], weight[4, 9, 2, 1] = np.inf, np.nan
+    x[1, 2, 4, 4] = -np.inf
+    x[0, 9, 0, 9] = np.float32(3.4e38)
+    tape = emulated_tape("float32", precision="medium", direct_chooser=chooser)
+    got_output, got_grads = reference.run_on_tape(tape, geom, [weight, bias, x], grad)
+    ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
+    for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
+        assert_same_non_finite(np.asarray(got), ref, 1e-2)
