@@ -88,6 +88,16 @@ MMA_DIRECT_TILES = 4
 MMA_DIRECT_CB = 8
 MMA_DIRECT_BOX_CELLS = (512, 256, 128, 64)
 MMA_DIRECT_BLOCKS_PER_SM = 2
+# The plans take it in "medium" for 8 to 16 dst and source channels and windows of 9 offsets or more,
+# where it was measured faster than both the FMA direct kernel and the TF32 GEMM (H100, direct_sweep.py --precision
+# medium, forward µs / whole backward µs, mma against the plans' pick before): conv4d N4 16->16 20⁴ 466 / 1886 against
+# 874 / 2181, N2 16->16 8x32³ 433 / 1718 against 764 / 1851, conv4d N8 8->8 16⁴ 98 / 345 against 153 / 384 (the FMA
+# direct kernel), conv3d N16 16->16 16³ 37 / 69 against 44 / 87, conv2d N32 16->16 56² 30 / 84 against 34 / 85.
+# With one source channel (1->16: forward 186 against 157) or one dst channel (16->1: backward 595 against 308) it
+# lost; more channels, 1-D windows and k5 4-D windows (whose weights a step do not fit) were not measured.
+MMA_PLAN_MIN_CHANNELS = 8
+MMA_PLAN_MAX_CHANNELS = 16
+MMA_PLAN_MIN_WINDOW = 9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,7 +326,13 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     of at most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
     of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets with DIRECT_FEW_DST_MIN_CELLS_PER_SM
     dst cells an SM; of a weight-gradient stage of at most DIRECT_MAX_M D channels, DIRECT_WEIGHT_MAX_SOURCE_C U
-    channels and DIRECT_WEIGHT_MIN_WINDOW offsets; else None (the GEMM)."""
+    channels and DIRECT_WEIGHT_MIN_WINDOW offsets; on TF32 tensor cores (`shape.mma`), the mma tile of a stage of
+    MMA_PLAN_MIN_CHANNELS to MMA_PLAN_MAX_CHANNELS dst and source channels and a window of at least
+    MMA_PLAN_MIN_WINDOW offsets; else None (the GEMM)."""
+    if shape.mma and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
+            and max(shape.m, shape.source_c) <= MMA_PLAN_MAX_CHANNELS and shape.window >= MMA_PLAN_MIN_WINDOW \
+            and (mma := mma_tile(shape, hardware)):
+        return mma
     tile = direct_tile(shape, hardware)
     if tile is None:
         return None

@@ -96,3 +96,22 @@ def test_non_finite_values_take_the_careful_path(stride: int) -> None:
         assert not np.isfinite(ref_value).all() and np.isfinite(ref_value).any()
         finite = np.isfinite(ref_value)
         np.testing.assert_allclose(got_value[finite], ref_value[finite], rtol=1e-2, atol=1e-2)
+
+
+def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> None:
+    """The plans' own tile (4 tiles a warp, the box of up to 512 cells): an 8 -> 8 and a 16 -> 12 conv, "medium" within
+    TF32's bound with both conv-shaped stages on the tensor cores; in "high" the 8 -> 8 conv keeps the FMA direct
+    kernels and "highest"'s bits."""
+    for geom, fma_in_high in ((G(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2), True),
+                              (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False)):
+        made = plan(geom, precision="medium")
+        assert all(made.launches[stage].kernel == f"{stage}_direct" for stage in STAGES)
+        assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
+        rng = reference.case_rng("cuda planned direct mma", geom.out_c)
+        inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+        medium = errors(lambda: PoisonTape(precision="medium"), geom, inputs, grad)
+        assert max(medium) <= TF32_BOUND and min(medium[0], medium[3]) > 4 * FLOAT32_UNIT, medium
+        if fma_in_high:
+            high, highest = run(PoisonTape(precision="high"), geom, inputs, grad), run(PoisonTape(), geom, inputs, grad)
+            for a, b in zip([high[0], *high[1]], [highest[0], *highest[1]], strict=True):
+                np.testing.assert_array_equal(a, b)
