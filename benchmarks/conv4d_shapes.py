@@ -129,7 +129,8 @@ def stage_kernel(defines: dict[str, int], stage: str) -> str:
         if stage == "backward_weight":
             return f"direct V{defines[f'{p}_DIRECT_V']} blocks {defines[f'{p}_DIRECT_CHANNEL_BLOCKS']}x" \
                    f"{defines[f'{p}_SPLIT']}"
-        return f"direct V{defines[f'{p}_DIRECT_V']} CB{defines[f'{p}_DIRECT_CB']}"
+        form = "direct mma" if defines[f"{p}_DIRECT_MMA"] else "direct"
+        return f"{form} V{defines[f'{p}_DIRECT_V']} CB{defines[f'{p}_DIRECT_CB']}"
     if defines.get(f"{p}_WGMMA"):
         return f"wgmma N{defines[f'{p}_WG_N']} split {defines[f'{p}_SPLIT']}"
     kind = "mma" if defines[f"{p}_MMA"] else "fma"

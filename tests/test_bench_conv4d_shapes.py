@@ -43,6 +43,8 @@ def test_the_stage_column_names_each_plans_kernel() -> None:
     wide = plan(Geometry.build(Family.CONV, 32, 32, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8),
                 precision="medium").defines
     assert conv4d_shapes.stage_kernel(wide, "forward") == "wgmma N32 split 1"
+    tf32 = plan(geom, precision="medium").defines  # 16 channels: the direct kernel's tensor cores
+    assert conv4d_shapes.stage_kernel(tf32, "forward") == "direct mma V4 CB8"
 
 
 def test_list_prints_every_shape() -> None:
