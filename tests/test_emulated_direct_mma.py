@@ -11,6 +11,7 @@ import pytest
 import reference
 from convgen.cpu import Tape as CpuTape
 from convgen.cuda_launch import plan
+from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
 from forced_tiles import mma_direct
 from precision_bounds import FLOAT32_UNIT, TF32_BOUND
@@ -20,19 +21,21 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA em
 
 CONV_STAGES = ("forward", "backward_input")
 # Ranks 1-4; source channels that are not whole steps of 8 (10, 12: a part step), dst channels that are not whole
-# tiles of 8 (6, 10) and two tiles (16); stride phases (the gather form), dilation, groups, a batch; a transpose with
-# output padding; boxes that do not divide the cells.
+# tiles of 8 (6, 10) and two tiles (16); stride phases (the gather form), among them phases no window offset reaches
+# (gcd(S, D) = 2: their cells get the bias alone), dilation, groups, a batch; a transpose with output padding; boxes
+# that do not divide the cells.
 MMA_DIRECT_GEOMETRIES = [
     Geometry.build(Family.CONV, 10, 16, (9, 10), (3, 3), (1, 1), (1, 1), batch=2),
     Geometry.build(Family.CONV, 12, 6, (23,), (5,), (2,), (2,), dilation=(2,), batch=2),
     Geometry.build(Family.CONV, 8, 10, (5, 6, 4), (3, 2, 3), (1, 2, 1), (1, 0, 1), groups=2, batch=2),
     Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (6, 7), (3, 3), (2, 1), (1, 0), output_padding=(1, 0), batch=2),
     Geometry.build(Family.CONV, 8, 8, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
+    Geometry.build(Family.CONV, 8, 9, (11, 9), (3, 3), (2, 2), (1, 1), dilation=(2, 2), batch=2),
 ]
 
 
 @pytest.mark.parametrize("cells, tiles", [(64, 2), (160, 4)], ids=["one-tile-warps", "four-tile-warps"])
-@pytest.mark.parametrize("geom", MMA_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}")
+@pytest.mark.parametrize("geom", MMA_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
 def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(geom: Geometry, cells: int, tiles: int) -> None:
     """Forward and input gradient on the tensor cores within TF32's bound of the float64 reference, and not float32's
     error (the tensor cores ran); the weight gradient stays the FMA direct kernel's."""
@@ -65,3 +68,22 @@ def test_non_finite_values_take_the_careful_path() -> None:
     ref_output, ref_grads = reference.run_on_tape(CpuTape(), geom, [weight, bias, x], grad)
     for got, ref in zip([got_output, *got_grads], [ref_output, *ref_grads], strict=True):
         assert_same_non_finite(np.asarray(got), ref, 1e-2)
+
+
+def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> None:
+    """The plans' own tile (4 tiles a warp, the box of up to 512 cells) for an 8 -> 8 conv: both conv-shaped stages on
+    the tensor cores within TF32's bound in "medium"; "high" keeps the FMA direct kernels and "highest"'s bits."""
+    geom = Geometry.build(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2)
+    made = plan(geom, precision="medium")
+    assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
+    assert made.defines["FWD_DIRECT_V"] == 4 and made.launches["forward"].block == 32 * 5  # 320 cells, 20 tiles
+    rng = reference.case_rng("emulated planned direct mma")
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=choose_direct),
+                             inputs, grad)
+    assert max(errors) <= TF32_BOUND and min(errors[0], errors[3]) > 4 * FLOAT32_UNIT, errors
+    high = reference.run_on_tape(emulated_tape("float32", precision="high", direct_chooser=choose_direct), geom,
+                                 inputs, grad)
+    highest = reference.run_on_tape(emulated_tape("float32", direct_chooser=choose_direct), geom, inputs, grad)
+    for a, b in zip([high[0], *high[1]], [highest[0], *highest[1]], strict=True):
+        np.testing.assert_array_equal(a, b)
