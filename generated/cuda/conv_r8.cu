@@ -1027,7 +1027,8 @@ __device__ __forceinline__ void split_sum(unsigned block_index, const scalar* __
 }
 
 // Building blocks of the small-channel direct kernels (templates/cuda/_direct_conv.cu.j2), inlined into each
-// conv source by `convgen build`. Needs `scalar` (common.cuh) and load4, fused_multiply_add (gemm_tile.cuh).
+// conv source by `convgen build`. Needs `scalar` (common.cuh), load4, fused_multiply_add (gemm_tile.cuh),
+// rare_value (gemm.cuh) and mma.cuh.
 
 // `index` hidden from nvcc's range analysis: knowing a staging loop's flat index to be under 65536, nvcc works its
 // divisions by the box's extents out in 16-bit pieces, about twice the instructions of 32-bit ones (SASS of the
@@ -1087,14 +1088,13 @@ __host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 
 __host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
 
 // An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
-// is with `rare` set (an inf, a NaN or a value TF32 would round past its largest), which sends the step down the
-// careful path.
+// is with `rare` set (an inf, a NaN or a value TF32 would round past its largest: gemm.cuh's rare_value), which sends
+// the step down the careful path.
 __device__ __forceinline__ unsigned staged_tf32(float x, bool& rare)
 {
-    const unsigned bits = __float_as_uint(x);
-    const bool exact = (bits & 0x7fffffffu) < 0x7f7ff000u;
+    const bool exact = !rare_value<1>(x);
     rare = rare || !exact;
-    return exact ? to_tf32(x) : bits;
+    return exact ? to_tf32(x) : __float_as_uint(x);
 }
 
 // One window offset of a tensor-core direct kernel's step (8 staged channels): the warp's R tiles of 16 cells times
@@ -2298,12 +2298,12 @@ extern "C" __global__ void conv_r8_forward_direct(
                 bool rare = false;
                 for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
                     const unsigned flat = opaque_index(e);
-                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, m = m0 + mq;
                     constexpr bool tap_ok = true;
                     const unsigned kappa = tap;
                     scalar w = 0;
-                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
-                        w = load_element(w_values + ((size_t)mm * SRC_C + c) * K_SIZE + kappa);
+                    if (tap_ok && mq < MB && m < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
                     }
                     rare = rare || !isfinite(w);
                     ws[e] = w;
@@ -4689,7 +4689,7 @@ extern "C" __global__ void conv_r8_backward_input_direct(
                 bool rare = false;
                 for (unsigned e = tid; e < WEIGHTS; e += THREADS) {
                     const unsigned flat = opaque_index(e);
-                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, mm = m0 + mq;
+                    const unsigned mq = flat % MQ, tap = flat / MQ % T_SIZE, c = c0 + flat / MQ / T_SIZE, m = m0 + mq;
                     unsigned rest = tap;
                     const pos_t r7 = (pos_t)(rest % nonzero(T7));
                     rest /= nonzero(T7);
@@ -4725,8 +4725,8 @@ extern "C" __global__ void conv_r8_backward_input_direct(
                     tap_ok = tap_ok && r7 < R7;
                     kappa = kappa * K7 + (unsigned)(phi7 + SG7 * (R7 - 1 - r7));
                     scalar w = 0;
-                    if (tap_ok && mq < MB && mm < M && c < SRC_C) {
-                        w = load_element(w_values + ((size_t)c * M + mm) * K_SIZE + kappa);
+                    if (tap_ok && mq < MB && m < M && c < SRC_C) {
+                        w = load_element(w_values + ((size_t)c * M + m) * K_SIZE + kappa);
                     }
                     rare = rare || !isfinite(w);
                     ws[e] = w;
