@@ -130,7 +130,9 @@ def stage_kernel(defines: dict[str, int], stage: str) -> str:
             return f"direct V{defines[f'{p}_DIRECT_V']} blocks {defines[f'{p}_DIRECT_CHANNEL_BLOCKS']}x" \
                    f"{defines[f'{p}_SPLIT']}"
         form = "direct mma" if defines[f"{p}_DIRECT_MMA"] else "direct"
-        return f"{form} V{defines[f'{p}_DIRECT_V']} CB{defines[f'{p}_DIRECT_CB']}"
+        slices = defines[f"{p}_DIRECT_SLICES"]
+        sliced = f" slices {slices}" if slices > 1 else ""
+        return f"{form} V{defines[f'{p}_DIRECT_V']} CB{defines[f'{p}_DIRECT_CB']}{sliced}"
     if defines.get(f"{p}_WGMMA"):
         return f"wgmma N{defines[f'{p}_WG_N']} split {defines[f'{p}_SPLIT']}"
     kind = "mma" if defines[f"{p}_MMA"] else "fma"

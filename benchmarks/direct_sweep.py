@@ -35,6 +35,7 @@ from convgen.direct_model import (
     direct_shapes,
     direct_tile,
     mma_box,
+    mma_slices,
     mma_tile,
     weight_shape,
 )
@@ -72,12 +73,13 @@ def parse_tile(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def parse_mma_tile(text: str) -> tuple[int, int]:
-    """`TILES,CELLS` (argparse's type for --mma-tile)."""
+def parse_mma_tile(text: str) -> tuple[int, ...]:
+    """`TILES,CELLS` or `TILES,CELLS,SLICES` (argparse's type for --mma-tile)."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS (positive integers), got {text!r}")
-    return int(parts[0]), int(parts[1])
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS or TILES,CELLS,SLICES (positive integers), "
+                                         f"got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def stage_shape(case: Case, stage: str, precision: str = "highest") -> DirectShape | None:
@@ -102,7 +104,7 @@ def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, har
     return tile if tile is not None and tile.cb == min(cb, shape.source_c) else None
 
 
-def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple[int, int]] = ()
+def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple[int, ...]] = ()
          ) -> list[tuple[str, Chooser]]:
     """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones and, on TF32
     tensor cores, mma_tile's pick and the --mma-tile ones. A row's choice applies to the swept stage (`shape`); the
@@ -119,7 +121,9 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple
             out.append((describe(tile), only(tile)))
     mma = mma_tile(shape, H200)
     if mma is not None:
-        picks = [mma, *(dataclasses.replace(mma, v=v, box=mma_box(shape.cells, cells)) for v, cells in mma_tiles)]
+        picks = [mma, *(dataclasses.replace(mma, v=v, box=mma_box(shape.cells, cells), slices=rest[0] if rest
+                                            else mma.slices) for v, cells, *rest in mma_tiles)]
+        picks = [tile for tile in picks if tile.slices in mma_slices(shape)]
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight = direct_tile(shape, H200) if shape.weight else None
     if weight is not None and weight != planned:
@@ -133,7 +137,8 @@ def describe(tile: DirectTile | WeightTile | None) -> str:
     box = "x".join(map(str, tile.box))
     if isinstance(tile, WeightTile):
         return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} blocks{tile.channel_blocks}x{tile.parts} box{box}"
-    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}"
+    slices = f" slices{tile.slices}" if tile.slices > 1 else ""
+    return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}{slices}"
 
 
 def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any], cupy: Any, rounds: int,
@@ -181,8 +186,9 @@ def main() -> None:
                         help="V,THREADS or V,THREADS,CB (CB channels a step in opted-in shared memory): one more "
                              "row for every case (repeatable)")
     parser.add_argument("--mma-tile", type=parse_mma_tile, action="append", default=[],
-                        help="TILES,CELLS: with --precision medium, one more row for every case on TF32 tensor cores, "
-                             "TILES tiles of 16 cells a warp, boxes of at most CELLS cells (repeatable)")
+                        help="TILES,CELLS[,SLICES]: with --precision medium, one more row for every case on TF32 "
+                             "tensor cores, TILES tiles of 16 cells a warp, boxes of at most CELLS cells, the first "
+                             "axis's window offsets in SLICES steps (by default the plans'; repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()

@@ -82,8 +82,10 @@ COLUMN_POINTER_ROW_STEP = 2
 # convolution (templates/cuda/_direct_conv.cu.j2), which the plan launches instead of the stage's GEMM
 # where <PREFIX>_DIRECT is 1. Its defines: V dst cells a thread owns along the last axis, MB dst channels and
 # CB source channels of a block's step, MMA 1 where it multiplies on TF32 tensor cores (then V is the 16-cell tiles
-# a warp takes; _direct_mma.cu.j2), and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
-DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB", "DIRECT_MMA")
+# a warp takes; _direct_mma.cu.j2), SLICES the steps a channel block takes over the first axis's window offsets
+# (1: a step stages the whole window; more only on the tensor cores, at rank 2 or more, a divisor of those offsets),
+# and per axis a the block's box of dst cells, <PREFIX>_DIRECT_BOX<a>.
+DIRECT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_MB", "DIRECT_CB", "DIRECT_MMA", "DIRECT_SLICES")
 # The switches among the fields: 0 where the GEMM runs (the sizes then 1).
 DIRECT_SWITCHES = ("DIRECT", "DIRECT_MMA")
 DIRECT_BOX_FIELD = "DIRECT_BOX"

@@ -245,7 +245,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         splits[stage] = tile.split
         if stage in stencils:  # a conv-shaped stage: its `_direct` kernel where the chooser gives a tile
             direct = direct_chooser(tile_stencils[stage], hardware)
-            direct_values = direct and (1, direct.v, direct.mb, direct.cb, direct.mma)
+            direct_values = direct and (1, direct.v, direct.mb, direct.cb, direct.mma, direct.slices)
             values.update(_direct_defines(prefix, DIRECT_FIELDS, direct_values, direct and direct.box, geom.rank))
             wgmma = None if direct else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))

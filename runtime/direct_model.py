@@ -80,21 +80,27 @@ WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC
 # The direct kernel on TF32 tensor cores (_direct_mma.cu.j2): each warp takes V tiles of MMA_TILE_CELLS of the box's
 # cells against MB dst channels (whole tiles of 8, at most MMA_DIRECT_MAX_M), CB source channels a step (8: one k
 # step, whose rows of 8 words keep a warp's fragment loads on distinct banks), a box of the most cells of
-# MMA_DIRECT_BOX_CELLS whose staging leaves two blocks an SM.
+# MMA_DIRECT_BOX_CELLS whose staging fits an SM (the first axis's window offsets in slices where the whole window's
+# weights would not). V = 2 at the largest box was fastest or within 2% of it in every case measured (H100,
+# benchmarks/measured/2026-12-06-h100-s47-mma-v-sweep-*.txt, forward / whole backward µs against V = 4 at the box
+# that left two blocks an SM): conv4d N4 16->16 20⁴ 407 / 1748 against 451 / 1871, N2 16->16 8x32³ (512 cells, one
+# block an SM) 316 / 1401 against 416 / 1702, conv4d N8 8->8 16⁴ 98 / 332 against 96 / 341, conv3d N16 16->16 16³
+# 17.8 / 65 against 18.8 / 67, conv2d N32 16->16 56² 17.3 / 54 against 17.6 / 54; V = 1 lost (480 µs on 8x32³).
 MMA_DIRECT_MODE = 1
 MMA_TILE_CELLS = 16
 MMA_DIRECT_MAX_M = 32
-MMA_DIRECT_TILES = 4
+MMA_DIRECT_TILES = 2
 MMA_DIRECT_CB = 8
 MMA_DIRECT_BOX_CELLS = (512, 256, 128, 64)
-MMA_DIRECT_BLOCKS_PER_SM = 2
+MMA_DIRECT_BLOCKS_PER_SM = 1
 # The plans take it in "medium" for 8 to 16 dst and source channels and windows of 9 offsets or more,
 # where it was measured faster than both the FMA direct kernel and the TF32 GEMM (H100, direct_sweep.py --precision
 # medium, forward µs / whole backward µs, mma against the plans' pick before): conv4d N4 16->16 20⁴ 466 / 1886 against
 # 874 / 2181, N2 16->16 8x32³ 433 / 1718 against 764 / 1851, conv4d N8 8->8 16⁴ 98 / 345 against 153 / 384 (the FMA
 # direct kernel), conv3d N16 16->16 16³ 37 / 69 against 44 / 87, conv2d N32 16->16 56² 30 / 84 against 34 / 85.
 # With one source channel (1->16: forward 186 against 157) or one dst channel (16->1: backward 595 against 308) it
-# lost; more channels, 1-D windows and k5 4-D windows (whose weights a step do not fit) were not measured.
+# lost. A 4-D k5 window (N2 10->10 16⁴, its first axis's offsets one a step) took 457 / 1151 µs against 1461 / 1971
+# on the TF32 GEMM (-h100-s47-slices-direct-sweep-*.txt). More channels and 1-D windows were not measured.
 MMA_PLAN_MIN_CHANNELS = 8
 MMA_PLAN_MAX_CHANNELS = 16
 MMA_PLAN_MIN_WINDOW = 9
@@ -139,6 +145,7 @@ class DirectTile:
     cb: int
     box: tuple[int, ...]
     mma: int = 0  # MMA_DIRECT_MODE: on the tensor cores, each warp taking v tiles of 16 of the box's cells
+    slices: int = 1  # steps a channel block takes over the first axis's window offsets (on the tensor cores)
 
     @property
     def threads(self) -> int:
@@ -199,18 +206,20 @@ def direct_shapes(geom: Geometry, staged_bytes: int, mma: int = 0) -> dict[str, 
             "backward_input": direct_form(geom.in_spatial, in_c, out_c)}
 
 
-def halo(box: tuple[int, ...], shape: DirectShape) -> int:
-    """Source cells a block stages per channel: its box's windows, per axis (box - 1) * step + (taps - 1) *
-    spacing + 1."""
-    return math.prod((b - 1) * s + (t - 1) * d + 1 for b, s, t, d in zip(box, shape.step, shape.taps, shape.spacing))
+def halo(box: tuple[int, ...], shape: DirectShape, slices: int = 1) -> int:
+    """Source cells a block stages per channel and step: its box's windows, per axis (box - 1) * step + (taps - 1) *
+    spacing + 1, of the first axis's taps those of one of `slices` equal slices."""
+    taps = (shape.taps[0] // slices, *shape.taps[1:])
+    return math.prod((b - 1) * s + (t - 1) * d + 1 for b, s, t, d in zip(box, shape.step, taps, shape.spacing))
 
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
     """Shared memory of a block's staging: CB channels' weights (MB padded to quads) and halo (in the launch's
-    dynamic shared memory past the static limit); on the tensor cores a row of CB channels per (window offset, dst
-    channel) and per halo cell."""
+    dynamic shared memory past the static limit); on the tensor cores a row of CB channels per (window offset of a
+    step, dst channel) and per halo cell of a step."""
     if tile.mma:
-        return (shape.window * tile.mb + halo(tile.box, shape)) * direct_mma_row_words(tile.cb) * 4
+        step_taps = shape.window // tile.slices
+        return (step_taps * tile.mb + halo(tile.box, shape, tile.slices)) * direct_mma_row_words(tile.cb) * 4
     weights = tile.cb * shape.window * ceil_div(tile.mb, 4) * 4
     return (weights + tile.cb * halo(tile.box, shape)) * shape.staged_bytes
 
@@ -261,19 +270,27 @@ def direct_tile(shape: DirectShape, hardware: Hardware, threads_tried: tuple[int
 def mma_tile(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     """How the direct kernel would cut a conv-shaped stage on TF32 tensor cores (`shape.mma`), or None: MMA_DIRECT_TILES
     tiles a warp, every dst channel of a group (up to MMA_DIRECT_MAX_M) a block, MMA_DIRECT_CB source channels a step,
-    the box of the most cells of MMA_DIRECT_BOX_CELLS (mma_box) whose staging leaves MMA_DIRECT_BLOCKS_PER_SM blocks
-    an SM."""
+    the box of the most cells of MMA_DIRECT_BOX_CELLS (mma_box) whose staging fits MMA_DIRECT_BLOCKS_PER_SM blocks an
+    SM, in the fewest slices of the first axis's window offsets (mma_slices) that make it fit."""
     if shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_DIRECT_MAX_M or shape.source_c == 0 \
             or 0 in shape.cells:
         return None
     limit = min(hardware.shared_optin_per_block,
                 hardware.shared_per_sm // MMA_DIRECT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
     for cells in MMA_DIRECT_BOX_CELLS:
-        tile = DirectTile(v=MMA_DIRECT_TILES, mb=ceil_div(shape.m, 8) * 8, cb=MMA_DIRECT_CB,
-                          box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE)
-        if direct_shared_bytes(tile, shape) <= limit:
-            return tile
+        for slices in mma_slices(shape):
+            tile = DirectTile(v=MMA_DIRECT_TILES, mb=ceil_div(shape.m, 8) * 8, cb=MMA_DIRECT_CB,
+                              box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE, slices=slices)
+            if direct_shared_bytes(tile, shape) <= limit:
+                return tile
     return None
+
+
+def mma_slices(shape: DirectShape) -> list[int]:
+    """The slices the tensor-core direct kernel may cut the first axis's window offsets into: its divisors (equal
+    slices), or only 1 at rank 1 (whose first axis is the last, unrolled whole)."""
+    first = shape.taps[0] if len(shape.taps) > 1 else 1
+    return [s for s in range(1, first + 1) if first % s == 0]
 
 
 def mma_box(dst_spatial: tuple[int, ...], cells: int) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from convgen.direct_model import (
     cut_tile,
     direct_tile,
     mma_box,
+    mma_slices,
 )
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
@@ -134,12 +135,14 @@ def weight_channel_blocks(blocks: int) -> DirectChooser:
     return chooser
 
 
-def mma_direct(cells: int, tiles: int) -> DirectChooser:
+def mma_direct(cells: int, tiles: int, slices: int = 1) -> DirectChooser:
     """A direct chooser that puts every conv-shaped stage it can on the TF32 tensor cores (DirectShape.mma): boxes of
-    at most `cells` cells, `tiles` tiles of 16 a warp; the weight gradient's tile as the plans cut it."""
+    at most `cells` cells, `tiles` tiles of 16 a warp, the first axis's window offsets in `slices` steps where they
+    divide them (else in one); the weight gradient's tile as the plans cut it."""
     def chooser(shape, hardware):
         if shape.weight or shape.mma != MMA_DIRECT_MODE:
             return direct_tile(shape, hardware)
         mb = -(-shape.m // 8) * 8
-        return DirectTile(v=tiles, mb=mb, cb=MMA_DIRECT_CB, box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE)
+        return DirectTile(v=tiles, mb=mb, cb=MMA_DIRECT_CB, box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE,
+                          slices=slices if slices in mma_slices(shape) else 1)
     return chooser

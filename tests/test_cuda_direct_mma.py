@@ -22,9 +22,10 @@ import convgen.cpu  # noqa: E402  (after the skip)
 STAGES = ("forward", "backward_input")
 
 
-def mma_tape(cells: int, tiles: int) -> type:
+def mma_tape(cells: int, tiles: int, slices: int = 1) -> type:
     """A poisoning "medium" tape whose conv-shaped stages run the direct kernel on the tensor cores."""
-    backend = type("MmaDirectBackend", (PoisonBackend,), {"direct_chooser": staticmethod(mma_direct(cells, tiles))})
+    chooser = mma_direct(cells, tiles, slices)
+    backend = type("MmaDirectBackend", (PoisonBackend,), {"direct_chooser": staticmethod(chooser)})
     tape = type("MmaDirectTape", (PoisonTape,), {"backend_class": backend})
     return lambda: tape(precision="medium")
 
@@ -54,20 +55,26 @@ def errors(tape_class, geom: Geometry, inputs, grad) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("cells, tiles", [(32, 1), (64, 4)], ids=["one-tile-warps", "four-tile-warps"])
+@pytest.mark.parametrize("cells, tiles, sliced", [(32, 1, False), (64, 4, False), (64, 2, True)],
+                         ids=["one-tile-warps", "four-tile-warps", "first-axis-slices"])
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
-def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank: int, cells: int, tiles: int) -> None:
+def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank: int, cells: int, tiles: int,
+                                                            sliced: bool) -> None:
+    """`sliced`: the first axis's window offsets one a step (past rank 1)."""
     geom = mma_geometry(family, rank)
-    chooser = mma_direct(cells, tiles)
+    slices = geom.kernel[0] if sliced and rank > 1 else 1
+    chooser = mma_direct(cells, tiles, slices)
     made = plan(geom, precision="medium", direct_chooser=chooser)
     shapes = direct_shapes(geom, 4, 1)
     for stage in STAGES:
-        assert made.launches[stage].kernel == f"{stage}_direct" and made.defines[f"{made_prefix(stage)}_DIRECT_MMA"]
+        prefix = made_prefix(stage)
+        assert made.launches[stage].kernel == f"{stage}_direct" and made.defines[f"{prefix}_DIRECT_MMA"]
+        assert made.defines[f"{prefix}_DIRECT_SLICES"] == slices
         assert direct_shared_bytes(chooser(shapes[stage], H200), shapes[stage]) <= H200.shared_optin_per_block
     rng = reference.case_rng("cuda direct mma", family.value, rank, cells)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    output, dkernel, dbias, dinput = errors(mma_tape(cells, tiles), geom, inputs, grad)
+    output, dkernel, dbias, dinput = errors(mma_tape(cells, tiles, slices), geom, inputs, grad)
     for name, error in (("output", output), ("dkernel", dkernel), ("dbias", dbias), ("dinput", dinput)):
         assert error <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {error:.3g}"
     assert min(output, dinput) > 4 * FLOAT32_UNIT, f"{geom}: float32's error: no tensor core ran"
@@ -99,14 +106,17 @@ def test_non_finite_values_take_the_careful_path(stride: int) -> None:
 
 
 def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> None:
-    """The plans' own tile (4 tiles a warp, the box of up to 512 cells): an 8 -> 8 and a 16 -> 12 conv, "medium" within
-    TF32's bound with both conv-shaped stages on the tensor cores; in "high" the 8 -> 8 conv keeps the FMA direct
-    kernels and "highest"'s bits."""
-    for geom, fma_in_high in ((G(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2), True),
-                              (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False)):
+    """The plans' own tile (2 tiles a warp, the box of up to 512 cells): an 8 -> 8, a 16 -> 12 and a 10 -> 10 conv, the
+    last's 4-D k5 window staged in 5 slices of its first axis, "medium" within TF32's bound with both conv-shaped stages
+    on the tensor cores; in "high" the 8 -> 8 conv keeps the FMA direct kernels and "highest"'s bits."""
+    for geom, fma_in_high, slices in (
+            (G(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2), True, 1),
+            (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False, 1),
+            (G(Family.CONV, 10, 10, (6, 5, 6, 7), (5,) * 4, (1,) * 4, (2,) * 4, batch=2), False, 5)):
         made = plan(geom, precision="medium")
         assert all(made.launches[stage].kernel == f"{stage}_direct" for stage in STAGES)
         assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
+        assert made.defines["FWD_DIRECT_SLICES"] == made.defines["BWI_DIRECT_SLICES"] == slices
         rng = reference.case_rng("cuda planned direct mma", geom.out_c)
         inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
         medium = errors(lambda: PoisonTape(precision="medium"), geom, inputs, grad)

@@ -23,6 +23,7 @@ from convgen.direct_model import (
     direct_tile,
     halo,
     mma_box,
+    mma_slices,
     mma_tile,
     no_direct,
     staging_bytes,
@@ -270,16 +271,36 @@ NC_16 = Geometry.build(Family.CONV, 16, 16, (20,) * 4, (3,) * 4, (1,) * 4, (1,) 
 
 def test_the_tensor_core_direct_tile_of_a_16_channel_4d_stage():
     """mma_tile: 16 dst channels (two n tiles of 8), 8 source channels a step; the box of 2 x 2 x 4 x 20 cells (the
-    last axis whole, the others doubled while within 512), 20 tiles of 16 in 5 warps of 4; its staging a row of 8 words
-    per (window offset, dst channel) and per halo cell: (81 x 16 + 4 x 4 x 6 x 22) x 8 x 4 bytes, two blocks an SM."""
+    last axis whole, the others doubled while within 512), 20 tiles of 16 in 10 warps of 2; its staging a row of 8
+    words per (window offset, dst channel) and per halo cell: (81 x 16 + 4 x 4 x 6 x 22) x 8 x 4 bytes, within an SM's
+    share for one block, so the whole window a step."""
     shape = direct_shapes(NC_16, 4, MMA_DIRECT_MODE)["forward"]
     tile = mma_tile(shape, H200)
-    assert tile == DirectTile(v=4, mb=16, cb=8, box=(2, 2, 4, 20), mma=MMA_DIRECT_MODE)
-    assert tile.threads == 160
+    assert tile == DirectTile(v=2, mb=16, cb=8, box=(2, 2, 4, 20), mma=MMA_DIRECT_MODE, slices=1)
+    assert tile.threads == 320
     assert direct_shared_bytes(tile, shape) == (81 * 16 + 4 * 4 * 6 * 22) * 8 * 4
-    assert 2 * (direct_shared_bytes(tile, shape) + H200.shared_reserved_per_block) <= H200.shared_per_sm
+    assert direct_shared_bytes(tile, shape) <= H200.shared_optin_per_block
     assert mma_tile(direct_shapes(NC_16, 4)["forward"], H200) is None  # FMAs: no tensor cores
     assert mma_tile(dataclasses.replace(shape, m=33), H200) is None  # past four n tiles
+
+
+def test_a_window_too_large_for_one_step_is_staged_in_slices_of_its_first_axis():
+    """A 4-D k5 window of 10 -> 10 channels: its 625 offsets' weights alone (625 x 16 rows of 8 words, 320 KB) exceed a
+    block's shared memory, so the first axis's 5 offsets go one a step: 125 x 16 weight rows and a halo of 2 x 8 x 8 x 20
+    cells (the box 2 x 4 x 4 x 16 of 512 cells). The slices divide the first axis's offsets; at rank 1 there are
+    none (its first axis is the last, unrolled whole)."""
+    geom = Geometry.build(Family.CONV, 10, 10, (16,) * 4, (5,) * 4, (1,) * 4, (2,) * 4, batch=2)
+    shape = direct_shapes(geom, 4, MMA_DIRECT_MODE)["forward"]
+    tile = mma_tile(shape, H200)
+    assert tile == DirectTile(v=2, mb=16, cb=8, box=(2, 4, 4, 16), mma=MMA_DIRECT_MODE, slices=5)
+    assert direct_shared_bytes(tile, shape) == (125 * 16 + 2 * 8 * 8 * 20) * 8 * 4
+    assert direct_shared_bytes(dataclasses.replace(tile, slices=1), shape) > H200.shared_optin_per_block
+    assert mma_slices(shape) == [1, 5]
+    assert mma_slices(dataclasses.replace(shape, taps=(6, 5))) == [1, 2, 3, 6]
+    assert mma_slices(dataclasses.replace(shape, cells=(64,), taps=(9,), step=(1,), spacing=(1,))) == [1]
+    made = plan(geom, precision="medium")
+    assert made.defines["FWD_DIRECT_SLICES"] == made.defines["BWI_DIRECT_SLICES"] == 5
+    assert made.defines["FWD_DIRECT_MMA"] == 1 and plan(geom).defines["FWD_DIRECT_SLICES"] == 1  # FMAs: whole
 
 
 @pytest.mark.parametrize(("dtype", "precision", "mode"), [("float32", "medium", MMA_DIRECT_MODE),

@@ -42,7 +42,13 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(geom: Geometry, cell
     chooser = mma_direct(cells, tiles)
     defines = plan(geom, precision="medium", direct_chooser=chooser).defines
     assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == 1
-    rng = reference.case_rng("emulated direct mma", geom, cells)
+    assert_tensor_cores_within_tf32(geom, chooser, ("emulated direct mma", geom, cells))
+
+
+def assert_tensor_cores_within_tf32(geom: Geometry, chooser, seed: tuple) -> None:
+    """Every output within TF32's bound of the float64 reference, the forward's and the input gradient's not within
+    float32's (the tensor cores ran)."""
+    rng = reference.case_rng(*seed)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=chooser), inputs, grad)
     for name, error in zip(("output", "dkernel", "dbias", "dinput"), errors, strict=True):
@@ -51,12 +57,38 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(geom: Geometry, cell
             assert error > 4 * FLOAT32_UNIT, f"{name}: error {error:.3g} is float32's: no tensor core ran"
 
 
-def test_non_finite_values_take_the_careful_path() -> None:
+# The first axis's window offsets in slices (a step each): 3 of 3 offsets, in both forms (a transpose's gather form
+# with 2 offsets a phase takes 2), phases no offset reaches among them; a 4-D k5 window in 5 slices, as the plans cut
+# the windows whose weights a step would not hold at once.
+SLICED_GEOMETRIES = [
+    (MMA_DIRECT_GEOMETRIES[0], 3),
+    (MMA_DIRECT_GEOMETRIES[2], 3),
+    (Geometry.build(Family.CONV_TRANSPOSE, 8, 10, (5, 6), (4, 3), (2, 1), (1, 1), batch=2), 2),
+    (MMA_DIRECT_GEOMETRIES[5], 3),
+    (Geometry.build(Family.CONV, 10, 10, (5, 4, 3, 6), (5, 5, 5, 5), (1, 1, 1, 1), (2, 2, 2, 2)), 5),
+]
+
+
+@pytest.mark.parametrize("geom, slices", SLICED_GEOMETRIES,
+                         ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}" if isinstance(g, Geometry)
+                         else f"slices{g}")
+def test_window_slices_keep_the_tf32_bound(geom: Geometry, slices: int) -> None:
+    """Forward and input gradient with the first axis's window offsets staged a slice a step: within TF32's bound of
+    the float64 reference, the tensor cores having run."""
+    chooser = mma_direct(128, 2, slices)
+    made = plan(geom, precision="medium", direct_chooser=chooser)
+    assert made.defines["FWD_DIRECT_SLICES"] == slices or made.defines["BWI_DIRECT_SLICES"] == slices
+    assert_tensor_cores_within_tf32(geom, chooser, ("emulated direct mma slices", geom, slices))
+
+
+@pytest.mark.parametrize("slices", [1, 3])
+def test_non_finite_values_take_the_careful_path(slices: int) -> None:
     """An inf and a NaN in the weight, an inf in the input and a value TF32 rounding would overflow: the steps that
     stage them add their products with FMAs, padding skipped, so exactly the cells the CPU tape makes non-finite are,
-    with the same signs, and the rest keeps TF32's accuracy."""
+    with the same signs, and the rest keeps TF32's accuracy; the same with the window in slices (steps whose offsets
+    reach no non-finite value stay on the tensor cores)."""
     geom = MMA_DIRECT_GEOMETRIES[0]
-    chooser = mma_direct(64, 2)
+    chooser = mma_direct(64, 2, slices)
     rng = reference.case_rng("emulated direct mma non-finite")
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
@@ -71,12 +103,12 @@ def test_non_finite_values_take_the_careful_path() -> None:
 
 
 def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> None:
-    """The plans' own tile (4 tiles a warp, the box of up to 512 cells) for an 8 -> 8 conv: both conv-shaped stages on
+    """The plans' own tile (2 tiles a warp, the box of up to 512 cells) for an 8 -> 8 conv: both conv-shaped stages on
     the tensor cores within TF32's bound in "medium"; "high" keeps the FMA direct kernels and "highest"'s bits."""
     geom = Geometry.build(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2)
     made = plan(geom, precision="medium")
     assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
-    assert made.defines["FWD_DIRECT_V"] == 4 and made.launches["forward"].block == 32 * 5  # 320 cells, 20 tiles
+    assert made.defines["FWD_DIRECT_V"] == 2 and made.launches["forward"].block == 32 * 10  # 320 cells, 20 tiles
     rng = reference.case_rng("emulated planned direct mma")
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=choose_direct),

@@ -18,14 +18,15 @@
     !defined(FWD_BK) || !defined(FWD_TM) || !defined(FWD_TN) || !defined(FWD_SPLIT) || !defined(FWD_MIN_BLOCKS) || \
     !defined(FWD_STAGES) || !defined(FWD_MMA) || !defined(FWD_PACKED) || !defined(FWD_DIRECT) || \
     !defined(FWD_DIRECT_V) || !defined(FWD_DIRECT_MB) || !defined(FWD_DIRECT_CB) || !defined(FWD_DIRECT_MMA) || \
-    !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || !defined(FWD_DIRECT_BOX2) || \
-    !defined(FWD_DIRECT_BOX3) || !defined(FWD_DIRECT_BOX4) || !defined(FWD_DIRECT_BOX5) || !defined(FWD_WGMMA) || \
-    !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || \
-    !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || \
-    !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || !defined(BWI_TN) || !defined(BWI_SPLIT) || \
-    !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || !defined(BWI_MMA) || !defined(BWI_PACKED) || \
-    !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || \
-    !defined(BWI_DIRECT_MMA) || !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || \
+    !defined(FWD_DIRECT_SLICES) || !defined(FWD_DIRECT_BOX0) || !defined(FWD_DIRECT_BOX1) || \
+    !defined(FWD_DIRECT_BOX2) || !defined(FWD_DIRECT_BOX3) || !defined(FWD_DIRECT_BOX4) || \
+    !defined(FWD_DIRECT_BOX5) || !defined(FWD_WGMMA) || !defined(FWD_WG_N) || !defined(FWD_WG_CELLS) || \
+    !defined(FWD_WG_STAGES) || !defined(FWD_WG_MIN_BLOCKS) || !defined(FWD_WG_K) || !defined(FWD_WG_CHANNELS_LAST) || \
+    !defined(FWD_WG_SHIFT) || !defined(BWI_BM) || !defined(BWI_BN) || !defined(BWI_BK) || !defined(BWI_TM) || \
+    !defined(BWI_TN) || !defined(BWI_SPLIT) || !defined(BWI_MIN_BLOCKS) || !defined(BWI_STAGES) || \
+    !defined(BWI_MMA) || !defined(BWI_PACKED) || !defined(BWI_DIRECT) || !defined(BWI_DIRECT_V) || \
+    !defined(BWI_DIRECT_MB) || !defined(BWI_DIRECT_CB) || !defined(BWI_DIRECT_MMA) || !defined(BWI_DIRECT_SLICES) || \
+    !defined(BWI_DIRECT_BOX0) || !defined(BWI_DIRECT_BOX1) || !defined(BWI_DIRECT_BOX2) || \
     !defined(BWI_DIRECT_BOX3) || !defined(BWI_DIRECT_BOX4) || !defined(BWI_DIRECT_BOX5) || !defined(BWI_WGMMA) || \
     !defined(BWI_WG_N) || !defined(BWI_WG_CELLS) || !defined(BWI_WG_STAGES) || !defined(BWI_WG_MIN_BLOCKS) || \
     !defined(BWI_WG_K) || !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || \
@@ -2079,40 +2080,47 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
     constexpr unsigned M = OUT_C / GROUPS, SRC_C = IN_C / GROUPS;
     constexpr unsigned V = FWD_DIRECT_V, MB = FWD_DIRECT_MB, CB = FWD_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
+    // The steps a channel block takes over the first axis's window offsets, TS0 of them a step (the tensor-core form's
+    // way to stage a window whose weights would not fit at once; else the whole window a step).
+    constexpr unsigned SLICES = FWD_DIRECT_SLICES;
     // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
     constexpr unsigned E0 = (OUT0 + S0 - 1) / S0;  // the cells u of a phase
     constexpr pos_t HS0 = 1, HD0 = D0 / gcd_of(S0, D0);
     constexpr unsigned T0 = (K0 + S0 / gcd_of(S0, D0) - 1) / (S0 / gcd_of(S0, D0));  // R at most
     constexpr unsigned BOX0 = FWD_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
-    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
+    static_assert(SLICES >= 1 && T0 % SLICES == 0 && (SLICES == 1 || (MMA && 6 > 1)),
+                  "slices of the first axis's window: equal ones, on the tensor cores, not of the last axis");
+    constexpr unsigned TS0 = T0 / SLICES;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (TS0 - 1) * HD0 + 1;  // a step's halo extent
     constexpr unsigned E1 = (OUT1 + S1 - 1) / S1;  // the cells u of a phase
     constexpr pos_t HS1 = 1, HD1 = D1 / gcd_of(S1, D1);
     constexpr unsigned T1 = (K1 + S1 / gcd_of(S1, D1) - 1) / (S1 / gcd_of(S1, D1));  // R at most
     constexpr unsigned BOX1 = FWD_DIRECT_BOX1, TILES1 = (E1 + BOX1 - 1) / BOX1;
-    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // halo extent
+    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // a step's halo extent
     constexpr unsigned E2 = (OUT2 + S2 - 1) / S2;  // the cells u of a phase
     constexpr pos_t HS2 = 1, HD2 = D2 / gcd_of(S2, D2);
     constexpr unsigned T2 = (K2 + S2 / gcd_of(S2, D2) - 1) / (S2 / gcd_of(S2, D2));  // R at most
     constexpr unsigned BOX2 = FWD_DIRECT_BOX2, TILES2 = (E2 + BOX2 - 1) / BOX2;
-    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // halo extent
+    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // a step's halo extent
     constexpr unsigned E3 = (OUT3 + S3 - 1) / S3;  // the cells u of a phase
     constexpr pos_t HS3 = 1, HD3 = D3 / gcd_of(S3, D3);
     constexpr unsigned T3 = (K3 + S3 / gcd_of(S3, D3) - 1) / (S3 / gcd_of(S3, D3));  // R at most
     constexpr unsigned BOX3 = FWD_DIRECT_BOX3, TILES3 = (E3 + BOX3 - 1) / BOX3;
-    constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // halo extent
+    constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // a step's halo extent
     constexpr unsigned E4 = (OUT4 + S4 - 1) / S4;  // the cells u of a phase
     constexpr pos_t HS4 = 1, HD4 = D4 / gcd_of(S4, D4);
     constexpr unsigned T4 = (K4 + S4 / gcd_of(S4, D4) - 1) / (S4 / gcd_of(S4, D4));  // R at most
     constexpr unsigned BOX4 = FWD_DIRECT_BOX4, TILES4 = (E4 + BOX4 - 1) / BOX4;
-    constexpr unsigned H4 = (BOX4 - 1) * HS4 + (T4 - 1) * HD4 + 1;  // halo extent
+    constexpr unsigned H4 = (BOX4 - 1) * HS4 + (T4 - 1) * HD4 + 1;  // a step's halo extent
     constexpr unsigned E5 = (OUT5 + S5 - 1) / S5;  // the cells u of a phase
     constexpr pos_t HS5 = 1, HD5 = D5 / gcd_of(S5, D5);
     constexpr unsigned T5 = (K5 + S5 / gcd_of(S5, D5) - 1) / (S5 / gcd_of(S5, D5));  // R at most
     constexpr unsigned BOX5 = FWD_DIRECT_BOX5, TILES5 = (E5 + BOX5 - 1) / BOX5;
-    constexpr unsigned H5 = (BOX5 - 1) * HS5 + (T5 - 1) * HD5 + 1;  // halo extent
+    constexpr unsigned H5 = (BOX5 - 1) * HS5 + (T5 - 1) * HD5 + 1;  // a step's halo extent
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3 * H4 * H5;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3 * TILES4 * TILES5;
     constexpr unsigned T_SIZE = 1u * T0 * T1 * T2 * T3 * T4 * T5;
+    constexpr unsigned STEP_TAPS = T_SIZE / SLICES;  // the window offsets a step stages
     constexpr unsigned PHASES = 1u * S0 * S1 * S2 * S3 * S4 * S5;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
     constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
@@ -2123,10 +2131,10 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
     constexpr unsigned STRIDE4 = 1u * H5;  // of the staged halo
     constexpr unsigned STRIDE5 = 1u;  // of the staged halo
     // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
-    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
-    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
-    // the same count; a launch given less traps).
-    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    // tensor cores (mma_staged_words) a weight row per (step tap, dst channel), then a row per halo cell. A static
+    // array within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's
+    // direct_shared_bytes, the same count; a launch given less traps).
+    constexpr unsigned STAGED = MMA ? mma_staged_words(STEP_TAPS * MB + HALO, CB) : WEIGHTS + CB * HALO;
     constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
     __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
@@ -2276,8 +2284,8 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
             static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
             constexpr unsigned BOX_CELLS = 1u * BOX0 * BOX1 * BOX2 * BOX3 * BOX4 * BOX5;
             constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
-            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
-            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [step tap][dst channel][CP]
+            unsigned* const halo = ws + STEP_TAPS * MB * CP;  // [cell][CP]
             const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
             // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
             // rows past the box read cell 0 and are not stored.
@@ -2320,13 +2328,31 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                     for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
                 }
             }
+            // A step: CB source channels from c0, the first axis's window offsets of a slice.
 #pragma unroll 1
-            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            for (unsigned step = 0; any_tap && step < (SRC_C + CB - 1) / CB * SLICES; ++step) {
+                const unsigned c0 = step / SLICES * CB, slice = step % SLICES;
+                // Where the step's offsets start: its halo's first source cell per axis, the phase's offsets left.
+                const pos_t step_first0 = first0 + (pos_t)(slice * TS0) * HD0;
+                [[maybe_unused]] const pos_t step_taps0 = taps0 - (pos_t)(slice * TS0);
+                const pos_t step_first1 = first1;
+                [[maybe_unused]] const pos_t step_taps1 = taps1;
+                const pos_t step_first2 = first2;
+                [[maybe_unused]] const pos_t step_taps2 = taps2;
+                const pos_t step_first3 = first3;
+                [[maybe_unused]] const pos_t step_taps3 = taps3;
+                const pos_t step_first4 = first4;
+                [[maybe_unused]] const pos_t step_taps4 = taps4;
+                const pos_t step_first5 = first5;
+                [[maybe_unused]] const pos_t step_taps5 = taps5;
+                if (step_taps0 <= 0) continue;  // block-uniform: a phase with fewer offsets than the slices cover
                 __syncthreads();  // the last step's reads are done
                 bool rare = false;
-                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                for (unsigned e = tid; e < STEP_TAPS * MB * CB; e += THREADS) {
                     const unsigned flat = opaque_index(e);
-                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    const unsigned cl = flat % CB, n = flat / CB % MB, c = c0 + cl, m = m0 + n;
+                    const unsigned step_tap = flat / CB / MB;
+                    const unsigned tap = slice * STEP_TAPS + step_tap;  // the first axis is the window's outermost
                     unsigned rest = tap;
                     const pos_t r5 = (pos_t)(rest % nonzero(T5));
                     rest /= nonzero(T5);
@@ -2357,7 +2383,7 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                     if (tap_ok && m < M && c < SRC_C) {
                         w = (float)load_element(w_values + ((size_t)c * M + m) * K_SIZE + kappa);
                     }
-                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                    ws[(step_tap * MB + n) * CP + cl] = staged_tf32(w, rare);
                 }
                 const real* __restrict__ step_values = src_values + (size_t)c0 * IN_SIZE;
                 keep_in_register(step_values);
@@ -2376,22 +2402,22 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                     const pos_t h0 = (pos_t)rest;
                     bool inside = true;
                     unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
+                    const pos_t j0 = step_first0 + h0;
                     inside = inside && j0 >= 0 && j0 < IN0;
                     offset = offset * IN0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
+                    const pos_t j1 = step_first1 + h1;
                     inside = inside && j1 >= 0 && j1 < IN1;
                     offset = offset * IN1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
+                    const pos_t j2 = step_first2 + h2;
                     inside = inside && j2 >= 0 && j2 < IN2;
                     offset = offset * IN2 + (unsigned)j2;
-                    const pos_t j3 = first3 + h3;
+                    const pos_t j3 = step_first3 + h3;
                     inside = inside && j3 >= 0 && j3 < IN3;
                     offset = offset * IN3 + (unsigned)j3;
-                    const pos_t j4 = first4 + h4;
+                    const pos_t j4 = step_first4 + h4;
                     inside = inside && j4 >= 0 && j4 < IN4;
                     offset = offset * IN4 + (unsigned)j4;
-                    const pos_t j5 = first5 + h5;
+                    const pos_t j5 = step_first5 + h5;
                     inside = inside && j5 >= 0 && j5 < IN5;
                     offset = offset * IN5 + (unsigned)j5;
                     const real* __restrict__ cell = step_values + offset;
@@ -2416,7 +2442,7 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                         const unsigned* const step_halo = halo + s + 2 * t;
                         // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
 #pragma unroll 1
-                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T5; ++outer_tap) {
+                        for (unsigned outer_tap = 0; outer_tap < STEP_TAPS / T5; ++outer_tap) {
                             [[maybe_unused]] unsigned rest = outer_tap;
                             unsigned line = 0;  // the halo cells from a row's first offset to this one
                             line += rest % T4 * (unsigned)HD4 * STRIDE4;
@@ -2427,8 +2453,8 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                             rest /= T2;
                             line += rest % T1 * (unsigned)HD1 * STRIDE1;
                             rest /= T1;
-                            line += rest % T0 * (unsigned)HD0 * STRIDE0;
-                            rest /= T0;
+                            line += rest % TS0 * (unsigned)HD0 * STRIDE0;
+                            rest /= TS0;
                             const unsigned* const tap_weights = step_weights + outer_tap * T5 * MB * CP;
 #pragma unroll
                             for (unsigned kl = 0; kl < T5; ++kl) {
@@ -2457,38 +2483,38 @@ extern "C" __global__ void conv_transpose_r6_forward_direct(
                             rest /= nonzero(BOX1);
                             const pos_t b0 = (pos_t)rest;
 #pragma unroll 1
-                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < STEP_TAPS; ++tap) {
                                 unsigned kr = tap, shift = 0;
                                 bool inside = true;
                                 const pos_t k5 = (pos_t)(kr % T5);
                                 kr /= T5;
-                                const pos_t j5 = first5 + b5 * HS5 + k5 * HD5;
-                                inside = inside && k5 < taps5 && j5 >= 0 && j5 < IN5;
+                                const pos_t j5 = step_first5 + b5 * HS5 + k5 * HD5;
+                                inside = inside && k5 < step_taps5 && j5 >= 0 && j5 < IN5;
                                 shift += (unsigned)(k5 * HD5) * STRIDE5;
                                 const pos_t k4 = (pos_t)(kr % T4);
                                 kr /= T4;
-                                const pos_t j4 = first4 + b4 * HS4 + k4 * HD4;
-                                inside = inside && k4 < taps4 && j4 >= 0 && j4 < IN4;
+                                const pos_t j4 = step_first4 + b4 * HS4 + k4 * HD4;
+                                inside = inside && k4 < step_taps4 && j4 >= 0 && j4 < IN4;
                                 shift += (unsigned)(k4 * HD4) * STRIDE4;
                                 const pos_t k3 = (pos_t)(kr % T3);
                                 kr /= T3;
-                                const pos_t j3 = first3 + b3 * HS3 + k3 * HD3;
-                                inside = inside && k3 < taps3 && j3 >= 0 && j3 < IN3;
+                                const pos_t j3 = step_first3 + b3 * HS3 + k3 * HD3;
+                                inside = inside && k3 < step_taps3 && j3 >= 0 && j3 < IN3;
                                 shift += (unsigned)(k3 * HD3) * STRIDE3;
                                 const pos_t k2 = (pos_t)(kr % T2);
                                 kr /= T2;
-                                const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
-                                inside = inside && k2 < taps2 && j2 >= 0 && j2 < IN2;
+                                const pos_t j2 = step_first2 + b2 * HS2 + k2 * HD2;
+                                inside = inside && k2 < step_taps2 && j2 >= 0 && j2 < IN2;
                                 shift += (unsigned)(k2 * HD2) * STRIDE2;
                                 const pos_t k1 = (pos_t)(kr % T1);
                                 kr /= T1;
-                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
-                                inside = inside && k1 < taps1 && j1 >= 0 && j1 < IN1;
+                                const pos_t j1 = step_first1 + b1 * HS1 + k1 * HD1;
+                                inside = inside && k1 < step_taps1 && j1 >= 0 && j1 < IN1;
                                 shift += (unsigned)(k1 * HD1) * STRIDE1;
-                                const pos_t k0 = (pos_t)(kr % T0);
-                                kr /= T0;
-                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
-                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < IN0;
+                                const pos_t k0 = (pos_t)(kr % TS0);
+                                kr /= TS0;
+                                const pos_t j0 = step_first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < step_taps0 && j0 >= 0 && j0 < IN0;
                                 shift += (unsigned)(k0 * HD0) * STRIDE0;
                                 if (!inside) continue;
                                 const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
@@ -3951,40 +3977,47 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
     constexpr unsigned M = IN_C / GROUPS, SRC_C = OUT_C / GROUPS;
     constexpr unsigned V = BWI_DIRECT_V, MB = BWI_DIRECT_MB, CB = BWI_DIRECT_CB;
     constexpr unsigned MQ = (MB + 3) / 4 * 4;  // the weights of one (channel, offset), padded to quads
+    // The steps a channel block takes over the first axis's window offsets, TS0 of them a step (the tensor-core form's
+    // way to stage a window whose weights would not fit at once; else the whole window a step).
+    constexpr unsigned SLICES = BWI_DIRECT_SLICES;
     // Per axis: the cells E the boxes tile, a cell's step HS and a tap's step HD in the source, the taps T.
     constexpr unsigned E0 = IN0;
     constexpr pos_t HS0 = S0, HD0 = D0;
     constexpr unsigned T0 = K0;
     constexpr unsigned BOX0 = BWI_DIRECT_BOX0, TILES0 = (E0 + BOX0 - 1) / BOX0;
-    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (T0 - 1) * HD0 + 1;  // halo extent
+    static_assert(SLICES >= 1 && T0 % SLICES == 0 && (SLICES == 1 || (MMA && 6 > 1)),
+                  "slices of the first axis's window: equal ones, on the tensor cores, not of the last axis");
+    constexpr unsigned TS0 = T0 / SLICES;
+    constexpr unsigned H0 = (BOX0 - 1) * HS0 + (TS0 - 1) * HD0 + 1;  // a step's halo extent
     constexpr unsigned E1 = IN1;
     constexpr pos_t HS1 = S1, HD1 = D1;
     constexpr unsigned T1 = K1;
     constexpr unsigned BOX1 = BWI_DIRECT_BOX1, TILES1 = (E1 + BOX1 - 1) / BOX1;
-    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // halo extent
+    constexpr unsigned H1 = (BOX1 - 1) * HS1 + (T1 - 1) * HD1 + 1;  // a step's halo extent
     constexpr unsigned E2 = IN2;
     constexpr pos_t HS2 = S2, HD2 = D2;
     constexpr unsigned T2 = K2;
     constexpr unsigned BOX2 = BWI_DIRECT_BOX2, TILES2 = (E2 + BOX2 - 1) / BOX2;
-    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // halo extent
+    constexpr unsigned H2 = (BOX2 - 1) * HS2 + (T2 - 1) * HD2 + 1;  // a step's halo extent
     constexpr unsigned E3 = IN3;
     constexpr pos_t HS3 = S3, HD3 = D3;
     constexpr unsigned T3 = K3;
     constexpr unsigned BOX3 = BWI_DIRECT_BOX3, TILES3 = (E3 + BOX3 - 1) / BOX3;
-    constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // halo extent
+    constexpr unsigned H3 = (BOX3 - 1) * HS3 + (T3 - 1) * HD3 + 1;  // a step's halo extent
     constexpr unsigned E4 = IN4;
     constexpr pos_t HS4 = S4, HD4 = D4;
     constexpr unsigned T4 = K4;
     constexpr unsigned BOX4 = BWI_DIRECT_BOX4, TILES4 = (E4 + BOX4 - 1) / BOX4;
-    constexpr unsigned H4 = (BOX4 - 1) * HS4 + (T4 - 1) * HD4 + 1;  // halo extent
+    constexpr unsigned H4 = (BOX4 - 1) * HS4 + (T4 - 1) * HD4 + 1;  // a step's halo extent
     constexpr unsigned E5 = IN5;
     constexpr pos_t HS5 = S5, HD5 = D5;
     constexpr unsigned T5 = K5;
     constexpr unsigned BOX5 = BWI_DIRECT_BOX5, TILES5 = (E5 + BOX5 - 1) / BOX5;
-    constexpr unsigned H5 = (BOX5 - 1) * HS5 + (T5 - 1) * HD5 + 1;  // halo extent
+    constexpr unsigned H5 = (BOX5 - 1) * HS5 + (T5 - 1) * HD5 + 1;  // a step's halo extent
     constexpr unsigned HALO = 1u * H0 * H1 * H2 * H3 * H4 * H5;  // staged cells of a channel
     constexpr unsigned TILES = 1u * TILES0 * TILES1 * TILES2 * TILES3 * TILES4 * TILES5;
     constexpr unsigned T_SIZE = 1u * T0 * T1 * T2 * T3 * T4 * T5;
+    constexpr unsigned STEP_TAPS = T_SIZE / SLICES;  // the window offsets a step stages
     constexpr unsigned PHASES = 1;
     constexpr unsigned M_BLOCKS = (M + MB - 1) / MB;
     constexpr unsigned WEIGHTS = CB * T_SIZE * MQ;
@@ -3995,10 +4028,10 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
     constexpr unsigned STRIDE4 = 1u * H5;  // of the staged halo
     constexpr unsigned STRIDE5 = 1u;  // of the staged halo
     // With FMAs the weights first ([c][tap][MQ]: quads stay 16-byte aligned), then CB channels of the halo; on the
-    // tensor cores (mma_staged_words) a weight row per (tap, dst channel), then a row per halo cell. A static array
-    // within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's direct_shared_bytes,
-    // the same count; a launch given less traps).
-    constexpr unsigned STAGED = MMA ? mma_staged_words(T_SIZE * MB + HALO, CB) : WEIGHTS + CB * HALO;
+    // tensor cores (mma_staged_words) a weight row per (step tap, dst channel), then a row per halo cell. A static
+    // array within STATIC_SHARED_BYTES, else the launch's dynamic shared memory (sized by the plan's
+    // direct_shared_bytes, the same count; a launch given less traps).
+    constexpr unsigned STAGED = MMA ? mma_staged_words(STEP_TAPS * MB + HALO, CB) : WEIGHTS + CB * HALO;
     constexpr unsigned STAGED_BYTES = STAGED * sizeof(scalar);
     constexpr bool DYNAMIC = STAGED_BYTES > STATIC_SHARED_BYTES;
     __shared__ __align__(16) scalar direct_shared[DIRECT && !DYNAMIC ? STAGED : 1];
@@ -4046,8 +4079,8 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
             static_assert(!MMA || (MB % 8 == 0 && CB % 8 == 0), "whole mma tiles of dst and source channels");
             constexpr unsigned BOX_CELLS = 1u * BOX0 * BOX1 * BOX2 * BOX3 * BOX4 * BOX5;
             constexpr unsigned THREADS = 32 * (((BOX_CELLS + 15) / 16 + R - 1) / R);
-            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [tap][dst channel][CP]
-            unsigned* const halo = ws + T_SIZE * MB * CP;  // [cell][CP]
+            unsigned* const ws = reinterpret_cast<unsigned*>(staged);  // [step tap][dst channel][CP]
+            unsigned* const halo = ws + STEP_TAPS * MB * CP;  // [cell][CP]
             const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
             // The halo cell of each of the thread's rows (cells g and g + 8 of each tile) at the window's first offset;
             // rows past the box read cell 0 and are not stored.
@@ -4090,20 +4123,38 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                     for (unsigned r = 0; r < R; ++r) acc[r][j][u] = acc[r][j][2 + u] = b;
                 }
             }
+            // A step: CB source channels from c0, the first axis's window offsets of a slice.
 #pragma unroll 1
-            for (unsigned c0 = 0; any_tap && c0 < SRC_C; c0 += CB) {
+            for (unsigned step = 0; any_tap && step < (SRC_C + CB - 1) / CB * SLICES; ++step) {
+                const unsigned c0 = step / SLICES * CB, slice = step % SLICES;
+                // Where the step's offsets start: its halo's first source cell per axis, the phase's offsets left.
+                const pos_t step_first0 = first0 + (pos_t)(slice * TS0) * HD0;
+                [[maybe_unused]] const pos_t step_taps0 = taps0 - (pos_t)(slice * TS0);
+                const pos_t step_first1 = first1;
+                [[maybe_unused]] const pos_t step_taps1 = taps1;
+                const pos_t step_first2 = first2;
+                [[maybe_unused]] const pos_t step_taps2 = taps2;
+                const pos_t step_first3 = first3;
+                [[maybe_unused]] const pos_t step_taps3 = taps3;
+                const pos_t step_first4 = first4;
+                [[maybe_unused]] const pos_t step_taps4 = taps4;
+                const pos_t step_first5 = first5;
+                [[maybe_unused]] const pos_t step_taps5 = taps5;
+                if (step_taps0 <= 0) continue;  // block-uniform: a phase with fewer offsets than the slices cover
                 __syncthreads();  // the last step's reads are done
                 bool rare = false;
-                for (unsigned e = tid; e < T_SIZE * MB * CB; e += THREADS) {
+                for (unsigned e = tid; e < STEP_TAPS * MB * CB; e += THREADS) {
                     const unsigned flat = opaque_index(e);
-                    const unsigned cl = flat % CB, n = flat / CB % MB, tap = flat / CB / MB, c = c0 + cl, m = m0 + n;
+                    const unsigned cl = flat % CB, n = flat / CB % MB, c = c0 + cl, m = m0 + n;
+                    const unsigned step_tap = flat / CB / MB;
+                    const unsigned tap = slice * STEP_TAPS + step_tap;  // the first axis is the window's outermost
                     constexpr bool tap_ok = true;
                     const unsigned kappa = tap;
                     float w = 0.f;
                     if (tap_ok && m < M && c < SRC_C) {
                         w = (float)load_element(w_values + ((size_t)m * SRC_C + c) * K_SIZE + kappa);
                     }
-                    ws[(tap * MB + n) * CP + cl] = staged_tf32(w, rare);
+                    ws[(step_tap * MB + n) * CP + cl] = staged_tf32(w, rare);
                 }
                 const real* __restrict__ step_values = src_values + (size_t)c0 * OUT_SIZE;
                 keep_in_register(step_values);
@@ -4122,22 +4173,22 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                     const pos_t h0 = (pos_t)rest;
                     bool inside = true;
                     unsigned offset = 0;
-                    const pos_t j0 = first0 + h0;
+                    const pos_t j0 = step_first0 + h0;
                     inside = inside && j0 >= 0 && j0 < OUT0;
                     offset = offset * OUT0 + (unsigned)j0;
-                    const pos_t j1 = first1 + h1;
+                    const pos_t j1 = step_first1 + h1;
                     inside = inside && j1 >= 0 && j1 < OUT1;
                     offset = offset * OUT1 + (unsigned)j1;
-                    const pos_t j2 = first2 + h2;
+                    const pos_t j2 = step_first2 + h2;
                     inside = inside && j2 >= 0 && j2 < OUT2;
                     offset = offset * OUT2 + (unsigned)j2;
-                    const pos_t j3 = first3 + h3;
+                    const pos_t j3 = step_first3 + h3;
                     inside = inside && j3 >= 0 && j3 < OUT3;
                     offset = offset * OUT3 + (unsigned)j3;
-                    const pos_t j4 = first4 + h4;
+                    const pos_t j4 = step_first4 + h4;
                     inside = inside && j4 >= 0 && j4 < OUT4;
                     offset = offset * OUT4 + (unsigned)j4;
-                    const pos_t j5 = first5 + h5;
+                    const pos_t j5 = step_first5 + h5;
                     inside = inside && j5 >= 0 && j5 < OUT5;
                     offset = offset * OUT5 + (unsigned)j5;
                     const real* __restrict__ cell = step_values + offset;
@@ -4162,7 +4213,7 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                         const unsigned* const step_halo = halo + s + 2 * t;
                         // The outer axes' offsets in one loop (row-major), the last axis's unrolled within it.
 #pragma unroll 1
-                        for (unsigned outer_tap = 0; outer_tap < T_SIZE / T5; ++outer_tap) {
+                        for (unsigned outer_tap = 0; outer_tap < STEP_TAPS / T5; ++outer_tap) {
                             [[maybe_unused]] unsigned rest = outer_tap;
                             unsigned line = 0;  // the halo cells from a row's first offset to this one
                             line += rest % T4 * (unsigned)HD4 * STRIDE4;
@@ -4173,8 +4224,8 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                             rest /= T2;
                             line += rest % T1 * (unsigned)HD1 * STRIDE1;
                             rest /= T1;
-                            line += rest % T0 * (unsigned)HD0 * STRIDE0;
-                            rest /= T0;
+                            line += rest % TS0 * (unsigned)HD0 * STRIDE0;
+                            rest /= TS0;
                             const unsigned* const tap_weights = step_weights + outer_tap * T5 * MB * CP;
 #pragma unroll
                             for (unsigned kl = 0; kl < T5; ++kl) {
@@ -4203,38 +4254,38 @@ extern "C" __global__ void conv_transpose_r6_backward_input_direct(
                             rest /= nonzero(BOX1);
                             const pos_t b0 = (pos_t)rest;
 #pragma unroll 1
-                            for (unsigned tap = 0; q < BOX_CELLS && tap < T_SIZE; ++tap) {
+                            for (unsigned tap = 0; q < BOX_CELLS && tap < STEP_TAPS; ++tap) {
                                 unsigned kr = tap, shift = 0;
                                 bool inside = true;
                                 const pos_t k5 = (pos_t)(kr % T5);
                                 kr /= T5;
-                                const pos_t j5 = first5 + b5 * HS5 + k5 * HD5;
-                                inside = inside && k5 < taps5 && j5 >= 0 && j5 < OUT5;
+                                const pos_t j5 = step_first5 + b5 * HS5 + k5 * HD5;
+                                inside = inside && k5 < step_taps5 && j5 >= 0 && j5 < OUT5;
                                 shift += (unsigned)(k5 * HD5) * STRIDE5;
                                 const pos_t k4 = (pos_t)(kr % T4);
                                 kr /= T4;
-                                const pos_t j4 = first4 + b4 * HS4 + k4 * HD4;
-                                inside = inside && k4 < taps4 && j4 >= 0 && j4 < OUT4;
+                                const pos_t j4 = step_first4 + b4 * HS4 + k4 * HD4;
+                                inside = inside && k4 < step_taps4 && j4 >= 0 && j4 < OUT4;
                                 shift += (unsigned)(k4 * HD4) * STRIDE4;
                                 const pos_t k3 = (pos_t)(kr % T3);
                                 kr /= T3;
-                                const pos_t j3 = first3 + b3 * HS3 + k3 * HD3;
-                                inside = inside && k3 < taps3 && j3 >= 0 && j3 < OUT3;
+                                const pos_t j3 = step_first3 + b3 * HS3 + k3 * HD3;
+                                inside = inside && k3 < step_taps3 && j3 >= 0 && j3 < OUT3;
                                 shift += (unsigned)(k3 * HD3) * STRIDE3;
                                 const pos_t k2 = (pos_t)(kr % T2);
                                 kr /= T2;
-                                const pos_t j2 = first2 + b2 * HS2 + k2 * HD2;
-                                inside = inside && k2 < taps2 && j2 >= 0 && j2 < OUT2;
+                                const pos_t j2 = step_first2 + b2 * HS2 + k2 * HD2;
+                                inside = inside && k2 < step_taps2 && j2 >= 0 && j2 < OUT2;
                                 shift += (unsigned)(k2 * HD2) * STRIDE2;
                                 const pos_t k1 = (pos_t)(kr % T1);
                                 kr /= T1;
-                                const pos_t j1 = first1 + b1 * HS1 + k1 * HD1;
-                                inside = inside && k1 < taps1 && j1 >= 0 && j1 < OUT1;
+                                const pos_t j1 = step_first1 + b1 * HS1 + k1 * HD1;
+                                inside = inside && k1 < step_taps1 && j1 >= 0 && j1 < OUT1;
                                 shift += (unsigned)(k1 * HD1) * STRIDE1;
-                                const pos_t k0 = (pos_t)(kr % T0);
-                                kr /= T0;
-                                const pos_t j0 = first0 + b0 * HS0 + k0 * HD0;
-                                inside = inside && k0 < taps0 && j0 >= 0 && j0 < OUT0;
+                                const pos_t k0 = (pos_t)(kr % TS0);
+                                kr /= TS0;
+                                const pos_t j0 = step_first0 + b0 * HS0 + k0 * HD0;
+                                inside = inside && k0 < step_taps0 && j0 >= 0 && j0 < OUT0;
                                 shift += (unsigned)(k0 * HD0) * STRIDE0;
                                 if (!inside) continue;
                                 const unsigned* const tap_weights = ws + (tap * MB + 2 * t) * CP;
