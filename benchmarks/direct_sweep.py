@@ -25,20 +25,9 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from convgen.direct_model import (
-    MMA_DIRECT_MODE,
-    DirectShape,
-    DirectTile,
-    WeightTile,
-    choose_direct,
-    cut_tile,
-    direct_shapes,
-    direct_tile,
-    mma_box,
-    mma_slices,
-    mma_tile,
-    weight_shape,
-)
+from convgen.direct_model import DirectTile, choose_direct, cut_tile, direct_tile, mma_slices, mma_tile
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, mma_box, weight_shape
+from convgen.direct_weight_model import WeightTile
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
 from suite.contestants import convgen_op, make_device_inputs
@@ -86,9 +75,10 @@ def stage_shape(case: Case, stage: str, precision: str = "highest") -> DirectSha
     """The case's `stage` as the direct kernels see it on float32 elements in `precision`, if it is a convolution."""
     if not case.is_conv:
         return None
+    mma = MMA_DIRECT_MODE if precision == "medium" else 0
     if stage == "backward_weight":
-        return weight_shape(case.geometry, 4)
-    return direct_shapes(case.geometry, 4, MMA_DIRECT_MODE if precision == "medium" else 0)[stage]
+        return weight_shape(case.geometry, 4, mma)
+    return direct_shapes(case.geometry, 4, mma)[stage]
 
 
 def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, hardware: Hardware = H200

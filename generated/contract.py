@@ -82,8 +82,9 @@ DIRECT_SWITCHES: tuple[str, ...] = ('DIRECT', 'DIRECT_MMA')  # 0 where the GEMM 
 DIRECT_BOX_FIELD = 'DIRECT_BOX'
 # The weight gradient's `_direct` kernel: <PREFIX>_DIRECT, _V (D cells a thread reads at a time along the last
 # axis), _LANES (threads per U channel and outer window offsets) and the box of D's cells of a work item,
-# <PREFIX>_DIRECT_BOX<a>; its blocks per group (partial sums) are the stage's <PREFIX>_SPLIT.
-DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES', 'DIRECT_CHANNEL_BLOCKS')
+# <PREFIX>_DIRECT_BOX<a>, and _MMA (1: TF32 tensor cores, its warps each V outer window offsets); its blocks per
+# group (partial sums) are the stage's <PREFIX>_SPLIT.
+DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES', 'DIRECT_CHANNEL_BLOCKS', 'DIRECT_MMA')
 # A conv-shaped stage's `_wgmma` kernel (warpgroup mma, sm_90a; the TF32 modes): <PREFIX>_WGMMA (1: launched
 # instead of the stage's GEMM, after its `_wgpack`), _WG_N (dst channels of a block: wgmma's N, one of WG_NS),
 # _WG_CELLS (dst cells of a block: 64 a warpgroup), _WG_STAGES (slices in shared memory: two in flight, and 16-bit
@@ -123,6 +124,12 @@ def direct_mma_row_words(cb: int) -> int:
     """Words of a staged cell's (or weight row's) CB channels in a tensor-core direct kernel: an odd multiple of 8, so
     that a warp's fragment loads hit distinct banks (templates/cuda/direct.cuh, mma_row_words)."""
     return cb // 16 * 16 + 8
+
+
+def weight_mma_row_words(cells: int) -> int:
+    """Words of a staged row (one channel's cells of D's box or of U's halo) in the tensor-core direct weight kernel: 4
+    past a multiple of 8, so that a warp's fragment loads hit distinct banks (templates/cuda/direct.cuh)."""
+    return (cells + 7) // 8 * 8 + 4
 
 
 def gemm_slice_bytes(bm: int, bn: int, bk: int, element_bytes: int = 4, stages: int = SHARED_BUFFERS) -> int:
@@ -697,8 +704,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_SLICES", "BWI_DIRECT_BOX0", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
             "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK",
             "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST",
+            "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 2): KernelSource(
@@ -742,8 +750,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX1", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
             "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST",
+            "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 3): KernelSource(
@@ -787,9 +796,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_SLICES", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N",
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT",
             "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 4): KernelSource(
@@ -834,9 +843,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 5): KernelSource(
@@ -882,9 +891,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
             "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK",
             "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 6): KernelSource(
@@ -931,9 +940,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST",
             "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
-            "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
-            "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
+            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 7): KernelSource(
@@ -981,9 +990,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
             "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV, 8): KernelSource(
@@ -1031,10 +1040,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWI_WGMMA", "BWI_WG_N",
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT",
             "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 1): KernelSource(
@@ -1077,8 +1086,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_SLICES", "BWI_DIRECT_BOX0", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
             "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK",
             "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST",
+            "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 2): KernelSource(
@@ -1122,8 +1132,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX1", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
             "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_WGMMA",
+            "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST",
+            "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 3): KernelSource(
@@ -1167,9 +1178,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_SLICES", "BWI_DIRECT_BOX0", "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_WGMMA", "BWI_WG_N",
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT",
             "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 4): KernelSource(
@@ -1214,9 +1225,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX1", "BWI_DIRECT_BOX2", "BWI_DIRECT_BOX3", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS",
             "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM",
             "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 5): KernelSource(
@@ -1262,9 +1273,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX3", "BWI_DIRECT_BOX4", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES",
             "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK",
             "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V",
-            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
-            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1",
+            "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 6): KernelSource(
@@ -1311,9 +1322,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST",
             "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS",
             "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS",
-            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
-            "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS",
-            "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
+            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
+            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 7): KernelSource(
@@ -1361,9 +1372,9 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX6", "BWI_WGMMA", "BWI_WG_N", "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS",
             "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT", "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN",
             "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA", "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES",
-            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3",
-            "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
-            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA", "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2",
+            "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_WGMMA", "BWW_WG_N",
+            "BWW_WG_CELLS", "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.CONV_TRANSPOSE, 8): KernelSource(
@@ -1411,10 +1422,10 @@ KERNELS: dict[tuple[Family, int], KernelSource] = {
             "BWI_DIRECT_BOX4", "BWI_DIRECT_BOX5", "BWI_DIRECT_BOX6", "BWI_DIRECT_BOX7", "BWI_WGMMA", "BWI_WG_N",
             "BWI_WG_CELLS", "BWI_WG_STAGES", "BWI_WG_MIN_BLOCKS", "BWI_WG_K", "BWI_WG_CHANNELS_LAST", "BWI_WG_SHIFT",
             "BWW_BM", "BWW_BN", "BWW_BK", "BWW_TM", "BWW_TN", "BWW_SPLIT", "BWW_MIN_BLOCKS", "BWW_STAGES", "BWW_MMA",
-            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_BOX0",
-            "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4", "BWW_DIRECT_BOX5",
-            "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS", "BWW_WG_STAGES",
-            "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
+            "BWW_DIRECT", "BWW_DIRECT_V", "BWW_DIRECT_LANES", "BWW_DIRECT_CHANNEL_BLOCKS", "BWW_DIRECT_MMA",
+            "BWW_DIRECT_BOX0", "BWW_DIRECT_BOX1", "BWW_DIRECT_BOX2", "BWW_DIRECT_BOX3", "BWW_DIRECT_BOX4",
+            "BWW_DIRECT_BOX5", "BWW_DIRECT_BOX6", "BWW_DIRECT_BOX7", "BWW_WGMMA", "BWW_WG_N", "BWW_WG_CELLS",
+            "BWW_WG_STAGES", "BWW_WG_MIN_BLOCKS", "BWW_WG_K", "BWW_WG_CHANNELS_LAST", "BWW_WG_SHIFT",
         ),
     ),
     (Family.MAX_POOL, 1): KernelSource(

@@ -16,17 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from convgen.backend import HALF_DTYPES, PRECISIONS, precision_refusal
-from convgen.direct_model import (
-    MMA_DIRECT_MODE,
-    DirectChooser,
-    DirectShape,
-    DirectTile,
-    choose_direct,
-    direct_grid,
-    direct_shapes,
-    direct_shared_bytes,
-    weight_shape,
-)
+from convgen.direct_model import DirectChooser, DirectTile, choose_direct, direct_grid, direct_shared_bytes
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, weight_shape
+from convgen.direct_weight_model import weight_mma_shared_bytes
 from convgen.gemm_shapes import HALF_MMA_K, MMA_K, GemmShape, ceil_div, gemm_shapes
 from convgen.generated.contract import (
     BIAS_PREFIX,
@@ -255,16 +247,17 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
                              source_elements, copied_packs)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
-            weight = direct_chooser(weight_shape(bucketed, staged_bytes), hardware)
+            weight = direct_chooser(weight_shape(bucketed, staged_bytes, direct_mma), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS,
-                                          weight and (1, weight.v, weight.lanes, weight.channel_blocks),
+                                          weight and (1, weight.v, weight.lanes, weight.channel_blocks, weight.mma),
                                           weight and weight.box, geom.rank))
             wgmma = None if weight else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))
             if weight or wgmma:  # their parts are the stage's split
                 values[f"{prefix}_SPLIT"] = weight.parts if weight else wgmma.split
             if weight and count:
-                launches[stage] = Launch(geom.groups * weight.blocks, weight.threads, kernel=f"{stage}_direct")
+                staged = weight_mma_shared_bytes(weight, weight_shape(geom, staged_bytes)) if weight.mma else 0
+                launches[stage] = Launch(geom.groups * weight.blocks, weight.threads, staged, kernel=f"{stage}_direct")
                 launches[f"{stage}_reduce"] = _reduce_launch(count, shape.outputs, weight.parts)
                 splits[stage] = weight.parts
             elif wgmma and count:

@@ -1,7 +1,8 @@
 """The small-channel direct kernels: when a conv-shaped stage (forward or backward_input: one of the direct form,
 the other gathered per stride phase) runs as a stencil (templates/cuda/_direct_conv.cu.j2), or the weight gradient
-as its direct kernel (templates/cuda/_direct_weight.cu.j2, `weight_shape`, `weight_tile`), instead of the stage's
-implicit GEMM, and how their blocks are cut. Steers which kernel runs, never what is computed.
+as its direct kernel (templates/cuda/_direct_weight.cu.j2; its tiles are direct_weight_model's), instead of the
+stage's implicit GEMM (`choose_direct`), and how a conv-shaped stage's blocks are cut, with FMAs or on TF32 tensor
+cores. Steers which kernel runs, never what is computed. The stencils themselves are direct_shapes'.
 
 An implicit GEMM of M dst channels reuses each gathered source value M times; with few channels and a large
 window the gather dominates (conv4d N8 8->8 16⁴: 298 µs forward as a GEMM, 18 TFLOP/s). The direct kernel
@@ -29,10 +30,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box
+from convgen.direct_weight_model import (
+    DIRECT_WEIGHT_MAX_SOURCE_C,
+    DIRECT_WEIGHT_MIN_WINDOW,
+    WeightTile,
+    weight_mma_tile,
+    weight_tile,
+)
 from convgen.gemm_shapes import ceil_div
 from convgen.generated.contract import direct_mma_row_words
-from convgen.geometry import Family, Geometry
-from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware
+from convgen.tile_model import Hardware
 
 DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
 # When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...
@@ -43,13 +51,6 @@ DIRECT_MIN_WINDOW = 27  # offsets of the window (a 3x3x3 one; a phase's in the g
 DIRECT_FEW_DST = 4
 DIRECT_FEW_DST_MIN_WINDOW = 16
 DIRECT_FEW_DST_MIN_CELLS_PER_SM = 4 * 512  # four such blocks: dst cells of all phases, images and groups
-# The weight gradient's direct kernel, where the plans take it: up to DIRECT_MAX_M D channels, windows of at least 9
-# offsets, up to 64 U channels a group (shared by channel blocks of at most WEIGHT_MAX_ROWS rows). Measured against
-# its GEMM in every such case (H100, whole backward µs, benchmarks/measured/2026-12-06-h100-s45-direct-sweep-bww.txt):
-# conv4d N4 16->16 20⁴ 2131 / 4140, 16->1 358 / 2309, 1->16 305 / 562, N2 10->10 16⁴ k5 2000 / 3084, N2 16->16
-# 8x32³ 1754 / 3163; conv3d N16 16->16 16³ 91 / 146; conv2d N32 16->16 56² 73 / 102, N32 64->8 56² 114 / 166.
-DIRECT_WEIGHT_MIN_WINDOW = 9
-DIRECT_WEIGHT_MAX_SOURCE_C = 64
 # How its blocks are cut. V = 2 cells a thread at 256 threads ran every measured case fastest or within 5% of the
 # fastest (conv4d N8 16⁴: 214 µs, V = 8 205, V = 4 216; one image 46 against 67-118 for V = 4 or 8; conv3d N8
 # 32³: 40 against 43-64); padding the staged rows against bank conflicts changed nothing measurable (conv4d N8:
@@ -71,12 +72,6 @@ DIRECT_MAX_CB = 8  # source channels staged per step (fewer barriers and halo po
 # conv4d N8 forward 169.6 µs at 2 channels a step, 159.3 at 4 (72 KB, 3 blocks an SM), 180.1 at 8 (one block);
 # one image's 64 blocks 35.2 at 2, 29.6 at 8; the k7 s2 input gradient's backward 869.4 at 4, 833.4 at 8.
 DIRECT_STAGING_BLOCKS_PER_SM = 3
-# The direct weight gradient: a thread per (U channel, outer window offsets) and lane holds M x K_last sums ...
-WEIGHT_MAX_ROWS = 256  # ... of at most this many rows a block (one thread each, and lanes up to this many threads)
-WEIGHT_MAX_SUMS = 64  # ... and registers
-WEIGHT_MAX_BOX_CELLS = 512  # a work item's box of D's cells grows to this many while its staging fits
-WEIGHT_BOX_LAST = 32  # cells of the box along the last axis at most
-WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC: 64-72 in float32, ~100 in float64)
 # The direct kernel on TF32 tensor cores (_direct_mma.cu.j2): each warp takes V tiles of MMA_TILE_CELLS of the box's
 # cells against MB dst channels (whole tiles of 8, at most MMA_DIRECT_MAX_M), CB source channels a step (8: one k
 # step, whose rows of 8 words keep a warp's fragment loads on distinct banks), a box of the most cells of
@@ -86,7 +81,6 @@ WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC
 # that left two blocks an SM): conv4d N4 16->16 20⁴ 407 / 1748 against 451 / 1871, N2 16->16 8x32³ (512 cells, one
 # block an SM) 316 / 1401 against 416 / 1702, conv4d N8 8->8 16⁴ 98 / 332 against 96 / 341, conv3d N16 16->16 16³
 # 17.8 / 65 against 18.8 / 67, conv2d N32 16->16 56² 17.3 / 54 against 17.6 / 54; V = 1 lost (480 µs on 8x32³).
-MMA_DIRECT_MODE = 1
 MMA_TILE_CELLS = 16
 MMA_DIRECT_MAX_M = 32
 MMA_DIRECT_TILES = 2
@@ -104,35 +98,13 @@ MMA_DIRECT_BLOCKS_PER_SM = 1
 MMA_PLAN_MIN_CHANNELS = 8
 MMA_PLAN_MAX_CHANNELS = 16
 MMA_PLAN_MIN_WINDOW = 9
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DirectShape:
-    """A conv-shaped stage as the direct kernel sees it, per group: a stencil over `cells` per axis (the dst
-    cells; in the gather form, the cells u of one of `phases` stride phases, dst cell rho + S*u), each `step`
-    source cells after the last, reading at most `taps` window offsets `spacing` apart."""
-
-    cells: tuple[int, ...]
-    taps: tuple[int, ...]
-    step: tuple[int, ...]
-    spacing: tuple[int, ...]
-    phases: int
-    m: int  # dst channels of a group
-    source_c: int  # source channels of a group
-    images: int
-    groups: int
-    staged_bytes: int  # of a value in shared memory: 8 for float64, else 4 (16-bit elements widen)
-    # The weight gradient (its own kernel, _direct_weight.cu.j2): `cells` are D's, `m` D's channels, `source_c`
-    # U's, and `images` the batch its split is chosen for (the plan's bucket: the split is a define).
-    weight: bool = False
-    # A conv-shaped stage of float32 elements in the precision "medium": the direct kernel may multiply on TF32
-    # tensor cores (MMA_DIRECT_MODE), else 0 (FMAs).
-    mma: int = 0
-
-    @property
-    def window(self) -> int:
-        """Window offsets a cell reads at most (in the gather form, its phase's)."""
-        return math.prod(self.taps)
+# The weight gradient's tensor-core form (direct_weight_model.weight_mma_tile), where it beat the FMA direct weight
+# kernel (H100, whole backward of one recorded forward in "medium", µs, mma / FMA; -h100-s47-direct-sweep-bww.txt):
+# conv4d N4 16->16 20⁴ 1384 / 1784, N2 16->16 8x32³ 840 / 1433. It lost at 8 channels (conv4d N8 8->8 16⁴ 363 / 340,
+# N32 8⁴ 103 / 99: half of each 16-row tile is padding) and at windows of 27 or 9 offsets (conv3d N16 16->16 16³ 72 /
+# 66, conv2d N32 16->16 56² 69 / 59).
+MMA_WEIGHT_PLAN_CHANNELS = 16
+MMA_WEIGHT_PLAN_MIN_WINDOW = 81
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,63 +126,7 @@ class DirectTile:
         return math.prod(self.box[:-1]) * (self.box[-1] // self.v)
 
 
-@dataclass(frozen=True, slots=True)
-class WeightTile:
-    """The direct weight gradient's blocks: a group's U channels shared by `channel_blocks` blocks, and `parts`
-    blocks of each split the work items (image, box of D's cells `box`); in a block `lanes` threads per (U channel,
-    outer window offsets), each reading V cells at a time."""
-
-    v: int
-    lanes: int
-    box: tuple[int, ...]
-    parts: int
-    rows: int  # the block's U channels x outer window offsets
-    channel_blocks: int = 1
-
-    @property
-    def blocks(self) -> int:
-        """Blocks a group: its channel blocks' parts."""
-        return self.channel_blocks * self.parts
-
-    @property
-    def threads(self) -> int:
-        return self.rows * self.lanes
-
-
 DirectChooser = Callable[[DirectShape, Hardware], "DirectTile | WeightTile | None"]
-
-
-def direct_shapes(geom: Geometry, staged_bytes: int, mma: int = 0) -> dict[str, DirectShape]:
-    """The conv-shaped stages of a conv-family geometry: forward and backward_input, one of them of the direct
-    form (conv's forward, the transpose's backward_input), the other of the gather form (dst cell d = j*S + k*D
-    - P collects from source cell j), which runs per stride phase: per axis ceil(dst / S) cells u, at most
-    ceil(K / SG) taps DG apart (SG = S / gcd(S, D), DG = D / gcd(S, D); _phases.cu.j2). `mma`: DirectShape.mma."""
-    in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
-    common = {"images": geom.images, "groups": geom.groups, "staged_bytes": staged_bytes, "mma": mma}
-    gcds = [math.gcd(s, d) for s, d in zip(geom.stride, geom.dilation)]
-
-    def direct_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
-        return DirectShape(cells=dst_spatial, taps=geom.kernel, step=geom.stride, spacing=geom.dilation, phases=1,
-                           m=m, source_c=source_c, **common)
-
-    def gather_form(dst_spatial: tuple[int, ...], m: int, source_c: int) -> DirectShape:
-        return DirectShape(cells=tuple(ceil_div(e, s) for e, s in zip(dst_spatial, geom.stride)),
-                           taps=tuple(ceil_div(k, s // g) for k, s, g in zip(geom.kernel, geom.stride, gcds)),
-                           step=(1,) * geom.rank, spacing=tuple(d // g for d, g in zip(geom.dilation, gcds)),
-                           phases=math.prod(geom.stride), m=m, source_c=source_c, **common)
-
-    if geom.family is Family.CONV:
-        return {"forward": direct_form(geom.out_spatial, out_c, in_c),
-                "backward_input": gather_form(geom.in_spatial, in_c, out_c)}
-    return {"forward": gather_form(geom.out_spatial, out_c, in_c),
-            "backward_input": direct_form(geom.in_spatial, in_c, out_c)}
-
-
-def halo(box: tuple[int, ...], shape: DirectShape, slices: int = 1) -> int:
-    """Source cells a block stages per channel and step: its box's windows, per axis (box - 1) * step + (taps - 1) *
-    spacing + 1, of the first axis's taps those of one of `slices` equal slices."""
-    taps = (shape.taps[0] // slices, *shape.taps[1:])
-    return math.prod((b - 1) * s + (t - 1) * d + 1 for b, s, t, d in zip(box, shape.step, taps, shape.spacing))
 
 
 def direct_shared_bytes(tile: DirectTile, shape: DirectShape) -> int:
@@ -293,21 +209,6 @@ def mma_slices(shape: DirectShape) -> list[int]:
     return [s for s in range(1, first + 1) if first % s == 0]
 
 
-def mma_box(dst_spatial: tuple[int, ...], cells: int) -> tuple[int, ...]:
-    """A tensor-core direct block's box of at most `cells` cells (more where the last axis alone has more): the last
-    axis whole up to `cells` (else `cells` of it), then the other axes doubled in turn from the innermost out while
-    the box stays within `cells`, none past its extent rounded up to a power of two."""
-    *outer, last = dst_spatial
-    box = [1] * len(outer) + [min(last, cells)]
-    grown = True
-    while grown:
-        grown = False
-        for a in reversed(range(len(outer))):
-            if box[a] < outer[a] and 2 * math.prod(box) <= cells:
-                box[a], grown = box[a] * 2, True
-    return tuple(box)
-
-
 def covered(tile: DirectTile, shape: DirectShape) -> float:
     """The share of the cells its boxes cover that a stage has: the rest are threads with nothing to write."""
     return math.prod(shape.cells) / math.prod(ceil_div(c, b) * b for c, b in zip(shape.cells, tile.box))
@@ -343,12 +244,16 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     of at most DIRECT_PLAN_MAX_CHANNELS dst and source channels and a window of at least DIRECT_MIN_WINDOW offsets, or
     of at most DIRECT_FEW_DST dst channels and DIRECT_FEW_DST_MIN_WINDOW offsets with DIRECT_FEW_DST_MIN_CELLS_PER_SM
     dst cells an SM; of a weight-gradient stage of at most DIRECT_MAX_M D channels, DIRECT_WEIGHT_MAX_SOURCE_C U
-    channels and DIRECT_WEIGHT_MIN_WINDOW offsets; on TF32 tensor cores (`shape.mma`), the mma tile of a stage of
-    MMA_PLAN_MIN_CHANNELS to MMA_PLAN_MAX_CHANNELS dst and source channels and a window of at least
-    MMA_PLAN_MIN_WINDOW offsets; else None (the GEMM)."""
-    if shape.mma and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
+    channels and DIRECT_WEIGHT_MIN_WINDOW offsets; on TF32 tensor cores (`shape.mma`), the mma tile of a
+    conv-shaped stage of MMA_PLAN_MIN_CHANNELS to MMA_PLAN_MAX_CHANNELS dst and source channels and a window of at
+    least MMA_PLAN_MIN_WINDOW offsets, or of a weight-gradient stage of MMA_WEIGHT_PLAN_CHANNELS D and U channels and
+    at least MMA_WEIGHT_PLAN_MIN_WINDOW offsets; else None (the GEMM)."""
+    if shape.mma and not shape.weight and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
             and max(shape.m, shape.source_c) <= MMA_PLAN_MAX_CHANNELS and shape.window >= MMA_PLAN_MIN_WINDOW \
             and (mma := mma_tile(shape, hardware)):
+        return mma
+    if shape.mma and shape.weight and shape.m == shape.source_c == MMA_WEIGHT_PLAN_CHANNELS \
+            and shape.window >= MMA_WEIGHT_PLAN_MIN_WINDOW and (mma := weight_mma_tile(shape, hardware)):
         return mma
     tile = direct_tile(shape, hardware)
     if tile is None:
@@ -374,70 +279,3 @@ def direct_grid(tile: DirectTile, shape: DirectShape) -> int:
     return shape.images * shape.groups * shape.phases * ceil_div(shape.m, tile.mb) * boxes
 
 
-def weight_shape(geom: Geometry, staged_bytes: int) -> DirectShape:
-    """The weight-gradient stage of a conv-family geometry as the direct weight kernel sees it, per group: dW[m, c,
-    k] sums D[m, p] * U[c, p*S + k*D - P] over D's cells p (conv: D the output gradient, U the input; transpose:
-    D the input, U the output gradient); `geom.images` should be the plan's bucket of the batch."""
-    in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
-    conv = geom.family is Family.CONV
-    return DirectShape(cells=geom.out_spatial if conv else geom.in_spatial, taps=geom.kernel, step=geom.stride,
-                       spacing=geom.dilation, phases=1, m=out_c if conv else in_c, source_c=in_c if conv else out_c,
-                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, weight=True)
-
-
-def weight_staged(box: tuple[int, ...], shape: DirectShape, channels: int) -> int:
-    """Values a work item stages: the box of D's M channels and U's halo of a block's `channels`."""
-    return shape.m * math.prod(box) + channels * halo(box, shape)
-
-
-def weight_channel_blocks(shape: DirectShape) -> int | None:
-    """The fewest blocks that share a group's U channels equally with at most WEIGHT_MAX_ROWS rows (U channels x
-    outer window offsets) each, or None where one channel's rows are more."""
-    outer = math.prod(shape.taps[:-1])
-    return next((b for b in range(1, shape.source_c + 1)
-                 if shape.source_c % b == 0 and shape.source_c // b * outer <= WEIGHT_MAX_ROWS), None)
-
-
-def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
-    """How the direct weight kernel would cut a weight-gradient stage multiplied with FMAs, or None: rows of at most
-    WEIGHT_MAX_ROWS (U channels x outer window offsets; the group's channels shared by as few channel blocks as that
-    takes) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1 cells a read, the last axis of the box up to
-    WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the innermost out while the staging fits the
-    shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes up to WEIGHT_MAX_ROWS threads; parts to
-    fill the SMs once, within the split workspace."""
-    if 0 in shape.cells or not 1 <= shape.m or shape.source_c == 0:
-        return None
-    channel_blocks = weight_channel_blocks(shape)
-    if channel_blocks is None or shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
-        return None
-    channels = shape.source_c // channel_blocks
-    rows = channels * math.prod(shape.taps[:-1])
-    capacity = hardware.shared_per_block // shape.staged_bytes
-    *outer, last = shape.cells
-    v = 4 if last >= 4 else 2 if last >= 2 else 1
-    box = [1] * len(outer) + [min(ceil_div(last, v) * v, WEIGHT_BOX_LAST)]
-    if weight_staged(tuple(box), shape, channels) > capacity:
-        return None
-    grown = True
-    while grown:
-        grown = False
-        for a in reversed(range(len(outer))):
-            wider = [*box[:a], box[a] * 2, *box[a + 1:]]
-            if box[a] < outer[a] and math.prod(wider) <= WEIGHT_MAX_BOX_CELLS and \
-                    weight_staged(tuple(wider), shape, channels) <= capacity:
-                box, grown = wider, True
-    lanes = max(1, min(WEIGHT_MAX_ROWS // rows, math.prod(box[:-1])))  # lanes take the box's lines in turn
-    threads = rows * lanes
-    staged_bytes = max(weight_staged(tuple(box), shape, channels),
-                       threads * shape.m * shape.taps[-1] if lanes > 1 else 0) * shape.staged_bytes
-    if staged_bytes > hardware.shared_per_block:
-        return None
-    registers = WEIGHT_REGISTERS * shape.staged_bytes // 4
-    resident = max(1, min(hardware.shared_per_sm // (staged_bytes + hardware.shared_reserved_per_block),
-                          hardware.threads_per_sm // threads, hardware.registers_per_sm // (registers * threads),
-                          hardware.blocks_per_sm))
-    items = shape.images * math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box))
-    weights = shape.groups * shape.m * shape.source_c * math.prod(shape.taps)
-    workspace = SPLIT_WORKSPACE_BYTES // (weights * shape.staged_bytes)
-    parts = max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups * channel_blocks), workspace))
-    return WeightTile(v=v, lanes=lanes, box=tuple(box), parts=parts, rows=rows, channel_blocks=channel_blocks)

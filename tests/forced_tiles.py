@@ -7,18 +7,12 @@ CuPy."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from convgen.cuda_launch import GemmTile
-from convgen.direct_model import (
-    MMA_DIRECT_CB,
-    MMA_DIRECT_MODE,
-    DirectChooser,
-    DirectTile,
-    cut_tile,
-    direct_tile,
-    mma_box,
-    mma_slices,
-)
+from convgen.direct_model import MMA_DIRECT_CB, DirectChooser, DirectTile, cut_tile, direct_tile, mma_slices
+from convgen.direct_shapes import MMA_DIRECT_MODE, mma_box
+from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
@@ -145,4 +139,21 @@ def mma_direct(cells: int, tiles: int, slices: int = 1) -> DirectChooser:
         mb = -(-shape.m // 8) * 8
         return DirectTile(v=tiles, mb=mb, cb=MMA_DIRECT_CB, box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE,
                           slices=slices if slices in mma_slices(shape) else 1)
+    return chooser
+
+
+def mma_weight_direct(cells: int, rows_a_warp: int, parts: int, channel_blocks: int = 1) -> DirectChooser:
+    """mma_direct's conv-shaped stages (boxes of `cells`, two tiles a warp) and the weight gradient on the tensor cores
+    too: boxes of at most `cells` of D's cells, `rows_a_warp` outer window offsets a warp (more where the warps would
+    be past MMA_WEIGHT_MAX_WARPS), `parts` blocks splitting the items and `channel_blocks` blocks sharing the U channels
+    where they divide them (else one)."""
+    conv = mma_direct(cells, 2)
+
+    def chooser(shape, hardware):
+        if not (shape.weight and shape.mma == MMA_DIRECT_MODE):
+            return conv(shape, hardware)
+        blocks = channel_blocks if shape.source_c % channel_blocks == 0 else 1
+        outer = math.prod(shape.taps[:-1])
+        return WeightTile(v=max(rows_a_warp, -(-outer // MMA_WEIGHT_MAX_WARPS)), lanes=1, box=mma_box(shape.cells, cells),
+                          parts=parts, rows=outer, channel_blocks=blocks, mma=MMA_DIRECT_MODE)
     return chooser

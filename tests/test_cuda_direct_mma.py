@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import H200, plan
-from convgen.direct_model import direct_shapes, direct_shared_bytes
+from convgen.direct_model import direct_shared_bytes
+from convgen.direct_shapes import direct_shapes
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
-from forced_tiles import mma_direct
+from forced_tiles import mma_direct, mma_weight_direct
 from precision_bounds import FLOAT32_UNIT, TF32_BOUND
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
@@ -22,9 +23,8 @@ import convgen.cpu  # noqa: E402  (after the skip)
 STAGES = ("forward", "backward_input")
 
 
-def mma_tape(cells: int, tiles: int, slices: int = 1) -> type:
-    """A poisoning "medium" tape whose conv-shaped stages run the direct kernel on the tensor cores."""
-    chooser = mma_direct(cells, tiles, slices)
+def mma_tape(chooser) -> type:
+    """A poisoning "medium" tape whose stages run the direct kernels `chooser` gives (forced_tiles' mma choosers)."""
     backend = type("MmaDirectBackend", (PoisonBackend,), {"direct_chooser": staticmethod(chooser)})
     tape = type("MmaDirectTape", (PoisonTape,), {"backend_class": backend})
     return lambda: tape(precision="medium")
@@ -55,16 +55,18 @@ def errors(tape_class, geom: Geometry, inputs, grad) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("cells, tiles, sliced", [(32, 1, False), (64, 4, False), (64, 2, True)],
-                         ids=["one-tile-warps", "four-tile-warps", "first-axis-slices"])
+@pytest.mark.parametrize("cells, tiles, sliced, weight", [(32, 1, False, False), (64, 2, False, True),
+                                                           (64, 2, True, False)],
+                         ids=["one-tile-warps", "weight-gradient-too", "first-axis-slices"])
 @pytest.mark.parametrize("rank", RANKS)
 @pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
 def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank: int, cells: int, tiles: int,
-                                                            sliced: bool) -> None:
-    """`sliced`: the first axis's window offsets one a step (past rank 1)."""
+                                                            sliced: bool, weight: bool) -> None:
+    """`sliced`: the first axis's window offsets one a step (past rank 1); `weight`: the weight gradient on the tensor
+    cores too (one outer window offset a warp where the warps allow, two parts)."""
     geom = mma_geometry(family, rank)
     slices = geom.kernel[0] if sliced and rank > 1 else 1
-    chooser = mma_direct(cells, tiles, slices)
+    chooser = mma_weight_direct(cells, 1, 2) if weight else mma_direct(cells, tiles, slices)
     made = plan(geom, precision="medium", direct_chooser=chooser)
     shapes = direct_shapes(geom, 4, 1)
     for stage in STAGES:
@@ -72,12 +74,14 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
         assert made.launches[stage].kernel == f"{stage}_direct" and made.defines[f"{prefix}_DIRECT_MMA"]
         assert made.defines[f"{prefix}_DIRECT_SLICES"] == slices
         assert direct_shared_bytes(chooser(shapes[stage], H200), shapes[stage]) <= H200.shared_optin_per_block
+    assert made.defines["BWW_DIRECT_MMA"] == int(weight)
     rng = reference.case_rng("cuda direct mma", family.value, rank, cells)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    output, dkernel, dbias, dinput = errors(mma_tape(cells, tiles, slices), geom, inputs, grad)
+    output, dkernel, dbias, dinput = errors(mma_tape(chooser), geom, inputs, grad)
     for name, error in (("output", output), ("dkernel", dkernel), ("dbias", dbias), ("dinput", dinput)):
         assert error <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {error:.3g}"
-    assert min(output, dinput) > 4 * FLOAT32_UNIT, f"{geom}: float32's error: no tensor core ran"
+    assert min(output, dinput, *([dkernel] if weight else [])) > 4 * FLOAT32_UNIT, \
+        f"{geom}: float32's error: no tensor core ran"
 
 
 def made_prefix(stage: str) -> str:
@@ -95,7 +99,7 @@ def test_non_finite_values_take_the_careful_path(stride: int) -> None:
     weight[1, 2, 0, 0], weight[3, 9, 2, 1] = np.inf, np.nan
     x[1, 4, 3, 3], x[0, 2, 0, 5] = -np.inf, np.float32(3.4e38)
     grad = reference.draw_grad(rng, geom)
-    got = run(mma_tape(64, 2)(), geom, [weight, bias, x], grad)
+    got = run(mma_tape(mma_direct(64, 2))(), geom, [weight, bias, x], grad)
     ref = run(convgen.cpu.Tape(), geom, [weight, bias, x], grad)
     for got_value, ref_value in ((got[0], ref[0]), (got[1][2], ref[1][2])):
         np.testing.assert_array_equal(np.isnan(got_value), np.isnan(ref_value))
@@ -106,21 +110,25 @@ def test_non_finite_values_take_the_careful_path(stride: int) -> None:
 
 
 def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> None:
-    """The plans' own tile (2 tiles a warp, the box of up to 512 cells): an 8 -> 8, a 16 -> 12 and a 10 -> 10 conv, the
-    last's 4-D k5 window staged in 5 slices of its first axis, "medium" within TF32's bound with both conv-shaped stages
-    on the tensor cores; in "high" the 8 -> 8 conv keeps the FMA direct kernels and "highest"'s bits."""
-    for geom, fma_in_high, slices in (
-            (G(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2), True, 1),
-            (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False, 1),
-            (G(Family.CONV, 10, 10, (6, 5, 6, 7), (5,) * 4, (1,) * 4, (2,) * 4, batch=2), False, 5)):
+    """The plans' own tile (2 tiles a warp, the box of up to 512 cells): an 8 -> 8, a 16 -> 12, a 10 -> 10 and a 16 ->
+    16 conv, the 10 -> 10 one's 4-D k5 window staged in 5 slices of its first axis, the 16 -> 16 one's weight gradient
+    on the tensor cores too, "medium" within TF32's bound with both conv-shaped stages on the tensor cores; in "high"
+    the 8 -> 8 conv keeps the FMA direct kernels and "highest"'s bits."""
+    for geom, fma_in_high, slices, weight_mma in (
+            (G(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2), True, 1, 0),
+            (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False, 1, 0),
+            (G(Family.CONV, 10, 10, (6, 5, 6, 7), (5,) * 4, (1,) * 4, (2,) * 4, batch=2), False, 5, 0),
+            (G(Family.CONV, 16, 16, (5, 6, 5, 7), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), False, 1, 1)):
         made = plan(geom, precision="medium")
         assert all(made.launches[stage].kernel == f"{stage}_direct" for stage in STAGES)
         assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
         assert made.defines["FWD_DIRECT_SLICES"] == made.defines["BWI_DIRECT_SLICES"] == slices
+        assert made.defines["BWW_DIRECT_MMA"] == weight_mma
         rng = reference.case_rng("cuda planned direct mma", geom.out_c)
         inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
         medium = errors(lambda: PoisonTape(precision="medium"), geom, inputs, grad)
         assert max(medium) <= TF32_BOUND and min(medium[0], medium[3]) > 4 * FLOAT32_UNIT, medium
+        assert not weight_mma or medium[1] > 4 * FLOAT32_UNIT, medium
         if fma_in_high:
             high, highest = run(PoisonTape(precision="high"), geom, inputs, grad), run(PoisonTape(), geom, inputs, grad)
             for a, b in zip([high[0], *high[1]], [highest[0], *highest[1]], strict=True):

@@ -11,24 +11,19 @@ import math
 import pytest
 from convgen.cuda_launch import H200, plan, representative_geometry
 from convgen.direct_model import (
-    MMA_DIRECT_MODE,
-    DirectShape,
     DirectTile,
     covered,
     cut_tile,
     direct_box,
     direct_grid,
-    direct_shapes,
     direct_shared_bytes,
     direct_tile,
-    halo,
-    mma_box,
     mma_slices,
     mma_tile,
     no_direct,
     staging_bytes,
-    weight_shape,
 )
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, halo, mma_box, weight_shape
 from convgen.geometry import Family, Geometry
 
 CONV4D_N8 = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
@@ -307,12 +302,11 @@ def test_a_window_too_large_for_one_step_is_staged_in_slices_of_its_first_axis()
                                                           ("float32", "high", 0), ("float32", "highest", 0),
                                                           ("float64", "highest", 0), ("bfloat16", "medium", 0)])
 def test_only_tf32_on_float32_elements_offers_the_direct_kernel_tensor_cores(dtype, precision, mode):
-    """The plan hands the direct chooser of a conv-shaped stage DirectShape.mma = 1 in "medium" on float32 elements
-    alone: 3xTF32 keeps the FMAs, which are as accurate, and 16-bit elements their own path; the weight gradient's
-    direct kernel has FMAs only."""
+    """The plan hands the direct chooser of every stage (the weight gradient's too) DirectShape.mma = 1 in "medium" on
+    float32 elements alone: 3xTF32 keeps the FMAs, which are as accurate, and 16-bit elements their own path."""
     seen = []
     plan(NC_16, dtype=dtype, precision=precision, direct_chooser=lambda shape, hw: seen.append((shape.weight, shape.mma)))
-    assert sorted(seen) == [(False, mode), (False, mode), (True, 0)]
+    assert sorted(seen) == [(False, mode), (False, mode), (True, mode)]
 
 
 
@@ -323,3 +317,19 @@ def test_the_tensor_core_direct_box():
     assert mma_box((4096,), 256) == (256,)
     assert mma_box((3, 5, 9), 64) == (2, 2, 9)
     assert mma_box((1, 7, 30), 128) == (1, 4, 30)
+
+
+def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windows():
+    """In "medium" the weight gradient of 16 D and 16 U channels and a window of 81 offsets or more runs its
+    tensor-core form (two outer window offsets a warp: 24 sums an offset row, 64 a thread at most; 14 warps for 27
+    rows), where it beat the FMA form; at 8 channels, at 27 offsets, and in "high" it keeps the FMA form."""
+    made = plan(NC_16, precision="medium")
+    assert made.defines["BWW_DIRECT"] == made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_V"] == 2
+    launch = made.launches["backward_weight"]
+    assert launch.block == 32 * 14 and launch.shared_bytes > 0
+    assert plan(NC_16, precision="high").defines["BWW_DIRECT_MMA"] == 0
+    for geom in (Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8),
+                 Geometry.build(Family.CONV, 16, 16, (16,) * 3, (3,) * 3, (1,) * 3, (1,) * 3, batch=16)):
+        defines = plan(geom, precision="medium").defines
+        assert defines["BWW_DIRECT"] == 1 and defines["BWW_DIRECT_MMA"] == 0
+

@@ -13,7 +13,7 @@ from convgen.cpu import Tape as CpuTape
 from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
-from forced_tiles import mma_direct
+from forced_tiles import mma_direct, mma_weight_direct
 from precision_bounds import FLOAT32_UNIT, TF32_BOUND
 from test_emulated_kernels import assert_same_non_finite, emulated_tape, relative_errors
 
@@ -81,14 +81,15 @@ def test_window_slices_keep_the_tf32_bound(geom: Geometry, slices: int) -> None:
     assert_tensor_cores_within_tf32(geom, chooser, ("emulated direct mma slices", geom, slices))
 
 
-@pytest.mark.parametrize("slices", [1, 3])
-def test_non_finite_values_take_the_careful_path(slices: int) -> None:
+@pytest.mark.parametrize("chooser", [mma_direct(64, 2), mma_direct(64, 2, 3), mma_weight_direct(64, 1, 2)],
+                         ids=["whole-window", "window-slices", "weight-gradient"])
+def test_non_finite_values_take_the_careful_path(chooser) -> None:
     """An inf and a NaN in the weight, an inf in the input and a value TF32 rounding would overflow: the steps that
     stage them add their products with FMAs, padding skipped, so exactly the cells the CPU tape makes non-finite are,
     with the same signs, and the rest keeps TF32's accuracy; the same with the window in slices (steps whose offsets
-    reach no non-finite value stay on the tensor cores)."""
+    reach no non-finite value stay on the tensor cores) and with the weight gradient on the tensor cores (its items
+    that stage one)."""
     geom = MMA_DIRECT_GEOMETRIES[0]
-    chooser = mma_direct(64, 2, slices)
     rng = reference.case_rng("emulated direct mma non-finite")
     weight, bias, x = reference.draw_inputs(rng, geom)
     grad = reference.draw_grad(rng, geom)
@@ -119,3 +120,23 @@ def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> Non
     highest = reference.run_on_tape(emulated_tape("float32", direct_chooser=choose_direct), geom, inputs, grad)
     for a, b in zip([high[0], *high[1]], [highest[0], *highest[1]], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("cells, rows_a_warp, parts, channel_blocks", [(64, 1, 1, 1), (40, 2, 3, 2)],
+                         ids=["one-row-warps", "two-row-warps-parts-channel-blocks"])
+@pytest.mark.parametrize("geom", MMA_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
+def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry, cells: int, rows_a_warp: int,
+                                                                  parts: int, channel_blocks: int) -> None:
+    """The direct weight gradient on the tensor cores (_direct_weight_mma.cu.j2): boxes that do not divide D's cells
+    and whose cells are not whole k steps of 8 (40), warps owning one or two outer window offsets (one warp short of
+    rows), parts added up by the reduce kernel, U channels shared by channel blocks: within TF32's bound, and not
+    float32's error."""
+    chooser = mma_weight_direct(cells, rows_a_warp, parts, channel_blocks)
+    defines = plan(geom, precision="medium", direct_chooser=chooser).defines
+    assert defines["BWW_DIRECT_MMA"] == 1 and defines["BWW_SPLIT"] == parts
+    rng = reference.case_rng("emulated direct weight mma", geom, cells)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=chooser), inputs, grad)
+    assert max(errors) <= TF32_BOUND, errors
+    assert errors[1] > 4 * FLOAT32_UNIT, f"dkernel: error {errors[1]:.3g} is float32's: no tensor core ran"
+

@@ -24,9 +24,10 @@
     !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || \
     !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
     !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
-    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || \
-    !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
+    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_MMA) || \
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
+    !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1069,6 +1070,9 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
 // in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
 __host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
 __host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+// A row of a tensor-core direct weight kernel's staging (D's cells or U's halo cells of one channel): 4 words past a
+// multiple of 8, so that the rows g = 0..7 of a fragment load, 4 words t apart, hit distinct banks.
+__host__ __device__ constexpr unsigned weight_mma_row_words(unsigned cells) { return (cells + 7) / 8 * 8 + 4; }
 
 // An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
 // is with `rare` set (an inf, a NaN or a value TF32 would round past its largest: gemm.cuh's rare_value), which sends
@@ -4109,6 +4113,7 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = BWW_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = BWW_DIRECT_MMA;  // TF32 tensor cores (_direct_weight_mma.cu.j2), else FMAs
     constexpr unsigned M = IN_C / GROUPS, U_C = OUT_C / GROUPS;
     constexpr unsigned V = BWW_DIRECT_V, LANES = BWW_DIRECT_LANES;
     constexpr unsigned CHANNEL_BLOCKS = BWW_DIRECT_CHANNEL_BLOCKS, U_CB = U_C / CHANNEL_BLOCKS;
@@ -4116,7 +4121,7 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_direct(
     constexpr unsigned PARTS = BWW_SPLIT;  // blocks a channel block: partial sums, added up by the reduce kernel
     constexpr unsigned BOX0 = BWW_DIRECT_BOX0, TILES0 = (IN0 + BOX0 - 1) / BOX0;
     constexpr unsigned H0 = (BOX0 - 1) * S0 + (K0 - 1) * D0 + 1;  // U's halo extent
-    static_assert(BOX0 % V == 0, "a thread's runs lie in one line");
+    static_assert(MMA || BOX0 % V == 0, "a thread's runs lie in one line");
     constexpr unsigned K_LAST = K0, K_OUTER = K_SIZE / K_LAST;
     constexpr unsigned ROWS = U_CB * K_OUTER;  // a thread per (U channel of the block, outer window offsets) and lane
     constexpr unsigned THREADS = ROWS * LANES;
@@ -4126,144 +4131,306 @@ extern "C" __global__ void conv_transpose_r1_backward_weight_direct(
     constexpr unsigned SPAN = (V - 1) * S0 + (K_LAST - 1) * D0 + 1;  // a run's U values
     constexpr unsigned STAGED = M * BOX_CELLS + U_CB * HALO, REDUCED = LANES > 1 ? THREADS * M * K_LAST : 0;
     constexpr unsigned STRIDE0 = 1u;  // of the staged halo
-    // D's box [M][BOX_CELLS], then U's halo [U_CB][HALO]; at the end the lanes' sums [LANES][ROWS][M][K_LAST].
-    __shared__ __align__(16) scalar weight_shared[DIRECT ? (STAGED > REDUCED ? STAGED : REDUCED) : 1];
+    // With FMAs: D's box [M][BOX_CELLS], then U's halo [U_CB][HALO]; at the end the lanes' sums
+    // [LANES][ROWS][M][K_LAST]. The tensor-core form stages in the launch's dynamic shared memory.
+    __shared__ __align__(16) scalar weight_shared[DIRECT && !MMA ? (STAGED > REDUCED ? STAGED : REDUCED) : 1];
     if constexpr (DIRECT) {
-        scalar* const d_box = weight_shared;
-        scalar* const u_halo = weight_shared + M * BOX_CELLS;
         const unsigned part = blockIdx.x % PARTS, channel_block = blockIdx.x / PARTS % CHANNEL_BLOCKS;
         const unsigned group = blockIdx.x / PARTS / CHANNEL_BLOCKS;
         const unsigned items = images * TILES, per_part = (items + PARTS - 1) / PARTS;
         const unsigned item_begin = part * per_part;
         const unsigned item_end = item_begin + per_part < items ? item_begin + per_part : items;
-        const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, block_c = row / K_OUTER;
-        const unsigned c = channel_block * U_CB + block_c;  // the row's U channel in the group
-        // The row's outer window offsets: its place in the halo and its first flat offset.
-        [[maybe_unused]] unsigned row_rest = row % K_OUTER;
-        unsigned row_offset = 0;
-        const unsigned kappa_first = row % K_OUTER * K_LAST;
-
-        scalar acc[M][K_LAST];
+        // With PARTS > 1, dest is the partial buffer [PARTS][GROUPS * M][U_C][K_SIZE].
+        typedef typename gemm_output<(PARTS > 1)>::type Out;
+        Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)part * GROUPS + group) * M * U_C * K_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned MT = (M + 15) / 16, NT = (U_CB + 7) / 8;  // tiles of D and U channels
+            constexpr unsigned WARPS = (K_OUTER + V - 1) / V, MMA_THREADS = 32 * WARPS;
+            constexpr unsigned CELLS8 = (BOX_CELLS + 7) / 8 * 8;  // the box's cells in whole k steps
+            constexpr unsigned D_ROW = weight_mma_row_words(BOX_CELLS), U_ROW = weight_mma_row_words(HALO);
+            constexpr unsigned STAGED_BYTES = (MT * 16 * D_ROW + NT * 8 * U_ROW) * 4;
+            if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
+            unsigned* const d_box = reinterpret_cast<unsigned*>(dynamic_shared());  // [MT * 16][D_ROW]
+            unsigned* const u_halo = d_box + MT * 16 * D_ROW;  // [NT * 8][U_ROW]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The warp's outer window offsets: where each shifts a cell's halo position from the window's first.
+            unsigned shift[V];
+            bool owned[V];
 #pragma unroll
-        for (unsigned i = 0; i < M; ++i) {
-#pragma unroll
-            for (unsigned kl = 0; kl < K_LAST; ++kl) acc[i][kl] = 0;
-        }
-#pragma unroll 1
-        for (unsigned item = item_begin; item < item_end; ++item) {
-            const unsigned image = item / TILES, tile = item % TILES;
-            unsigned rest = tile;
-            const pos_t t0 = (pos_t)rest;
-            const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
-            const real* __restrict__ u_image =
-                u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
-            const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
-            const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
-            __syncthreads();  // the last item's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < M * BOX_CELLS; e += THREADS) {
-                const unsigned i = e / BOX_CELLS, cell = e % BOX_CELLS;
-                unsigned rest = cell;
-                const pos_t b0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                inside = inside && o0 + b0 < (pos_t)IN0;
-                offset = offset * IN0 + (unsigned)(o0 + b0);
-                const scalar value = inside ? load_element(d_image + (size_t)i * IN_SIZE + offset) : scalar(0);
-                rare = rare || !isfinite(value);
-                d_box[e] = value;
+            for (unsigned r = 0; r < V; ++r) {
+                owned[r] = warp * V + r < K_OUTER;  // warp-uniform
+                [[maybe_unused]] unsigned rest = owned[r] ? warp * V + r : 0;
+                shift[r] = 0;
             }
-            // A halo cell's position worked out once for every U channel (their loads independent).
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = e;
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < OUT0;
-                offset = offset * OUT0 + (unsigned)j0;
-                const real* __restrict__ cell = u_image + offset;
-#pragma unroll
-                for (unsigned cc = 0; cc < U_CB; ++cc) {
-                    const scalar value = inside ? load_element(cell + (size_t)cc * OUT_SIZE) : scalar(0);
-                    rare = rare || !isfinite(value);
-                    u_halo[cc * HALO + e] = value;
+            float acc[V][K_LAST][MT][NT][4] = {};
+#pragma unroll 1
+            for (unsigned item = item_begin; item < item_end; ++item) {
+                const unsigned image = item / TILES, tile = item % TILES;
+                unsigned rest = tile;
+                const pos_t t0 = (pos_t)rest;
+                const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+                const real* __restrict__ u_image =
+                    u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
+                const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
+                const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
+                __syncthreads();  // the last item's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < MT * 16 * CELLS8; e += MMA_THREADS) {
+                    const unsigned i = e / CELLS8, q = e % CELLS8;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = i < M && q < BOX_CELLS;
+                    unsigned offset = 0;
+                    inside = inside && o0 + b0 < (pos_t)IN0;
+                    offset = offset * IN0 + (unsigned)(o0 + b0);
+                    const float value = inside ? (float)load_element(d_image + (size_t)i * IN_SIZE + offset) : 0.f;
+                    d_box[i * D_ROW + q] = staged_tf32(value, rare);
                 }
-            }
-            // Block-uniform: a staged value is an inf or NaN, so cells outside D and U must be skipped.
-            rare = __syncthreads_or(rare);
-#pragma unroll 1
-            for (unsigned line = lane; line < LINES; line += LANES) {
-                [[maybe_unused]] unsigned line_rest = line;
-                unsigned u_line = block_c * HALO + row_offset;
-                const scalar* d_line = d_box + line * BOX0;
+                for (unsigned e = tid; e < HALO; e += MMA_THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const real* __restrict__ cell = u_image + offset;
+#pragma unroll
+                    for (unsigned cc = 0; cc < NT * 8; ++cc) {
+                        const bool load = inside && cc < U_CB;
+                        const float value = load ? (float)load_element(cell + (size_t)cc * OUT_SIZE) : 0.f;
+                        u_halo[cc * U_ROW + e] = staged_tf32(value, rare);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
                 if (!rare) {
+#pragma unroll 1
+                    for (unsigned ks = 0; ks < CELLS8; ks += 8) {
+                        // D's fragments of the k step: rows g and g + 8 of each tile, cells t and t + 4.
+                        unsigned a[MT][4];
 #pragma unroll
-                    for (unsigned v0 = 0; v0 < BOX0; v0 += V) {
-                        scalar in[SPAN];
+                        for (unsigned mt = 0; mt < MT; ++mt) {
+                            const unsigned* const d_row = d_box + (16 * mt + g) * D_ROW + ks + t;
+                            a[mt][0] = d_row[0], a[mt][1] = d_row[8 * D_ROW];
+                            a[mt][2] = d_row[4], a[mt][3] = d_row[8 * D_ROW + 4];
+                        }
+                        // The halo cells of cells t and t + 4 at the window's first offset (past the box: cell 0's,
+                        // which meets D's zeros there).
+                        unsigned at[2];
 #pragma unroll
-                        for (unsigned s = 0; s < SPAN; ++s) in[s] = u_halo[u_line + v0 * S0 + s];
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = ks + t + 4 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b0 = (pos_t)rest;
+                            at[h] = 0;
+                            at[h] += (unsigned)(b0 * S0) * STRIDE0;
+                        }
 #pragma unroll
-                        for (unsigned i = 0; i < M; ++i) {
-                            scalar dv[V];
-#pragma unroll
-                            for (unsigned v = 0; v < V; ++v) dv[v] = d_line[i * BOX_CELLS + v0 + v];
+                        for (unsigned r = 0; r < V; ++r) {
+                            if (!owned[r]) continue;
 #pragma unroll
                             for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const unsigned offset = shift[r] + kl * (unsigned)D0;
 #pragma unroll
-                                for (unsigned v = 0; v < V; ++v) {
-                                    acc[i][kl] = fused_multiply_add(dv[v], in[v * S0 + kl * D0], acc[i][kl]);
+                                for (unsigned nt = 0; nt < NT; ++nt) {
+                                    const unsigned* const u_row = u_halo + (8 * nt + g) * U_ROW + offset;
+                                    const unsigned b[2] = {u_row[at[0]], u_row[at[1]]};
+#pragma unroll
+                                    for (unsigned mt = 0; mt < MT; ++mt) {
+                                        float* const c = acc[r][kl][mt][nt];
+                                        mma_tf32(c[0], c[1], c[2], c[3], a[mt], b);
+                                    }
                                 }
                             }
                         }
                     }
                 } else {
-                    // Only D's cells and U's cells inside their extents; not unrolled: it is rare.
-                    bool line_inside = true;
-                    for (unsigned v = 0; line_inside && v < BOX0; ++v) {
-                        if (o0 + (pos_t)v >= (pos_t)IN0) break;
-                        for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                            const pos_t j = first0 + (pos_t)(v * S0 + kl * D0);
-                            if (j < 0 || j >= OUT0) continue;
-                            for (unsigned i = 0; i < M; ++i) {
-                                acc[i][kl] = fused_multiply_add(d_line[i * BOX_CELLS + v],
-                                                                u_halo[u_line + v * S0 + kl * D0], acc[i][kl]);
+#pragma unroll
+                    for (unsigned r = 0; r < V; ++r) {
+                        if (!owned[r]) continue;
+                        [[maybe_unused]] unsigned rest = warp * V + r;
+#pragma unroll 1
+                        for (unsigned q = 0; q < BOX_CELLS; ++q) {
+                            unsigned rest = q;
+                            const pos_t b0 = (pos_t)rest;
+                            bool inside = true;
+                            unsigned at = 0;
+                            inside = inside && o0 + b0 < (pos_t)IN0;
+                            at += (unsigned)(b0 * S0) * STRIDE0;
+                            if (!inside) continue;
+#pragma unroll  // the sums stay in registers only where every index into them is a constant
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const pos_t j = first0 + b0 * S0 + (pos_t)(kl * D0);
+                                if (j < 0 || j >= OUT0) continue;
+                                const unsigned u_at = at + shift[r] + kl * (unsigned)D0;
+#pragma unroll
+                                for (unsigned mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                                    for (unsigned nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                                        for (unsigned e = 0; e < 4; ++e) {
+                                            const unsigned i = 16 * mt + g + 8 * (e / 2), cc = 8 * nt + 2 * t + e % 2;
+                                            const float x = __uint_as_float(d_box[i * D_ROW + q]);
+                                            const float y = __uint_as_float(u_halo[cc * U_ROW + u_at]);
+                                            acc[r][kl][mt][nt][e] = fmaf(x, y, acc[r][kl][mt][nt][e]);
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
                 }
             }
-        }
-        // The lanes' sums of a row, added in lane order.
-        if constexpr (LANES > 1) {
-            __syncthreads();  // the last item's reads are done: the staging area holds the sums now
 #pragma unroll
-            for (unsigned i = 0; i < M; ++i) {
+            for (unsigned r = 0; r < V; ++r) {
 #pragma unroll
-                for (unsigned kl = 0; kl < K_LAST; ++kl) weight_shared[(tid * M + i) * K_LAST + kl] = acc[i][kl];
-            }
-            __syncthreads();
-            if (lane == 0) {
-                for (unsigned l = 1; l < LANES; ++l) {
+                for (unsigned kl = 0; kl < K_LAST; ++kl) {
 #pragma unroll
-                    for (unsigned i = 0; i < M; ++i) {
+                    for (unsigned mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                        for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                            acc[i][kl] += weight_shared[((l * ROWS + row) * M + i) * K_LAST + kl];
+                        for (unsigned nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                            for (unsigned e = 0; e < 4; ++e) {
+                                const unsigned i = 16 * mt + g + 8 * (e / 2), cc = 8 * nt + 2 * t + e % 2;
+                                if (owned[r] && i < M && cc < U_CB) {
+                                    const unsigned kappa = (warp * V + r) * K_LAST + kl;
+                                    put(out + ((size_t)i * U_C + channel_block * U_CB + cc) * K_SIZE + kappa,
+                                        acc[r][kl][mt][nt][e]);
+                                }
+                            }
                         }
                     }
                 }
             }
-        }
-        // With PARTS > 1, dest is the partial buffer [PARTS][GROUPS * M][U_C][K_SIZE].
-        typedef typename gemm_output<(PARTS > 1)>::type Out;
-        Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)part * GROUPS + group) * M * U_C * K_SIZE;
-        if (lane == 0) {
-#pragma unroll
+        } else {
+            scalar* const d_box = weight_shared;
+            scalar* const u_halo = weight_shared + M * BOX_CELLS;
+            const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, block_c = row / K_OUTER;
+            const unsigned c = channel_block * U_CB + block_c;  // the row's U channel in the group
+            // The row's outer window offsets: its place in the halo and its first flat offset.
+            [[maybe_unused]] unsigned row_rest = row % K_OUTER;
+            unsigned row_offset = 0;
+            const unsigned kappa_first = row % K_OUTER * K_LAST;
+
+            scalar acc[M][K_LAST];
+    #pragma unroll
             for (unsigned i = 0; i < M; ++i) {
-#pragma unroll
-                for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                    put(out + ((size_t)i * U_C + c) * K_SIZE + kappa_first + kl, acc[i][kl]);
+    #pragma unroll
+                for (unsigned kl = 0; kl < K_LAST; ++kl) acc[i][kl] = 0;
+            }
+    #pragma unroll 1
+            for (unsigned item = item_begin; item < item_end; ++item) {
+                const unsigned image = item / TILES, tile = item % TILES;
+                unsigned rest = tile;
+                const pos_t t0 = (pos_t)rest;
+                const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+                const real* __restrict__ u_image =
+                    u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
+                const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
+                const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
+                __syncthreads();  // the last item's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < M * BOX_CELLS; e += THREADS) {
+                    const unsigned i = e / BOX_CELLS, cell = e % BOX_CELLS;
+                    unsigned rest = cell;
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    inside = inside && o0 + b0 < (pos_t)IN0;
+                    offset = offset * IN0 + (unsigned)(o0 + b0);
+                    const scalar value = inside ? load_element(d_image + (size_t)i * IN_SIZE + offset) : scalar(0);
+                    rare = rare || !isfinite(value);
+                    d_box[e] = value;
+                }
+                // A halo cell's position worked out once for every U channel (their loads independent).
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = e;
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const real* __restrict__ cell = u_image + offset;
+    #pragma unroll
+                    for (unsigned cc = 0; cc < U_CB; ++cc) {
+                        const scalar value = inside ? load_element(cell + (size_t)cc * OUT_SIZE) : scalar(0);
+                        rare = rare || !isfinite(value);
+                        u_halo[cc * HALO + e] = value;
+                    }
+                }
+                // Block-uniform: a staged value is an inf or NaN, so cells outside D and U must be skipped.
+                rare = __syncthreads_or(rare);
+    #pragma unroll 1
+                for (unsigned line = lane; line < LINES; line += LANES) {
+                    [[maybe_unused]] unsigned line_rest = line;
+                    unsigned u_line = block_c * HALO + row_offset;
+                    const scalar* d_line = d_box + line * BOX0;
+                    if (!rare) {
+    #pragma unroll
+                        for (unsigned v0 = 0; v0 < BOX0; v0 += V) {
+                            scalar in[SPAN];
+    #pragma unroll
+                            for (unsigned s = 0; s < SPAN; ++s) in[s] = u_halo[u_line + v0 * S0 + s];
+    #pragma unroll
+                            for (unsigned i = 0; i < M; ++i) {
+                                scalar dv[V];
+    #pragma unroll
+                                for (unsigned v = 0; v < V; ++v) dv[v] = d_line[i * BOX_CELLS + v0 + v];
+    #pragma unroll
+                                for (unsigned kl = 0; kl < K_LAST; ++kl) {
+    #pragma unroll
+                                    for (unsigned v = 0; v < V; ++v) {
+                                        acc[i][kl] = fused_multiply_add(dv[v], in[v * S0 + kl * D0], acc[i][kl]);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+                        // Only D's cells and U's cells inside their extents; not unrolled: it is rare.
+                        bool line_inside = true;
+                        for (unsigned v = 0; line_inside && v < BOX0; ++v) {
+                            if (o0 + (pos_t)v >= (pos_t)IN0) break;
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const pos_t j = first0 + (pos_t)(v * S0 + kl * D0);
+                                if (j < 0 || j >= OUT0) continue;
+                                for (unsigned i = 0; i < M; ++i) {
+                                    acc[i][kl] = fused_multiply_add(d_line[i * BOX_CELLS + v],
+                                                                    u_halo[u_line + v * S0 + kl * D0], acc[i][kl]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // The lanes' sums of a row, added in lane order.
+            if constexpr (LANES > 1) {
+                __syncthreads();  // the last item's reads are done: the staging area holds the sums now
+    #pragma unroll
+                for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                    for (unsigned kl = 0; kl < K_LAST; ++kl) weight_shared[(tid * M + i) * K_LAST + kl] = acc[i][kl];
+                }
+                __syncthreads();
+                if (lane == 0) {
+                    for (unsigned l = 1; l < LANES; ++l) {
+    #pragma unroll
+                        for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                acc[i][kl] += weight_shared[((l * ROWS + row) * M + i) * K_LAST + kl];
+                            }
+                        }
+                    }
+                }
+            }
+            if (lane == 0) {
+    #pragma unroll
+                for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                    for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                        put(out + ((size_t)i * U_C + c) * K_SIZE + kappa_first + kl, acc[i][kl]);
+                    }
                 }
             }
         }

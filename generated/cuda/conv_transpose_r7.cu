@@ -34,11 +34,12 @@
     !defined(BWI_WG_CHANNELS_LAST) || !defined(BWI_WG_SHIFT) || !defined(BWW_BM) || !defined(BWW_BN) || \
     !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
     !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
-    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_BOX0) || \
-    !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || !defined(BWW_DIRECT_BOX3) || \
-    !defined(BWW_DIRECT_BOX4) || !defined(BWW_DIRECT_BOX5) || !defined(BWW_DIRECT_BOX6) || !defined(BWW_WGMMA) || \
-    !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || \
-    !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
+    !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_MMA) || \
+    !defined(BWW_DIRECT_BOX0) || !defined(BWW_DIRECT_BOX1) || !defined(BWW_DIRECT_BOX2) || \
+    !defined(BWW_DIRECT_BOX3) || !defined(BWW_DIRECT_BOX4) || !defined(BWW_DIRECT_BOX5) || \
+    !defined(BWW_DIRECT_BOX6) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
+    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
+    !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -1084,6 +1085,9 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
 // in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
 __host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
 __host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+// A row of a tensor-core direct weight kernel's staging (D's cells or U's halo cells of one channel): 4 words past a
+// multiple of 8, so that the rows g = 0..7 of a fragment load, 4 words t apart, hit distinct banks.
+__host__ __device__ constexpr unsigned weight_mma_row_words(unsigned cells) { return (cells + 7) / 8 * 8 + 4; }
 
 // An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
 // is with `rare` set (an inf, a NaN or a value TF32 would round past its largest: gemm.cuh's rare_value), which sends
@@ -5756,6 +5760,7 @@ extern "C" __global__ void conv_transpose_r7_backward_weight_direct(
     real* __restrict__ dest)
 {
     constexpr bool DIRECT = BWW_DIRECT;  // 0: the plan runs the stage's GEMM and never launches this
+    constexpr bool MMA = BWW_DIRECT_MMA;  // TF32 tensor cores (_direct_weight_mma.cu.j2), else FMAs
     constexpr unsigned M = IN_C / GROUPS, U_C = OUT_C / GROUPS;
     constexpr unsigned V = BWW_DIRECT_V, LANES = BWW_DIRECT_LANES;
     constexpr unsigned CHANNEL_BLOCKS = BWW_DIRECT_CHANNEL_BLOCKS, U_CB = U_C / CHANNEL_BLOCKS;
@@ -5775,7 +5780,7 @@ extern "C" __global__ void conv_transpose_r7_backward_weight_direct(
     constexpr unsigned H5 = (BOX5 - 1) * S5 + (K5 - 1) * D5 + 1;  // U's halo extent
     constexpr unsigned BOX6 = BWW_DIRECT_BOX6, TILES6 = (IN6 + BOX6 - 1) / BOX6;
     constexpr unsigned H6 = (BOX6 - 1) * S6 + (K6 - 1) * D6 + 1;  // U's halo extent
-    static_assert(BOX6 % V == 0, "a thread's runs lie in one line");
+    static_assert(MMA || BOX6 % V == 0, "a thread's runs lie in one line");
     constexpr unsigned K_LAST = K6, K_OUTER = K_SIZE / K_LAST;
     constexpr unsigned ROWS = U_CB * K_OUTER;  // a thread per (U channel of the block, outer window offsets) and lane
     constexpr unsigned THREADS = ROWS * LANES;
@@ -5791,268 +5796,580 @@ extern "C" __global__ void conv_transpose_r7_backward_weight_direct(
     constexpr unsigned STRIDE4 = 1u * H5 * H6;  // of the staged halo
     constexpr unsigned STRIDE5 = 1u * H6;  // of the staged halo
     constexpr unsigned STRIDE6 = 1u;  // of the staged halo
-    // D's box [M][BOX_CELLS], then U's halo [U_CB][HALO]; at the end the lanes' sums [LANES][ROWS][M][K_LAST].
-    __shared__ __align__(16) scalar weight_shared[DIRECT ? (STAGED > REDUCED ? STAGED : REDUCED) : 1];
+    // With FMAs: D's box [M][BOX_CELLS], then U's halo [U_CB][HALO]; at the end the lanes' sums
+    // [LANES][ROWS][M][K_LAST]. The tensor-core form stages in the launch's dynamic shared memory.
+    __shared__ __align__(16) scalar weight_shared[DIRECT && !MMA ? (STAGED > REDUCED ? STAGED : REDUCED) : 1];
     if constexpr (DIRECT) {
-        scalar* const d_box = weight_shared;
-        scalar* const u_halo = weight_shared + M * BOX_CELLS;
         const unsigned part = blockIdx.x % PARTS, channel_block = blockIdx.x / PARTS % CHANNEL_BLOCKS;
         const unsigned group = blockIdx.x / PARTS / CHANNEL_BLOCKS;
         const unsigned items = images * TILES, per_part = (items + PARTS - 1) / PARTS;
         const unsigned item_begin = part * per_part;
         const unsigned item_end = item_begin + per_part < items ? item_begin + per_part : items;
-        const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, block_c = row / K_OUTER;
-        const unsigned c = channel_block * U_CB + block_c;  // the row's U channel in the group
-        // The row's outer window offsets: its place in the halo and its first flat offset.
-        [[maybe_unused]] unsigned row_rest = row % K_OUTER;
-        const pos_t k5 = (pos_t)(row_rest % K5);
-        row_rest /= K5;
-        const pos_t k4 = (pos_t)(row_rest % K4);
-        row_rest /= K4;
-        const pos_t k3 = (pos_t)(row_rest % K3);
-        row_rest /= K3;
-        const pos_t k2 = (pos_t)(row_rest % K2);
-        row_rest /= K2;
-        const pos_t k1 = (pos_t)(row_rest % K1);
-        row_rest /= K1;
-        const pos_t k0 = (pos_t)row_rest;
-        unsigned row_offset = 0;
-        row_offset += (unsigned)(k0 * D0) * STRIDE0;
-        row_offset += (unsigned)(k1 * D1) * STRIDE1;
-        row_offset += (unsigned)(k2 * D2) * STRIDE2;
-        row_offset += (unsigned)(k3 * D3) * STRIDE3;
-        row_offset += (unsigned)(k4 * D4) * STRIDE4;
-        row_offset += (unsigned)(k5 * D5) * STRIDE5;
-        const unsigned kappa_first = row % K_OUTER * K_LAST;
-
-        scalar acc[M][K_LAST];
+        // With PARTS > 1, dest is the partial buffer [PARTS][GROUPS * M][U_C][K_SIZE].
+        typedef typename gemm_output<(PARTS > 1)>::type Out;
+        Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)part * GROUPS + group) * M * U_C * K_SIZE;
+        if constexpr (MMA) {
+            constexpr unsigned MT = (M + 15) / 16, NT = (U_CB + 7) / 8;  // tiles of D and U channels
+            constexpr unsigned WARPS = (K_OUTER + V - 1) / V, MMA_THREADS = 32 * WARPS;
+            constexpr unsigned CELLS8 = (BOX_CELLS + 7) / 8 * 8;  // the box's cells in whole k steps
+            constexpr unsigned D_ROW = weight_mma_row_words(BOX_CELLS), U_ROW = weight_mma_row_words(HALO);
+            constexpr unsigned STAGED_BYTES = (MT * 16 * D_ROW + NT * 8 * U_ROW) * 4;
+            if (dynamic_shared_bytes() < STAGED_BYTES) __trap();
+            unsigned* const d_box = reinterpret_cast<unsigned*>(dynamic_shared());  // [MT * 16][D_ROW]
+            unsigned* const u_halo = d_box + MT * 16 * D_ROW;  // [NT * 8][U_ROW]
+            const unsigned tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+            // The warp's outer window offsets: where each shifts a cell's halo position from the window's first.
+            unsigned shift[V];
+            bool owned[V];
 #pragma unroll
-        for (unsigned i = 0; i < M; ++i) {
-#pragma unroll
-            for (unsigned kl = 0; kl < K_LAST; ++kl) acc[i][kl] = 0;
-        }
-#pragma unroll 1
-        for (unsigned item = item_begin; item < item_end; ++item) {
-            const unsigned image = item / TILES, tile = item % TILES;
-            unsigned rest = tile;
-            const pos_t t6 = (pos_t)(rest % nonzero(TILES6));
-            rest /= nonzero(TILES6);
-            const pos_t t5 = (pos_t)(rest % nonzero(TILES5));
-            rest /= nonzero(TILES5);
-            const pos_t t4 = (pos_t)(rest % nonzero(TILES4));
-            rest /= nonzero(TILES4);
-            const pos_t t3 = (pos_t)(rest % nonzero(TILES3));
-            rest /= nonzero(TILES3);
-            const pos_t t2 = (pos_t)(rest % nonzero(TILES2));
-            rest /= nonzero(TILES2);
-            const pos_t t1 = (pos_t)(rest % nonzero(TILES1));
-            rest /= nonzero(TILES1);
-            const pos_t t0 = (pos_t)rest;
-            const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
-            const real* __restrict__ u_image =
-                u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
-            const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
-            const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
-            const pos_t o1 = t1 * (pos_t)BOX1;  // the box's first D cell
-            const pos_t first1 = o1 * S1 - P1;  // the halo's first U cell
-            const pos_t o2 = t2 * (pos_t)BOX2;  // the box's first D cell
-            const pos_t first2 = o2 * S2 - P2;  // the halo's first U cell
-            const pos_t o3 = t3 * (pos_t)BOX3;  // the box's first D cell
-            const pos_t first3 = o3 * S3 - P3;  // the halo's first U cell
-            const pos_t o4 = t4 * (pos_t)BOX4;  // the box's first D cell
-            const pos_t first4 = o4 * S4 - P4;  // the halo's first U cell
-            const pos_t o5 = t5 * (pos_t)BOX5;  // the box's first D cell
-            const pos_t first5 = o5 * S5 - P5;  // the halo's first U cell
-            const pos_t o6 = t6 * (pos_t)BOX6;  // the box's first D cell
-            const pos_t first6 = o6 * S6 - P6;  // the halo's first U cell
-            __syncthreads();  // the last item's reads are done
-            bool rare = false;
-            for (unsigned e = tid; e < M * BOX_CELLS; e += THREADS) {
-                const unsigned i = e / BOX_CELLS, cell = e % BOX_CELLS;
-                unsigned rest = cell;
-                const pos_t b6 = (pos_t)(rest % nonzero(BOX6));
-                rest /= nonzero(BOX6);
-                const pos_t b5 = (pos_t)(rest % nonzero(BOX5));
-                rest /= nonzero(BOX5);
-                const pos_t b4 = (pos_t)(rest % nonzero(BOX4));
-                rest /= nonzero(BOX4);
-                const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
-                rest /= nonzero(BOX3);
-                const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
-                rest /= nonzero(BOX2);
-                const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
-                rest /= nonzero(BOX1);
-                const pos_t b0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                inside = inside && o0 + b0 < (pos_t)IN0;
-                offset = offset * IN0 + (unsigned)(o0 + b0);
-                inside = inside && o1 + b1 < (pos_t)IN1;
-                offset = offset * IN1 + (unsigned)(o1 + b1);
-                inside = inside && o2 + b2 < (pos_t)IN2;
-                offset = offset * IN2 + (unsigned)(o2 + b2);
-                inside = inside && o3 + b3 < (pos_t)IN3;
-                offset = offset * IN3 + (unsigned)(o3 + b3);
-                inside = inside && o4 + b4 < (pos_t)IN4;
-                offset = offset * IN4 + (unsigned)(o4 + b4);
-                inside = inside && o5 + b5 < (pos_t)IN5;
-                offset = offset * IN5 + (unsigned)(o5 + b5);
-                inside = inside && o6 + b6 < (pos_t)IN6;
-                offset = offset * IN6 + (unsigned)(o6 + b6);
-                const scalar value = inside ? load_element(d_image + (size_t)i * IN_SIZE + offset) : scalar(0);
-                rare = rare || !isfinite(value);
-                d_box[e] = value;
+            for (unsigned r = 0; r < V; ++r) {
+                owned[r] = warp * V + r < K_OUTER;  // warp-uniform
+                [[maybe_unused]] unsigned rest = owned[r] ? warp * V + r : 0;
+                shift[r] = 0;
+                shift[r] += rest % K5 * (unsigned)D5 * STRIDE5;
+                rest /= K5;
+                shift[r] += rest % K4 * (unsigned)D4 * STRIDE4;
+                rest /= K4;
+                shift[r] += rest % K3 * (unsigned)D3 * STRIDE3;
+                rest /= K3;
+                shift[r] += rest % K2 * (unsigned)D2 * STRIDE2;
+                rest /= K2;
+                shift[r] += rest % K1 * (unsigned)D1 * STRIDE1;
+                rest /= K1;
+                shift[r] += rest % K0 * (unsigned)D0 * STRIDE0;
+                rest /= K0;
             }
-            // A halo cell's position worked out once for every U channel (their loads independent).
-            for (unsigned e = tid; e < HALO; e += THREADS) {
-                unsigned rest = e;
-                const pos_t h6 = (pos_t)(rest % nonzero(H6));
-                rest /= nonzero(H6);
-                const pos_t h5 = (pos_t)(rest % nonzero(H5));
-                rest /= nonzero(H5);
-                const pos_t h4 = (pos_t)(rest % nonzero(H4));
-                rest /= nonzero(H4);
-                const pos_t h3 = (pos_t)(rest % nonzero(H3));
-                rest /= nonzero(H3);
-                const pos_t h2 = (pos_t)(rest % nonzero(H2));
-                rest /= nonzero(H2);
-                const pos_t h1 = (pos_t)(rest % nonzero(H1));
-                rest /= nonzero(H1);
-                const pos_t h0 = (pos_t)rest;
-                bool inside = true;
-                unsigned offset = 0;
-                const pos_t j0 = first0 + h0;
-                inside = inside && j0 >= 0 && j0 < OUT0;
-                offset = offset * OUT0 + (unsigned)j0;
-                const pos_t j1 = first1 + h1;
-                inside = inside && j1 >= 0 && j1 < OUT1;
-                offset = offset * OUT1 + (unsigned)j1;
-                const pos_t j2 = first2 + h2;
-                inside = inside && j2 >= 0 && j2 < OUT2;
-                offset = offset * OUT2 + (unsigned)j2;
-                const pos_t j3 = first3 + h3;
-                inside = inside && j3 >= 0 && j3 < OUT3;
-                offset = offset * OUT3 + (unsigned)j3;
-                const pos_t j4 = first4 + h4;
-                inside = inside && j4 >= 0 && j4 < OUT4;
-                offset = offset * OUT4 + (unsigned)j4;
-                const pos_t j5 = first5 + h5;
-                inside = inside && j5 >= 0 && j5 < OUT5;
-                offset = offset * OUT5 + (unsigned)j5;
-                const pos_t j6 = first6 + h6;
-                inside = inside && j6 >= 0 && j6 < OUT6;
-                offset = offset * OUT6 + (unsigned)j6;
-                const real* __restrict__ cell = u_image + offset;
-#pragma unroll
-                for (unsigned cc = 0; cc < U_CB; ++cc) {
-                    const scalar value = inside ? load_element(cell + (size_t)cc * OUT_SIZE) : scalar(0);
-                    rare = rare || !isfinite(value);
-                    u_halo[cc * HALO + e] = value;
+            float acc[V][K_LAST][MT][NT][4] = {};
+#pragma unroll 1
+            for (unsigned item = item_begin; item < item_end; ++item) {
+                const unsigned image = item / TILES, tile = item % TILES;
+                unsigned rest = tile;
+                const pos_t t6 = (pos_t)(rest % nonzero(TILES6));
+                rest /= nonzero(TILES6);
+                const pos_t t5 = (pos_t)(rest % nonzero(TILES5));
+                rest /= nonzero(TILES5);
+                const pos_t t4 = (pos_t)(rest % nonzero(TILES4));
+                rest /= nonzero(TILES4);
+                const pos_t t3 = (pos_t)(rest % nonzero(TILES3));
+                rest /= nonzero(TILES3);
+                const pos_t t2 = (pos_t)(rest % nonzero(TILES2));
+                rest /= nonzero(TILES2);
+                const pos_t t1 = (pos_t)(rest % nonzero(TILES1));
+                rest /= nonzero(TILES1);
+                const pos_t t0 = (pos_t)rest;
+                const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+                const real* __restrict__ u_image =
+                    u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
+                const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
+                const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
+                const pos_t o1 = t1 * (pos_t)BOX1;  // the box's first D cell
+                const pos_t first1 = o1 * S1 - P1;  // the halo's first U cell
+                const pos_t o2 = t2 * (pos_t)BOX2;  // the box's first D cell
+                const pos_t first2 = o2 * S2 - P2;  // the halo's first U cell
+                const pos_t o3 = t3 * (pos_t)BOX3;  // the box's first D cell
+                const pos_t first3 = o3 * S3 - P3;  // the halo's first U cell
+                const pos_t o4 = t4 * (pos_t)BOX4;  // the box's first D cell
+                const pos_t first4 = o4 * S4 - P4;  // the halo's first U cell
+                const pos_t o5 = t5 * (pos_t)BOX5;  // the box's first D cell
+                const pos_t first5 = o5 * S5 - P5;  // the halo's first U cell
+                const pos_t o6 = t6 * (pos_t)BOX6;  // the box's first D cell
+                const pos_t first6 = o6 * S6 - P6;  // the halo's first U cell
+                __syncthreads();  // the last item's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < MT * 16 * CELLS8; e += MMA_THREADS) {
+                    const unsigned i = e / CELLS8, q = e % CELLS8;
+                    unsigned rest = q < BOX_CELLS ? q : 0;
+                    const pos_t b6 = (pos_t)(rest % nonzero(BOX6));
+                    rest /= nonzero(BOX6);
+                    const pos_t b5 = (pos_t)(rest % nonzero(BOX5));
+                    rest /= nonzero(BOX5);
+                    const pos_t b4 = (pos_t)(rest % nonzero(BOX4));
+                    rest /= nonzero(BOX4);
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = i < M && q < BOX_CELLS;
+                    unsigned offset = 0;
+                    inside = inside && o0 + b0 < (pos_t)IN0;
+                    offset = offset * IN0 + (unsigned)(o0 + b0);
+                    inside = inside && o1 + b1 < (pos_t)IN1;
+                    offset = offset * IN1 + (unsigned)(o1 + b1);
+                    inside = inside && o2 + b2 < (pos_t)IN2;
+                    offset = offset * IN2 + (unsigned)(o2 + b2);
+                    inside = inside && o3 + b3 < (pos_t)IN3;
+                    offset = offset * IN3 + (unsigned)(o3 + b3);
+                    inside = inside && o4 + b4 < (pos_t)IN4;
+                    offset = offset * IN4 + (unsigned)(o4 + b4);
+                    inside = inside && o5 + b5 < (pos_t)IN5;
+                    offset = offset * IN5 + (unsigned)(o5 + b5);
+                    inside = inside && o6 + b6 < (pos_t)IN6;
+                    offset = offset * IN6 + (unsigned)(o6 + b6);
+                    const float value = inside ? (float)load_element(d_image + (size_t)i * IN_SIZE + offset) : 0.f;
+                    d_box[i * D_ROW + q] = staged_tf32(value, rare);
                 }
-            }
-            // Block-uniform: a staged value is an inf or NaN, so cells outside D and U must be skipped.
-            rare = __syncthreads_or(rare);
-#pragma unroll 1
-            for (unsigned line = lane; line < LINES; line += LANES) {
-                [[maybe_unused]] unsigned line_rest = line;
-                unsigned u_line = block_c * HALO + row_offset;
-                const pos_t b5 = (pos_t)(line_rest % BOX5);
-                line_rest /= BOX5;
-                const pos_t b4 = (pos_t)(line_rest % BOX4);
-                line_rest /= BOX4;
-                const pos_t b3 = (pos_t)(line_rest % BOX3);
-                line_rest /= BOX3;
-                const pos_t b2 = (pos_t)(line_rest % BOX2);
-                line_rest /= BOX2;
-                const pos_t b1 = (pos_t)(line_rest % BOX1);
-                line_rest /= BOX1;
-                const pos_t b0 = (pos_t)line_rest;
-                u_line += (unsigned)(b0 * S0) * STRIDE0;
-                u_line += (unsigned)(b1 * S1) * STRIDE1;
-                u_line += (unsigned)(b2 * S2) * STRIDE2;
-                u_line += (unsigned)(b3 * S3) * STRIDE3;
-                u_line += (unsigned)(b4 * S4) * STRIDE4;
-                u_line += (unsigned)(b5 * S5) * STRIDE5;
-                const scalar* d_line = d_box + line * BOX6;
+                for (unsigned e = tid; e < HALO; e += MMA_THREADS) {
+                    unsigned rest = opaque_index(e);
+                    const pos_t h6 = (pos_t)(rest % nonzero(H6));
+                    rest /= nonzero(H6);
+                    const pos_t h5 = (pos_t)(rest % nonzero(H5));
+                    rest /= nonzero(H5);
+                    const pos_t h4 = (pos_t)(rest % nonzero(H4));
+                    rest /= nonzero(H4);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < OUT1;
+                    offset = offset * OUT1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < OUT2;
+                    offset = offset * OUT2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < OUT3;
+                    offset = offset * OUT3 + (unsigned)j3;
+                    const pos_t j4 = first4 + h4;
+                    inside = inside && j4 >= 0 && j4 < OUT4;
+                    offset = offset * OUT4 + (unsigned)j4;
+                    const pos_t j5 = first5 + h5;
+                    inside = inside && j5 >= 0 && j5 < OUT5;
+                    offset = offset * OUT5 + (unsigned)j5;
+                    const pos_t j6 = first6 + h6;
+                    inside = inside && j6 >= 0 && j6 < OUT6;
+                    offset = offset * OUT6 + (unsigned)j6;
+                    const real* __restrict__ cell = u_image + offset;
+#pragma unroll
+                    for (unsigned cc = 0; cc < NT * 8; ++cc) {
+                        const bool load = inside && cc < U_CB;
+                        const float value = load ? (float)load_element(cell + (size_t)cc * OUT_SIZE) : 0.f;
+                        u_halo[cc * U_ROW + e] = staged_tf32(value, rare);
+                    }
+                }
+                rare = __syncthreads_or(rare);  // block-uniform
                 if (!rare) {
+#pragma unroll 1
+                    for (unsigned ks = 0; ks < CELLS8; ks += 8) {
+                        // D's fragments of the k step: rows g and g + 8 of each tile, cells t and t + 4.
+                        unsigned a[MT][4];
 #pragma unroll
-                    for (unsigned v0 = 0; v0 < BOX6; v0 += V) {
-                        scalar in[SPAN];
+                        for (unsigned mt = 0; mt < MT; ++mt) {
+                            const unsigned* const d_row = d_box + (16 * mt + g) * D_ROW + ks + t;
+                            a[mt][0] = d_row[0], a[mt][1] = d_row[8 * D_ROW];
+                            a[mt][2] = d_row[4], a[mt][3] = d_row[8 * D_ROW + 4];
+                        }
+                        // The halo cells of cells t and t + 4 at the window's first offset (past the box: cell 0's,
+                        // which meets D's zeros there).
+                        unsigned at[2];
 #pragma unroll
-                        for (unsigned s = 0; s < SPAN; ++s) in[s] = u_halo[u_line + v0 * S6 + s];
+                        for (unsigned h = 0; h < 2; ++h) {
+                            const unsigned q = ks + t + 4 * h;
+                            unsigned rest = q < BOX_CELLS ? q : 0;
+                            const pos_t b6 = (pos_t)(rest % nonzero(BOX6));
+                            rest /= nonzero(BOX6);
+                            const pos_t b5 = (pos_t)(rest % nonzero(BOX5));
+                            rest /= nonzero(BOX5);
+                            const pos_t b4 = (pos_t)(rest % nonzero(BOX4));
+                            rest /= nonzero(BOX4);
+                            const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                            rest /= nonzero(BOX3);
+                            const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                            rest /= nonzero(BOX2);
+                            const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                            rest /= nonzero(BOX1);
+                            const pos_t b0 = (pos_t)rest;
+                            at[h] = 0;
+                            at[h] += (unsigned)(b0 * S0) * STRIDE0;
+                            at[h] += (unsigned)(b1 * S1) * STRIDE1;
+                            at[h] += (unsigned)(b2 * S2) * STRIDE2;
+                            at[h] += (unsigned)(b3 * S3) * STRIDE3;
+                            at[h] += (unsigned)(b4 * S4) * STRIDE4;
+                            at[h] += (unsigned)(b5 * S5) * STRIDE5;
+                            at[h] += (unsigned)(b6 * S6) * STRIDE6;
+                        }
 #pragma unroll
-                        for (unsigned i = 0; i < M; ++i) {
-                            scalar dv[V];
-#pragma unroll
-                            for (unsigned v = 0; v < V; ++v) dv[v] = d_line[i * BOX_CELLS + v0 + v];
+                        for (unsigned r = 0; r < V; ++r) {
+                            if (!owned[r]) continue;
 #pragma unroll
                             for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const unsigned offset = shift[r] + kl * (unsigned)D6;
 #pragma unroll
-                                for (unsigned v = 0; v < V; ++v) {
-                                    acc[i][kl] = fused_multiply_add(dv[v], in[v * S6 + kl * D6], acc[i][kl]);
+                                for (unsigned nt = 0; nt < NT; ++nt) {
+                                    const unsigned* const u_row = u_halo + (8 * nt + g) * U_ROW + offset;
+                                    const unsigned b[2] = {u_row[at[0]], u_row[at[1]]};
+#pragma unroll
+                                    for (unsigned mt = 0; mt < MT; ++mt) {
+                                        float* const c = acc[r][kl][mt][nt];
+                                        mma_tf32(c[0], c[1], c[2], c[3], a[mt], b);
+                                    }
                                 }
                             }
                         }
                     }
                 } else {
-                    // Only D's cells and U's cells inside their extents; not unrolled: it is rare.
-                    bool line_inside = true;
-                    const pos_t j0 = first0 + b0 * S0 + k0 * D0;
-                    line_inside = line_inside && o0 + b0 < (pos_t)IN0 && j0 >= 0 && j0 < OUT0;
-                    const pos_t j1 = first1 + b1 * S1 + k1 * D1;
-                    line_inside = line_inside && o1 + b1 < (pos_t)IN1 && j1 >= 0 && j1 < OUT1;
-                    const pos_t j2 = first2 + b2 * S2 + k2 * D2;
-                    line_inside = line_inside && o2 + b2 < (pos_t)IN2 && j2 >= 0 && j2 < OUT2;
-                    const pos_t j3 = first3 + b3 * S3 + k3 * D3;
-                    line_inside = line_inside && o3 + b3 < (pos_t)IN3 && j3 >= 0 && j3 < OUT3;
-                    const pos_t j4 = first4 + b4 * S4 + k4 * D4;
-                    line_inside = line_inside && o4 + b4 < (pos_t)IN4 && j4 >= 0 && j4 < OUT4;
-                    const pos_t j5 = first5 + b5 * S5 + k5 * D5;
-                    line_inside = line_inside && o5 + b5 < (pos_t)IN5 && j5 >= 0 && j5 < OUT5;
-                    for (unsigned v = 0; line_inside && v < BOX6; ++v) {
-                        if (o6 + (pos_t)v >= (pos_t)IN6) break;
-                        for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                            const pos_t j = first6 + (pos_t)(v * S6 + kl * D6);
-                            if (j < 0 || j >= OUT6) continue;
-                            for (unsigned i = 0; i < M; ++i) {
-                                acc[i][kl] = fused_multiply_add(d_line[i * BOX_CELLS + v],
-                                                                u_halo[u_line + v * S6 + kl * D6], acc[i][kl]);
+#pragma unroll
+                    for (unsigned r = 0; r < V; ++r) {
+                        if (!owned[r]) continue;
+                        [[maybe_unused]] unsigned rest = warp * V + r;
+                        const pos_t k5 = (pos_t)(rest % K5);
+                        rest /= K5;
+                        const pos_t k4 = (pos_t)(rest % K4);
+                        rest /= K4;
+                        const pos_t k3 = (pos_t)(rest % K3);
+                        rest /= K3;
+                        const pos_t k2 = (pos_t)(rest % K2);
+                        rest /= K2;
+                        const pos_t k1 = (pos_t)(rest % K1);
+                        rest /= K1;
+                        const pos_t k0 = (pos_t)(rest % K0);
+                        rest /= K0;
+#pragma unroll 1
+                        for (unsigned q = 0; q < BOX_CELLS; ++q) {
+                            unsigned rest = q;
+                            const pos_t b6 = (pos_t)(rest % nonzero(BOX6));
+                            rest /= nonzero(BOX6);
+                            const pos_t b5 = (pos_t)(rest % nonzero(BOX5));
+                            rest /= nonzero(BOX5);
+                            const pos_t b4 = (pos_t)(rest % nonzero(BOX4));
+                            rest /= nonzero(BOX4);
+                            const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                            rest /= nonzero(BOX3);
+                            const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                            rest /= nonzero(BOX2);
+                            const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                            rest /= nonzero(BOX1);
+                            const pos_t b0 = (pos_t)rest;
+                            bool inside = true;
+                            unsigned at = 0;
+                            const pos_t j0 = first0 + b0 * S0 + k0 * D0;
+                            inside = inside && o0 + b0 < (pos_t)IN0 && j0 >= 0 && j0 < OUT0;
+                            const pos_t j1 = first1 + b1 * S1 + k1 * D1;
+                            inside = inside && o1 + b1 < (pos_t)IN1 && j1 >= 0 && j1 < OUT1;
+                            const pos_t j2 = first2 + b2 * S2 + k2 * D2;
+                            inside = inside && o2 + b2 < (pos_t)IN2 && j2 >= 0 && j2 < OUT2;
+                            const pos_t j3 = first3 + b3 * S3 + k3 * D3;
+                            inside = inside && o3 + b3 < (pos_t)IN3 && j3 >= 0 && j3 < OUT3;
+                            const pos_t j4 = first4 + b4 * S4 + k4 * D4;
+                            inside = inside && o4 + b4 < (pos_t)IN4 && j4 >= 0 && j4 < OUT4;
+                            const pos_t j5 = first5 + b5 * S5 + k5 * D5;
+                            inside = inside && o5 + b5 < (pos_t)IN5 && j5 >= 0 && j5 < OUT5;
+                            inside = inside && o6 + b6 < (pos_t)IN6;
+                            at += (unsigned)(b0 * S0) * STRIDE0;
+                            at += (unsigned)(b1 * S1) * STRIDE1;
+                            at += (unsigned)(b2 * S2) * STRIDE2;
+                            at += (unsigned)(b3 * S3) * STRIDE3;
+                            at += (unsigned)(b4 * S4) * STRIDE4;
+                            at += (unsigned)(b5 * S5) * STRIDE5;
+                            at += (unsigned)(b6 * S6) * STRIDE6;
+                            if (!inside) continue;
+#pragma unroll  // the sums stay in registers only where every index into them is a constant
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const pos_t j = first6 + b6 * S6 + (pos_t)(kl * D6);
+                                if (j < 0 || j >= OUT6) continue;
+                                const unsigned u_at = at + shift[r] + kl * (unsigned)D6;
+#pragma unroll
+                                for (unsigned mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                                    for (unsigned nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                                        for (unsigned e = 0; e < 4; ++e) {
+                                            const unsigned i = 16 * mt + g + 8 * (e / 2), cc = 8 * nt + 2 * t + e % 2;
+                                            const float x = __uint_as_float(d_box[i * D_ROW + q]);
+                                            const float y = __uint_as_float(u_halo[cc * U_ROW + u_at]);
+                                            acc[r][kl][mt][nt][e] = fmaf(x, y, acc[r][kl][mt][nt][e]);
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
                 }
             }
-        }
-        // The lanes' sums of a row, added in lane order.
-        if constexpr (LANES > 1) {
-            __syncthreads();  // the last item's reads are done: the staging area holds the sums now
 #pragma unroll
-            for (unsigned i = 0; i < M; ++i) {
+            for (unsigned r = 0; r < V; ++r) {
 #pragma unroll
-                for (unsigned kl = 0; kl < K_LAST; ++kl) weight_shared[(tid * M + i) * K_LAST + kl] = acc[i][kl];
-            }
-            __syncthreads();
-            if (lane == 0) {
-                for (unsigned l = 1; l < LANES; ++l) {
+                for (unsigned kl = 0; kl < K_LAST; ++kl) {
 #pragma unroll
-                    for (unsigned i = 0; i < M; ++i) {
+                    for (unsigned mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                        for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                            acc[i][kl] += weight_shared[((l * ROWS + row) * M + i) * K_LAST + kl];
+                        for (unsigned nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                            for (unsigned e = 0; e < 4; ++e) {
+                                const unsigned i = 16 * mt + g + 8 * (e / 2), cc = 8 * nt + 2 * t + e % 2;
+                                if (owned[r] && i < M && cc < U_CB) {
+                                    const unsigned kappa = (warp * V + r) * K_LAST + kl;
+                                    put(out + ((size_t)i * U_C + channel_block * U_CB + cc) * K_SIZE + kappa,
+                                        acc[r][kl][mt][nt][e]);
+                                }
+                            }
                         }
                     }
                 }
             }
-        }
-        // With PARTS > 1, dest is the partial buffer [PARTS][GROUPS * M][U_C][K_SIZE].
-        typedef typename gemm_output<(PARTS > 1)>::type Out;
-        Out* __restrict__ out = reinterpret_cast<Out*>(dest) + ((size_t)part * GROUPS + group) * M * U_C * K_SIZE;
-        if (lane == 0) {
-#pragma unroll
+        } else {
+            scalar* const d_box = weight_shared;
+            scalar* const u_halo = weight_shared + M * BOX_CELLS;
+            const unsigned tid = threadIdx.x, row = tid % ROWS, lane = tid / ROWS, block_c = row / K_OUTER;
+            const unsigned c = channel_block * U_CB + block_c;  // the row's U channel in the group
+            // The row's outer window offsets: its place in the halo and its first flat offset.
+            [[maybe_unused]] unsigned row_rest = row % K_OUTER;
+            const pos_t k5 = (pos_t)(row_rest % K5);
+            row_rest /= K5;
+            const pos_t k4 = (pos_t)(row_rest % K4);
+            row_rest /= K4;
+            const pos_t k3 = (pos_t)(row_rest % K3);
+            row_rest /= K3;
+            const pos_t k2 = (pos_t)(row_rest % K2);
+            row_rest /= K2;
+            const pos_t k1 = (pos_t)(row_rest % K1);
+            row_rest /= K1;
+            const pos_t k0 = (pos_t)row_rest;
+            unsigned row_offset = 0;
+            row_offset += (unsigned)(k0 * D0) * STRIDE0;
+            row_offset += (unsigned)(k1 * D1) * STRIDE1;
+            row_offset += (unsigned)(k2 * D2) * STRIDE2;
+            row_offset += (unsigned)(k3 * D3) * STRIDE3;
+            row_offset += (unsigned)(k4 * D4) * STRIDE4;
+            row_offset += (unsigned)(k5 * D5) * STRIDE5;
+            const unsigned kappa_first = row % K_OUTER * K_LAST;
+
+            scalar acc[M][K_LAST];
+    #pragma unroll
             for (unsigned i = 0; i < M; ++i) {
-#pragma unroll
-                for (unsigned kl = 0; kl < K_LAST; ++kl) {
-                    put(out + ((size_t)i * U_C + c) * K_SIZE + kappa_first + kl, acc[i][kl]);
+    #pragma unroll
+                for (unsigned kl = 0; kl < K_LAST; ++kl) acc[i][kl] = 0;
+            }
+    #pragma unroll 1
+            for (unsigned item = item_begin; item < item_end; ++item) {
+                const unsigned image = item / TILES, tile = item % TILES;
+                unsigned rest = tile;
+                const pos_t t6 = (pos_t)(rest % nonzero(TILES6));
+                rest /= nonzero(TILES6);
+                const pos_t t5 = (pos_t)(rest % nonzero(TILES5));
+                rest /= nonzero(TILES5);
+                const pos_t t4 = (pos_t)(rest % nonzero(TILES4));
+                rest /= nonzero(TILES4);
+                const pos_t t3 = (pos_t)(rest % nonzero(TILES3));
+                rest /= nonzero(TILES3);
+                const pos_t t2 = (pos_t)(rest % nonzero(TILES2));
+                rest /= nonzero(TILES2);
+                const pos_t t1 = (pos_t)(rest % nonzero(TILES1));
+                rest /= nonzero(TILES1);
+                const pos_t t0 = (pos_t)rest;
+                const real* __restrict__ d_image = d_values + ((size_t)image * GROUPS + group) * M * IN_SIZE;
+                const real* __restrict__ u_image =
+                    u_values + (((size_t)image * GROUPS + group) * U_C + channel_block * U_CB) * OUT_SIZE;
+                const pos_t o0 = t0 * (pos_t)BOX0;  // the box's first D cell
+                const pos_t first0 = o0 * S0 - P0;  // the halo's first U cell
+                const pos_t o1 = t1 * (pos_t)BOX1;  // the box's first D cell
+                const pos_t first1 = o1 * S1 - P1;  // the halo's first U cell
+                const pos_t o2 = t2 * (pos_t)BOX2;  // the box's first D cell
+                const pos_t first2 = o2 * S2 - P2;  // the halo's first U cell
+                const pos_t o3 = t3 * (pos_t)BOX3;  // the box's first D cell
+                const pos_t first3 = o3 * S3 - P3;  // the halo's first U cell
+                const pos_t o4 = t4 * (pos_t)BOX4;  // the box's first D cell
+                const pos_t first4 = o4 * S4 - P4;  // the halo's first U cell
+                const pos_t o5 = t5 * (pos_t)BOX5;  // the box's first D cell
+                const pos_t first5 = o5 * S5 - P5;  // the halo's first U cell
+                const pos_t o6 = t6 * (pos_t)BOX6;  // the box's first D cell
+                const pos_t first6 = o6 * S6 - P6;  // the halo's first U cell
+                __syncthreads();  // the last item's reads are done
+                bool rare = false;
+                for (unsigned e = tid; e < M * BOX_CELLS; e += THREADS) {
+                    const unsigned i = e / BOX_CELLS, cell = e % BOX_CELLS;
+                    unsigned rest = cell;
+                    const pos_t b6 = (pos_t)(rest % nonzero(BOX6));
+                    rest /= nonzero(BOX6);
+                    const pos_t b5 = (pos_t)(rest % nonzero(BOX5));
+                    rest /= nonzero(BOX5);
+                    const pos_t b4 = (pos_t)(rest % nonzero(BOX4));
+                    rest /= nonzero(BOX4);
+                    const pos_t b3 = (pos_t)(rest % nonzero(BOX3));
+                    rest /= nonzero(BOX3);
+                    const pos_t b2 = (pos_t)(rest % nonzero(BOX2));
+                    rest /= nonzero(BOX2);
+                    const pos_t b1 = (pos_t)(rest % nonzero(BOX1));
+                    rest /= nonzero(BOX1);
+                    const pos_t b0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    inside = inside && o0 + b0 < (pos_t)IN0;
+                    offset = offset * IN0 + (unsigned)(o0 + b0);
+                    inside = inside && o1 + b1 < (pos_t)IN1;
+                    offset = offset * IN1 + (unsigned)(o1 + b1);
+                    inside = inside && o2 + b2 < (pos_t)IN2;
+                    offset = offset * IN2 + (unsigned)(o2 + b2);
+                    inside = inside && o3 + b3 < (pos_t)IN3;
+                    offset = offset * IN3 + (unsigned)(o3 + b3);
+                    inside = inside && o4 + b4 < (pos_t)IN4;
+                    offset = offset * IN4 + (unsigned)(o4 + b4);
+                    inside = inside && o5 + b5 < (pos_t)IN5;
+                    offset = offset * IN5 + (unsigned)(o5 + b5);
+                    inside = inside && o6 + b6 < (pos_t)IN6;
+                    offset = offset * IN6 + (unsigned)(o6 + b6);
+                    const scalar value = inside ? load_element(d_image + (size_t)i * IN_SIZE + offset) : scalar(0);
+                    rare = rare || !isfinite(value);
+                    d_box[e] = value;
+                }
+                // A halo cell's position worked out once for every U channel (their loads independent).
+                for (unsigned e = tid; e < HALO; e += THREADS) {
+                    unsigned rest = e;
+                    const pos_t h6 = (pos_t)(rest % nonzero(H6));
+                    rest /= nonzero(H6);
+                    const pos_t h5 = (pos_t)(rest % nonzero(H5));
+                    rest /= nonzero(H5);
+                    const pos_t h4 = (pos_t)(rest % nonzero(H4));
+                    rest /= nonzero(H4);
+                    const pos_t h3 = (pos_t)(rest % nonzero(H3));
+                    rest /= nonzero(H3);
+                    const pos_t h2 = (pos_t)(rest % nonzero(H2));
+                    rest /= nonzero(H2);
+                    const pos_t h1 = (pos_t)(rest % nonzero(H1));
+                    rest /= nonzero(H1);
+                    const pos_t h0 = (pos_t)rest;
+                    bool inside = true;
+                    unsigned offset = 0;
+                    const pos_t j0 = first0 + h0;
+                    inside = inside && j0 >= 0 && j0 < OUT0;
+                    offset = offset * OUT0 + (unsigned)j0;
+                    const pos_t j1 = first1 + h1;
+                    inside = inside && j1 >= 0 && j1 < OUT1;
+                    offset = offset * OUT1 + (unsigned)j1;
+                    const pos_t j2 = first2 + h2;
+                    inside = inside && j2 >= 0 && j2 < OUT2;
+                    offset = offset * OUT2 + (unsigned)j2;
+                    const pos_t j3 = first3 + h3;
+                    inside = inside && j3 >= 0 && j3 < OUT3;
+                    offset = offset * OUT3 + (unsigned)j3;
+                    const pos_t j4 = first4 + h4;
+                    inside = inside && j4 >= 0 && j4 < OUT4;
+                    offset = offset * OUT4 + (unsigned)j4;
+                    const pos_t j5 = first5 + h5;
+                    inside = inside && j5 >= 0 && j5 < OUT5;
+                    offset = offset * OUT5 + (unsigned)j5;
+                    const pos_t j6 = first6 + h6;
+                    inside = inside && j6 >= 0 && j6 < OUT6;
+                    offset = offset * OUT6 + (unsigned)j6;
+                    const real* __restrict__ cell = u_image + offset;
+    #pragma unroll
+                    for (unsigned cc = 0; cc < U_CB; ++cc) {
+                        const scalar value = inside ? load_element(cell + (size_t)cc * OUT_SIZE) : scalar(0);
+                        rare = rare || !isfinite(value);
+                        u_halo[cc * HALO + e] = value;
+                    }
+                }
+                // Block-uniform: a staged value is an inf or NaN, so cells outside D and U must be skipped.
+                rare = __syncthreads_or(rare);
+    #pragma unroll 1
+                for (unsigned line = lane; line < LINES; line += LANES) {
+                    [[maybe_unused]] unsigned line_rest = line;
+                    unsigned u_line = block_c * HALO + row_offset;
+                    const pos_t b5 = (pos_t)(line_rest % BOX5);
+                    line_rest /= BOX5;
+                    const pos_t b4 = (pos_t)(line_rest % BOX4);
+                    line_rest /= BOX4;
+                    const pos_t b3 = (pos_t)(line_rest % BOX3);
+                    line_rest /= BOX3;
+                    const pos_t b2 = (pos_t)(line_rest % BOX2);
+                    line_rest /= BOX2;
+                    const pos_t b1 = (pos_t)(line_rest % BOX1);
+                    line_rest /= BOX1;
+                    const pos_t b0 = (pos_t)line_rest;
+                    u_line += (unsigned)(b0 * S0) * STRIDE0;
+                    u_line += (unsigned)(b1 * S1) * STRIDE1;
+                    u_line += (unsigned)(b2 * S2) * STRIDE2;
+                    u_line += (unsigned)(b3 * S3) * STRIDE3;
+                    u_line += (unsigned)(b4 * S4) * STRIDE4;
+                    u_line += (unsigned)(b5 * S5) * STRIDE5;
+                    const scalar* d_line = d_box + line * BOX6;
+                    if (!rare) {
+    #pragma unroll
+                        for (unsigned v0 = 0; v0 < BOX6; v0 += V) {
+                            scalar in[SPAN];
+    #pragma unroll
+                            for (unsigned s = 0; s < SPAN; ++s) in[s] = u_halo[u_line + v0 * S6 + s];
+    #pragma unroll
+                            for (unsigned i = 0; i < M; ++i) {
+                                scalar dv[V];
+    #pragma unroll
+                                for (unsigned v = 0; v < V; ++v) dv[v] = d_line[i * BOX_CELLS + v0 + v];
+    #pragma unroll
+                                for (unsigned kl = 0; kl < K_LAST; ++kl) {
+    #pragma unroll
+                                    for (unsigned v = 0; v < V; ++v) {
+                                        acc[i][kl] = fused_multiply_add(dv[v], in[v * S6 + kl * D6], acc[i][kl]);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+                        // Only D's cells and U's cells inside their extents; not unrolled: it is rare.
+                        bool line_inside = true;
+                        const pos_t j0 = first0 + b0 * S0 + k0 * D0;
+                        line_inside = line_inside && o0 + b0 < (pos_t)IN0 && j0 >= 0 && j0 < OUT0;
+                        const pos_t j1 = first1 + b1 * S1 + k1 * D1;
+                        line_inside = line_inside && o1 + b1 < (pos_t)IN1 && j1 >= 0 && j1 < OUT1;
+                        const pos_t j2 = first2 + b2 * S2 + k2 * D2;
+                        line_inside = line_inside && o2 + b2 < (pos_t)IN2 && j2 >= 0 && j2 < OUT2;
+                        const pos_t j3 = first3 + b3 * S3 + k3 * D3;
+                        line_inside = line_inside && o3 + b3 < (pos_t)IN3 && j3 >= 0 && j3 < OUT3;
+                        const pos_t j4 = first4 + b4 * S4 + k4 * D4;
+                        line_inside = line_inside && o4 + b4 < (pos_t)IN4 && j4 >= 0 && j4 < OUT4;
+                        const pos_t j5 = first5 + b5 * S5 + k5 * D5;
+                        line_inside = line_inside && o5 + b5 < (pos_t)IN5 && j5 >= 0 && j5 < OUT5;
+                        for (unsigned v = 0; line_inside && v < BOX6; ++v) {
+                            if (o6 + (pos_t)v >= (pos_t)IN6) break;
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                const pos_t j = first6 + (pos_t)(v * S6 + kl * D6);
+                                if (j < 0 || j >= OUT6) continue;
+                                for (unsigned i = 0; i < M; ++i) {
+                                    acc[i][kl] = fused_multiply_add(d_line[i * BOX_CELLS + v],
+                                                                    u_halo[u_line + v * S6 + kl * D6], acc[i][kl]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // The lanes' sums of a row, added in lane order.
+            if constexpr (LANES > 1) {
+                __syncthreads();  // the last item's reads are done: the staging area holds the sums now
+    #pragma unroll
+                for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                    for (unsigned kl = 0; kl < K_LAST; ++kl) weight_shared[(tid * M + i) * K_LAST + kl] = acc[i][kl];
+                }
+                __syncthreads();
+                if (lane == 0) {
+                    for (unsigned l = 1; l < LANES; ++l) {
+    #pragma unroll
+                        for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                            for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                                acc[i][kl] += weight_shared[((l * ROWS + row) * M + i) * K_LAST + kl];
+                            }
+                        }
+                    }
+                }
+            }
+            if (lane == 0) {
+    #pragma unroll
+                for (unsigned i = 0; i < M; ++i) {
+    #pragma unroll
+                    for (unsigned kl = 0; kl < K_LAST; ++kl) {
+                        put(out + ((size_t)i * U_C + c) * K_SIZE + kappa_first + kl, acc[i][kl]);
+                    }
                 }
             }
         }

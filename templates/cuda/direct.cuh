@@ -58,6 +58,9 @@ __device__ __forceinline__ void direct_row_inside(const scalar* line, const scal
 // in an odd multiple of 8 words: a warp's fragment loads (rows g at words 2t, 2t + 1) then hit distinct banks.
 __host__ __device__ constexpr unsigned mma_row_words(unsigned cb) { return cb / 16 * 16 + 8; }
 __host__ __device__ constexpr unsigned mma_staged_words(unsigned rows, unsigned cb) { return rows * mma_row_words(cb); }
+// A row of a tensor-core direct weight kernel's staging (D's cells or U's halo cells of one channel): 4 words past a
+// multiple of 8, so that the rows g = 0..7 of a fragment load, 4 words t apart, hit distinct banks.
+__host__ __device__ constexpr unsigned weight_mma_row_words(unsigned cells) { return (cells + 7) / 8 * 8 + 4; }
 
 // An operand as such a kernel stages it: rounded to TF32 (to_tf32) where that integer rounding is exact, else as it
 // is with `rare` set (an inf, a NaN or a value TF32 would round past its largest: gemm.cuh's rare_value), which sends

@@ -1,0 +1,166 @@
+"""The small-channel direct weight gradient (templates/cuda/_direct_weight.cu.j2): when the plans take it instead of the
+weight-gradient GEMM (direct_model.choose_direct), and how its blocks are cut, with FMAs (`weight_tile`) or on TF32
+tensor cores (`weight_mma_tile`, _direct_weight_mma.cu.j2). Steers which kernel runs, never what is computed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box
+from convgen.gemm_shapes import ceil_div
+from convgen.generated.contract import weight_mma_row_words
+from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware
+
+# The weight gradient's direct kernel, where the plans take it: up to DIRECT_MAX_M D channels, windows of at least 9
+# offsets, up to 64 U channels a group (shared by channel blocks of at most WEIGHT_MAX_ROWS rows). Measured against
+# its GEMM in every such case (H100, whole backward µs, benchmarks/measured/2026-12-06-h100-s45-direct-sweep-bww.txt):
+# conv4d N4 16->16 20⁴ 2131 / 4140, 16->1 358 / 2309, 1->16 305 / 562, N2 10->10 16⁴ k5 2000 / 3084, N2 16->16
+# 8x32³ 1754 / 3163; conv3d N16 16->16 16³ 91 / 146; conv2d N32 16->16 56² 73 / 102, N32 64->8 56² 114 / 166.
+DIRECT_WEIGHT_MIN_WINDOW = 9
+DIRECT_WEIGHT_MAX_SOURCE_C = 64
+# The direct weight gradient: a thread per (U channel, outer window offsets) and lane holds M x K_last sums ...
+WEIGHT_MAX_ROWS = 256  # ... of at most this many rows a block (one thread each, and lanes up to this many threads)
+WEIGHT_MAX_SUMS = 64  # ... and registers
+WEIGHT_MAX_BOX_CELLS = 512  # a work item's box of D's cells grows to this many while its staging fits
+WEIGHT_BOX_LAST = 32  # cells of the box along the last axis at most
+WEIGHT_REGISTERS = 64  # a thread's registers, for the blocks an SM holds (NVRTC: 64-72 in float32, ~100 in float64)
+
+# The direct weight gradient on TF32 tensor cores: mma tiles of 16 D channels, 8 U channels and 8 of the box's cells;
+# up to this many D channels and U channels a block (more U channels: equal channel blocks) ...
+MMA_WEIGHT_MAX_M = 32
+MMA_WEIGHT_MAX_UCB = 16
+MMA_WEIGHT_MAX_SUMS = 64  # ... each warp's outer window offsets with their sums in this many registers a thread ...
+MMA_WEIGHT_MAX_WARPS = 16  # ... over at most this many warps a block (else the FMA form; 128 registers a thread)
+MMA_WEIGHT_BOX_CELLS = (512, 256, 128, 64)  # D's cells of a work item: the most whose staging fits ...
+MMA_WEIGHT_BLOCKS_PER_SM = 2  # ... this many blocks an SM
+MMA_WEIGHT_REGISTERS = 128  # a thread's registers, for the blocks an SM holds
+
+
+@dataclass(frozen=True, slots=True)
+class WeightTile:
+    """The direct weight gradient's blocks: a group's U channels shared by `channel_blocks` blocks, and `parts`
+    blocks of each split the work items (image, box of D's cells `box`); in a block `lanes` threads per (U channel,
+    outer window offsets), each reading V cells at a time."""
+
+    v: int
+    lanes: int
+    box: tuple[int, ...]
+    parts: int
+    rows: int  # the block's U channels x outer window offsets (on the tensor cores: the outer window offsets)
+    channel_blocks: int = 1
+    mma: int = 0  # MMA_DIRECT_MODE: on the tensor cores, each warp owning v of the rows
+
+    @property
+    def blocks(self) -> int:
+        """Blocks a group: its channel blocks' parts."""
+        return self.channel_blocks * self.parts
+
+    @property
+    def threads(self) -> int:
+        if self.mma:
+            return 32 * ceil_div(self.rows, self.v)
+        return self.rows * self.lanes
+
+
+def weight_staged(box: tuple[int, ...], shape: DirectShape, channels: int) -> int:
+    """Values a work item stages: the box of D's M channels and U's halo of a block's `channels`."""
+    return shape.m * math.prod(box) + channels * halo(box, shape)
+
+
+def weight_channel_blocks(shape: DirectShape) -> int | None:
+    """The fewest blocks that share a group's U channels equally with at most WEIGHT_MAX_ROWS rows (U channels x
+    outer window offsets) each, or None where one channel's rows are more."""
+    outer = math.prod(shape.taps[:-1])
+    return next((b for b in range(1, shape.source_c + 1)
+                 if shape.source_c % b == 0 and shape.source_c // b * outer <= WEIGHT_MAX_ROWS), None)
+
+
+def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
+    """How the direct weight kernel would cut a weight-gradient stage multiplied with FMAs, or None: rows of at most
+    WEIGHT_MAX_ROWS (U channels x outer window offsets; the group's channels shared by as few channel blocks as that
+    takes) holding at most WEIGHT_MAX_SUMS sums each; V = 4, 2 or 1 cells a read, the last axis of the box up to
+    WEIGHT_BOX_LAST (a multiple of V), the outer axes doubled from the innermost out while the staging fits the
+    shared memory and the box holds at most WEIGHT_MAX_BOX_CELLS; lanes up to WEIGHT_MAX_ROWS threads; parts to
+    fill the SMs once, within the split workspace."""
+    if 0 in shape.cells or not 1 <= shape.m or shape.source_c == 0:
+        return None
+    channel_blocks = weight_channel_blocks(shape)
+    if channel_blocks is None or shape.m * shape.taps[-1] > WEIGHT_MAX_SUMS:
+        return None
+    channels = shape.source_c // channel_blocks
+    rows = channels * math.prod(shape.taps[:-1])
+    capacity = hardware.shared_per_block // shape.staged_bytes
+    *outer, last = shape.cells
+    v = 4 if last >= 4 else 2 if last >= 2 else 1
+    box = [1] * len(outer) + [min(ceil_div(last, v) * v, WEIGHT_BOX_LAST)]
+    if weight_staged(tuple(box), shape, channels) > capacity:
+        return None
+    grown = True
+    while grown:
+        grown = False
+        for a in reversed(range(len(outer))):
+            wider = [*box[:a], box[a] * 2, *box[a + 1:]]
+            if box[a] < outer[a] and math.prod(wider) <= WEIGHT_MAX_BOX_CELLS and \
+                    weight_staged(tuple(wider), shape, channels) <= capacity:
+                box, grown = wider, True
+    lanes = max(1, min(WEIGHT_MAX_ROWS // rows, math.prod(box[:-1])))  # lanes take the box's lines in turn
+    threads = rows * lanes
+    staged_bytes = max(weight_staged(tuple(box), shape, channels),
+                       threads * shape.m * shape.taps[-1] if lanes > 1 else 0) * shape.staged_bytes
+    if staged_bytes > hardware.shared_per_block:
+        return None
+    tile = WeightTile(v=v, lanes=lanes, box=tuple(box), parts=1, rows=rows, channel_blocks=channel_blocks)
+    return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
+                                                        WEIGHT_REGISTERS * shape.staged_bytes // 4))
+
+
+def weight_parts(tile: WeightTile, shape: DirectShape, hardware: Hardware, staged_bytes: int, registers: int) -> int:
+    """Blocks that split a channel block's work items (image, box): enough to fill the SMs once with the blocks an SM
+    holds (by `staged_bytes` of shared memory and `registers` a thread), at most one an item, within the split
+    workspace."""
+    resident = max(1, min(hardware.shared_per_sm // (staged_bytes + hardware.shared_reserved_per_block),
+                          hardware.threads_per_sm // tile.threads,
+                          hardware.registers_per_sm // (registers * tile.threads), hardware.blocks_per_sm))
+    items = shape.images * math.prod(ceil_div(c, b) for c, b in zip(shape.cells, tile.box))
+    weights = shape.groups * shape.m * shape.source_c * math.prod(shape.taps)
+    workspace = SPLIT_WORKSPACE_BYTES // (weights * shape.staged_bytes)
+    return max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups * tile.channel_blocks), workspace))
+
+
+def weight_mma_shared_bytes(tile: WeightTile, shape: DirectShape) -> int:
+    """Shared memory of the tensor-core weight kernel's staging (the launch's dynamic shared memory): D's box, a row
+    per D channel of whole tiles of 16, and U's halo, a row per U channel of a channel block in whole tiles of 8,
+    rows of weight_mma_row_words words."""
+    channels = shape.source_c // tile.channel_blocks
+    return (ceil_div(shape.m, 16) * 16 * weight_mma_row_words(math.prod(tile.box))
+            + ceil_div(channels, 8) * 8 * weight_mma_row_words(halo(tile.box, shape))) * 4
+
+
+def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
+    """How the direct weight kernel would cut a weight-gradient stage on TF32 tensor cores (`shape.mma`), or None: up
+    to MMA_WEIGHT_MAX_M D channels; the U channels in the fewest equal channel blocks of at most MMA_WEIGHT_MAX_UCB;
+    each warp V of the window's outer offsets, as many as MMA_WEIGHT_MAX_SUMS sums a thread allow, spread evenly over
+    at most MMA_WEIGHT_MAX_WARPS warps; the box of the most cells of MMA_WEIGHT_BOX_CELLS (mma_box) whose staging
+    leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM; parts as the FMA form's."""
+    if not shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_WEIGHT_MAX_M \
+            or shape.source_c == 0 or 0 in shape.cells:
+        return None
+    channel_blocks = next(b for b in range(1, shape.source_c + 1)
+                          if shape.source_c % b == 0 and shape.source_c // b <= MMA_WEIGHT_MAX_UCB)
+    row_sums = shape.taps[-1] * ceil_div(shape.m, 16) * ceil_div(shape.source_c // channel_blocks, 8) * 4
+    outer = math.prod(shape.taps[:-1])
+    if row_sums > MMA_WEIGHT_MAX_SUMS or ceil_div(outer, MMA_WEIGHT_MAX_SUMS // row_sums) > MMA_WEIGHT_MAX_WARPS:
+        return None
+    warps = ceil_div(outer, MMA_WEIGHT_MAX_SUMS // row_sums)
+    limit = min(hardware.shared_optin_per_block,
+                hardware.shared_per_sm // MMA_WEIGHT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
+    for cells in MMA_WEIGHT_BOX_CELLS:
+        tile = WeightTile(v=ceil_div(outer, warps), lanes=1, box=mma_box(shape.cells, cells), parts=1, rows=outer,
+                          channel_blocks=channel_blocks, mma=MMA_DIRECT_MODE)
+        staged_bytes = weight_mma_shared_bytes(tile, shape)
+        if staged_bytes <= limit:
+            return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
+                                                                MMA_WEIGHT_REGISTERS))
+    return None
