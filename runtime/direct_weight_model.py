@@ -151,9 +151,9 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
                           if shape.source_c % b == 0 and shape.source_c // b <= MMA_WEIGHT_MAX_UCB)
     row_sums = shape.taps[-1] * ceil_div(shape.m, 16) * ceil_div(shape.source_c // channel_blocks, 8) * 4
     outer = math.prod(shape.taps[:-1])
-    if row_sums > MMA_WEIGHT_MAX_SUMS or ceil_div(outer, MMA_WEIGHT_MAX_SUMS // row_sums) > MMA_WEIGHT_MAX_WARPS:
+    warps = ceil_div(outer, max(1, MMA_WEIGHT_MAX_SUMS // row_sums))
+    if row_sums > MMA_WEIGHT_MAX_SUMS or warps > MMA_WEIGHT_MAX_WARPS:
         return None
-    warps = ceil_div(outer, MMA_WEIGHT_MAX_SUMS // row_sums)
     limit = min(hardware.shared_optin_per_block,
                 hardware.shared_per_sm // MMA_WEIGHT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
     for cells in MMA_WEIGHT_BOX_CELLS:

@@ -24,6 +24,7 @@ from convgen.direct_model import (
     staging_bytes,
 )
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, halo, mma_box, weight_shape
+from convgen.direct_weight_model import weight_mma_shared_bytes, weight_mma_tile
 from convgen.geometry import Family, Geometry
 
 CONV4D_N8 = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
@@ -332,4 +333,19 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
                  Geometry.build(Family.CONV, 16, 16, (16,) * 3, (3,) * 3, (1,) * 3, (1,) * 3, batch=16)):
         defines = plan(geom, precision="medium").defines
         assert defines["BWW_DIRECT"] == 1 and defines["BWW_DIRECT_MMA"] == 0
+
+
+def test_the_tensor_core_weight_tile():
+    """weight_mma_tile for 16 -> 16 channels and a 3^4 window: 24 sums an outer offset (3 offsets x 2 U tiles x 4), so
+    two outer offsets a warp and 14 warps for 27; the box of 2 x 2 x 2 x 20 cells, its staging 16 rows of D's 160 cells
+    and 16 of U's 4 x 4 x 4 x 22 halo cells, each padded to 4 past a multiple of 8 words. None where a row's sums pass
+    64 (32 D channels, K_last 5) or the warps 16 (a 5^4 window: 125 outer offsets, one a warp)."""
+    shape = weight_shape(NC_16, 4, MMA_DIRECT_MODE)
+    tile = weight_mma_tile(shape, H200)
+    assert (tile.v, tile.rows, tile.threads, tile.box, tile.channel_blocks) == (2, 27, 32 * 14, (2, 2, 2, 20), 1)
+    assert weight_mma_shared_bytes(tile, shape) == (16 * (160 + 4) + 16 * (4 * 4 * 4 * 22 + 4)) * 4
+    assert weight_mma_tile(weight_shape(NC_16, 4), H200) is None  # FMAs
+    k5 = dataclasses.replace(shape, taps=(5,) * 4)
+    assert weight_mma_tile(k5, H200) is None
+    assert weight_mma_tile(dataclasses.replace(shape, m=32, taps=(3, 3, 5)), H200) is None
 
