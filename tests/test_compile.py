@@ -33,7 +33,7 @@ from convgen.generated.contract import (
 )
 from convgen.generator import cli
 from convgen.geometry import Family, Geometry
-from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser
+from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, forced_chooser, mma_weight_direct
 
 GENERATED_CUDA = Path(__file__).resolve().parent.parent / "generated" / "cuda"
 SIGNATURE = re.compile(r'extern "C" __global__ void (?:\w+ )?(\w+)\(([^)]*)\)')
@@ -235,6 +235,24 @@ def test_wgmma_kernels_compile_for_sm90a_without_spills(family, rank, precision)
     wgmma = {k.symbol: k for k in report.kernels if k.symbol.endswith(("_wgmma", "_wgpack"))}
     assert len(wgmma) == 6 and all(k.registers > 8 for k in wgmma.values()), wgmma
     assert not unexpected_spills(report, plan(geom, precision=precision).defines)
+
+
+@pytest.mark.parametrize(("family", "rank"), CONV_SOURCES, ids=_ids)
+def test_tensor_core_direct_kernels_keep_their_sums_in_registers(family, rank):
+    """The direct kernels on TF32 tensor cores (window slices in the conv-shaped stages, the weight gradient's form),
+    forced at 16 -> 16 channels and a window of 3 a side (2 past rank 4): every direct kernel's sums stay in
+    registers, no spill and no stack frame (an index into them that is not a constant would put them in local
+    memory)."""
+    kernel = (3,) * rank if rank <= 4 else (2,) * rank
+    geom = Geometry.build(family, 16, 16, (6,) * rank if rank <= 4 else (3,) * rank, kernel, (1,) * rank,
+                          tuple(k // 2 for k in kernel), batch=2)
+    chooser = mma_weight_direct(64, 1, 2)
+    defines = plan(geom, precision="medium", direct_chooser=chooser).defines
+    assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == defines["BWW_DIRECT_MMA"] == 1
+    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", "medium", direct_chooser=chooser)
+    assert report.error is None, report.error
+    direct = [k for k in report.kernels if k.symbol.endswith("_direct")]
+    assert len(direct) == 3 and not [k for k in direct if k.spills or k.stack_bytes], direct
 
 
 @pytest.mark.parametrize("precision", TENSOR_CORE_PRECISIONS)
