@@ -27,7 +27,7 @@ from typing import Any
 
 from convgen.direct_model import DirectTile, choose_direct, cut_tile, direct_tile, mma_slices, mma_tile
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, mma_box, weight_shape
-from convgen.direct_weight_model import WeightTile
+from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile, weight_mma_tile
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
 from suite.contestants import convgen_op, make_device_inputs
@@ -115,6 +115,13 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple
                                             else mma.slices) for v, cells, *rest in mma_tiles)]
         picks = [tile for tile in picks if tile.slices in mma_slices(shape)]
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
+    weight_mma = weight_mma_tile(shape, H200)
+    if weight_mma is not None:  # --mma-tile's TILES are outer window offsets a warp here, and a third value parts
+        picks = [weight_mma, *(dataclasses.replace(weight_mma, v=v, box=mma_box(shape.cells, cells),
+                                                   parts=rest[0] if rest else weight_mma.parts)
+                               for v, cells, *rest in mma_tiles)]
+        picks = [tile for tile in picks if tile.threads <= 32 * MMA_WEIGHT_MAX_WARPS]
+        out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight = direct_tile(shape, H200) if shape.weight else None
     if weight is not None and weight != planned:
         out.append((describe(weight), only(weight)))
@@ -178,7 +185,9 @@ def main() -> None:
     parser.add_argument("--mma-tile", type=parse_mma_tile, action="append", default=[],
                         help="TILES,CELLS[,SLICES]: with --precision medium, one more row for every case on TF32 "
                              "tensor cores, TILES tiles of 16 cells a warp, boxes of at most CELLS cells, the first "
-                             "axis's window offsets in SLICES steps (by default the plans'; repeatable)")
+                             "axis's window offsets in SLICES steps (by default the plans'; repeatable); for "
+                             "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box and "
+                             "the third value the parts")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
