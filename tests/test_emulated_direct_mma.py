@@ -124,13 +124,15 @@ def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> Non
 
 @pytest.mark.parametrize("cells, rows_a_warp, parts, channel_blocks", [(64, 1, 1, 1), (40, 2, 3, 2)],
                          ids=["one-row-warps", "two-row-warps-parts-channel-blocks"])
-@pytest.mark.parametrize("geom", MMA_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
+@pytest.mark.parametrize("geom", [*MMA_DIRECT_GEOMETRIES,
+                                  Geometry.build(Family.CONV, 12, 24, (7, 9), (3, 3), (1, 1), (1, 1), batch=2)],
+                         ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
 def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry, cells: int, rows_a_warp: int,
                                                                   parts: int, channel_blocks: int) -> None:
     """The direct weight gradient on the tensor cores (_direct_weight_mma.cu.j2): boxes that do not divide D's cells
     and whose cells are not whole k steps of 8 (40), warps owning one or two outer window offsets (one warp short of
-    rows), parts added up by the reduce kernel, U channels shared by channel blocks: within TF32's bound, and not
-    float32's error."""
+    rows), parts added up by the reduce kernel, U channels shared by channel blocks, two tiles of D channels (24):
+    within TF32's bound, and not float32's error."""
     chooser = mma_weight_direct(cells, rows_a_warp, parts, channel_blocks)
     defines = plan(geom, precision="medium", direct_chooser=chooser).defines
     assert defines["BWW_DIRECT_MMA"] == 1 and defines["BWW_SPLIT"] == parts
