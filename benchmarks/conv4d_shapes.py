@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """4-D convolutions as convgen's users run them, beyond the benchmark's one conv4d case: convgen.torch's `conv`
 against the conv3d loop a PyTorch user writes today (suite/contestants.py, cuDNN tuned), forward and
-forward+backward (the gradients of input, weight and bias), float32 in strict fp32 (TF32 off on both sides) and
-at PyTorch's defaults (cuDNN's convolutions in TF32, which convgen.torch follows), float64 where asked.
+forward+backward (the gradients of input, weight and bias), float32 in strict fp32 (TF32 off on both sides), at
+PyTorch's defaults (cuDNN's convolutions in TF32, which convgen.torch follows) and under bf16 autocast (`--modes`),
+float64 where asked.
 
 The shapes come from the fields the README names: neighbourhood consensus over 4-D correlation volumes (one
 channel in or out, few in between), light fields (two angular and two spatial axes), 3-D+time volumes and
 lattice field theory (periodic boundaries, float64). Each figure is the median over rounds of back-to-back calls
 between CUDA events (at these sizes the GPU sets the pace), ms a call; ratio = the loop's time / convgen's.
 
-    python3 benchmarks/conv4d_shapes.py [--shapes NAME,...] [--rounds 5] [--calls 10] [--list]
+    python3 benchmarks/conv4d_shapes.py [--shapes NAME,...] [--modes strict,tf32,bf16] [--rounds 5] [--calls 10]
+                                        [--list]
     python3 benchmarks/conv4d_shapes.py --stages [--precisions highest,high,medium] [--shapes NAME,...]
 
 `--stages` times each stage (forward, input gradient, weight gradient, each with its packs and reduces) on the
@@ -62,6 +64,9 @@ SHAPES = (
     Shape("lattice_4to8_f64", "lattice, periodic, float64", 16, 4, 8, (16, 16, 16, 16), 3, "circular", "float64"),
 )
 SHAPES_BY_NAME = {shape.name: shape for shape in SHAPES}
+# A float32 shape's modes: name -> (its label, TF32 allowed, the autocast dtype's name or None).
+MODES = {"strict": ("strict", False, None), "tf32": ("TF32 (torch's default)", True, None),
+         "bf16": ("bf16 (autocast)", True, "bfloat16")}
 
 
 def loop_conv(x: Any, weight: Any, bias: Any, shape: Shape) -> Any:
@@ -93,9 +98,10 @@ def time_ms(torch: Any, call: Any, rounds: int, calls: int) -> float:
     return statistics.median(samples)
 
 
-def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, calls: int) -> dict[str, float]:
-    """convgen.torch and the loop, forward and forward+backward, with TF32 allowed or not; the relative error of
-    convgen's output against the loop's."""
+def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, calls: int,
+              autocast: str | None = None) -> dict[str, float]:
+    """convgen.torch and the loop, forward and forward+backward, with TF32 allowed or not, under autocast to the
+    dtype named `autocast` where given; the relative error of convgen's output against the loop's."""
     dtype = getattr(torch, shape.dtype)
     generator = torch.Generator(device="cuda").manual_seed(20261206)
 
@@ -107,9 +113,18 @@ def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, c
     bias = normal(shape.out_c).requires_grad_(True)
     torch.backends.cudnn.allow_tf32 = tf32
     adapter.set_float32_precision(None)  # follow torch's switch, as a user's convgen.torch does
-    ours = lambda: adapter.conv(x, weight, bias, padding=shape.padding, padding_mode=shape.padding_mode)  # noqa: E731
-    theirs = lambda: loop_conv(x, weight, bias, shape)  # noqa: E731
-    upstream = normal(*ours().shape)
+    cast = torch.autocast("cuda", dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None)
+
+    def ours() -> Any:
+        with cast:
+            return adapter.conv(x, weight, bias, padding=shape.padding, padding_mode=shape.padding_mode)
+
+    def theirs() -> Any:
+        with cast:
+            return loop_conv(x, weight, bias, shape)
+
+    probe = ours()
+    upstream = normal(*probe.shape).to(probe.dtype)
     inputs = (x, weight, bias)
     row = {}
     for side, call in (("convgen", ours), ("loop", theirs)):
@@ -117,7 +132,7 @@ def run_shape(torch: Any, adapter: Any, shape: Shape, tf32: bool, rounds: int, c
         row[f"{side}_fwd_bwd"] = time_ms(torch, lambda c=call: torch.autograd.grad(c(), inputs, upstream),
                                          rounds, calls)
     with torch.no_grad():
-        reference = theirs().double()
+        reference = theirs().double()  # the loop's, in the same mode
         row["rel_err"] = float((ours().double() - reference).norm() / reference.norm())
     return row
 
@@ -172,11 +187,13 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES_BY_NAME), help="comma-separated names (default: all)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10, help="back-to-back calls a round")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"float32 shapes' modes, of {', '.join(MODES)}")
     parser.add_argument("--list", action="store_true", help="print the shapes and exit (no GPU needed)")
     parser.add_argument("--stages", action="store_true", help="time each stage on the tape's backend instead")
     parser.add_argument("--precisions", default="highest,high,medium", help="with --stages: comma-separated")
     args = parser.parse_args()
     shapes = [SHAPES_BY_NAME[name] for name in args.shapes.split(",")]
+    modes = [MODES[name] for name in args.modes.split(",")]
     if args.list:
         for shape in shapes:
             print(f"{shape.name:<18} {shape}")
@@ -193,10 +210,8 @@ def main() -> None:
     print("| shape | field | mode | convgen | conv3d loop | ratio fwd / fwd+bwd | rel err |")
     print("|---|---|---|---|---|---|---|")
     for shape in shapes:
-        modes = (("strict", False), ("TF32 (torch's default)", True)) if shape.dtype == "float32" else (
-            (shape.dtype, False),)
-        for mode, tf32 in modes:
-            row = run_shape(torch, adapter, shape, tf32, args.rounds, args.calls)
+        for mode, tf32, autocast in modes if shape.dtype == "float32" else ((shape.dtype, False, None),):
+            row = run_shape(torch, adapter, shape, tf32, args.rounds, args.calls, autocast)
             print(f"| {shape.name} N{shape.batch} {shape.in_c}→{shape.out_c} {'×'.join(map(str, shape.extents))} "
                   f"k{shape.k} | {shape.field} | {mode} | {row['convgen_fwd']:.3f} / {row['convgen_fwd_bwd']:.3f} | "
                   f"{row['loop_fwd']:.3f} / {row['loop_fwd_bwd']:.3f} | "

@@ -5,13 +5,15 @@ direct kernel), then each `--tile` (V cells a thread, block threads; the box and
 cut them, or CB channels a step in opted-in shared memory; none for the weight gradient), and in the precision
 "medium" (`--precision`) each `--mma-tile` (the direct kernel on TF32 tensor cores). Back-to-back forwards,
 or backwards of one recorded forward (whose other stages are the same kernels in every row), on the CUDA tape,
-CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. Every row's output (y, or the
-input's or weight's gradient) is compared with the first's. The weight gradient gets a row of its direct kernel
-wherever the kernel can take it. Feeds docs/DESIGN.md's rule for when the plans take the direct kernels.
+CUDA events, median of rounds: at these sizes the GPU, not the host, sets the pace. With `--dtype` float16 or
+bfloat16 each row times the stage alone (kernel_ab's stage calls) on a 16-bit CUDA backend, as convgen.torch runs
+16-bit tensors. Every row's output (y, or the input's or weight's gradient) is compared with the first's. The
+weight gradient gets a row of its direct kernel wherever the kernel can take it. Feeds docs/DESIGN.md's rule for
+when the plans take the direct kernels.
 
     python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
                                       [--tile V,THREADS[,CB]]... [--precision P] [--mma-tile TILES,CELLS]...
-                                      [--rounds N] [--list]
+                                      [--dtype float32|float16|bfloat16] [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
 below. `--list` prints each row's tile without a GPU.
@@ -25,12 +27,13 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from convgen.backend import HALF_DTYPES
 from convgen.direct_model import DirectTile, choose_direct, cut_tile, direct_tile, mma_slices, mma_tile
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, mma_box, weight_shape
 from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile, weight_mma_tile
 from convgen.tile_model import H200, Hardware
 from suite.cases import CASES, Case, batched_conv
-from suite.contestants import convgen_op, make_device_inputs
+from suite.contestants import convgen_op, make_device_inputs, random_inputs
 
 # Small-channel shapes beyond the benchmark's (no cuDNN reference times: 0).
 EXTRA_CASES = (
@@ -169,6 +172,22 @@ def time_stage(case: Case, stage: str, chooser: Chooser, inputs: dict[str, Any],
     return statistics.median(times), output
 
 
+def time_16bit_stage(case: Case, stage: str, chooser: Chooser, inputs: tuple[Any, Any], cupy: Any, rounds: int,
+                     precision: str, dtype: str) -> tuple[float, Any]:
+    """Median µs of the stage alone (with its packs and reduces) on a `dtype` CUDA backend whose plans take
+    `chooser`'s direct tiles, and its output widened to float32."""
+    import convgen.cuda
+    from kernel_ab import stage_calls
+    from tile_sweep import median_us
+
+    backend = type("SweepBackend", (convgen.cuda.CupyBackend,), {"direct_chooser": staticmethod(chooser)})
+    call = stage_calls(backend(dtype, precision), case.geometry, *inputs)[stage]
+    output = call()[0]
+    cupy.cuda.Device().synchronize()
+    wide = (output.astype(cupy.uint32) << 16).view(cupy.float32) if dtype == "bfloat16" else output.astype(cupy.float32)
+    return median_us(call, rounds, cupy), wide
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=STAGES, default="forward")
@@ -188,6 +207,8 @@ def main() -> None:
                              "axis's window offsets in SLICES steps (by default the plans'; repeatable); for "
                              "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box and "
                              "the third value the parts")
+    parser.add_argument("--dtype", choices=("float32", *HALF_DTYPES), default="float32",
+                        help="the elements (16-bit: each stage alone on a CUDA backend of that dtype)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
@@ -201,12 +222,20 @@ def main() -> None:
         shape = stage_shape(case, stage, precision)
         assert shape is not None
         reference = None
-        inputs = None if cupy is None else make_device_inputs(case, cupy)
+        if cupy is None:
+            inputs = None
+        elif args.dtype == "float32":
+            inputs = make_device_inputs(case, cupy)
+        else:
+            inputs = random_inputs(cupy, case.geometry, args.dtype, seed=7)
         for label, chooser in rows(shape, args.tile, args.mma_tile):
             if cupy is None:
                 print(f"{name:18s} {label}")
                 continue
-            us, output = time_stage(case, stage, chooser, inputs, cupy, args.rounds, precision)
+            if args.dtype == "float32":
+                us, output = time_stage(case, stage, chooser, inputs, cupy, args.rounds, precision)
+            else:
+                us, output = time_16bit_stage(case, stage, chooser, inputs, cupy, args.rounds, precision, args.dtype)
             reference = output if reference is None else reference
             err = float(cupy.linalg.norm(output - reference) / cupy.linalg.norm(reference))
             print(f"{name:18s} {label:44s} {us:9.1f} us  err {err:.1e}", flush=True)

@@ -213,7 +213,9 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
     shapes = {mode: gemm_shapes(geom, staged_bytes, mode) for mode in {mma, 0}}
     tile_shapes = {mode: gemm_shapes(bucketed, staged_bytes, mode) for mode in {tile_mma, 0}}
     # The direct kernels' tiles are chosen for the bucket too (their V and box are defines), launched for the batch.
-    direct_mma = MMA_DIRECT_MODE if mma == TF32_MMA_MODE and dtype == "float32" else 0
+    # The direct kernels' tensor-core form multiplies in TF32, which holds 16-bit elements exactly: it serves "medium"
+    # on float32 and every 16-bit mode, not 3xTF32.
+    direct_mma = MMA_DIRECT_MODE if mma in (TF32_MMA_MODE, HALF_MMA_MODE) else 0
     stencils = direct_shapes(geom, staged_bytes, direct_mma)
     tile_stencils = direct_shapes(bucketed, staged_bytes, direct_mma)
     for stage, geometry_shape in shapes[mma].items():

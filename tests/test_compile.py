@@ -237,19 +237,20 @@ def test_wgmma_kernels_compile_for_sm90a_without_spills(family, rank, precision)
     assert not unexpected_spills(report, plan(geom, precision=precision).defines)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(("family", "rank"), CONV_SOURCES, ids=_ids)
-def test_tensor_core_direct_kernels_keep_their_sums_in_registers(family, rank):
+def test_tensor_core_direct_kernels_keep_their_sums_in_registers(family, rank, dtype):
     """The direct kernels on TF32 tensor cores (window slices in the conv-shaped stages, the weight gradient's form),
-    forced at 16 -> 16 channels and a window of 3 a side (2 past rank 4): every direct kernel's sums stay in
-    registers, no spill and no stack frame (an index into them that is not a constant would put them in local
-    memory)."""
+    forced at 16 -> 16 channels and a window of 3 a side (2 past rank 4), on float32 and on 16-bit elements: every
+    direct kernel's sums stay in registers, no spill and no stack frame (an index into them that is not a constant
+    would put them in local memory)."""
     kernel = (3,) * rank if rank <= 4 else (2,) * rank
     geom = Geometry.build(family, 16, 16, (6,) * rank if rank <= 4 else (3,) * rank, kernel, (1,) * rank,
                           tuple(k // 2 for k in kernel), batch=2)
     chooser = mma_weight_direct(64, 1, 2)
-    defines = plan(geom, precision="medium", direct_chooser=chooser).defines
+    defines = plan(geom, dtype=dtype, precision="medium", direct_chooser=chooser).defines
     assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == defines["BWW_DIRECT_MMA"] == 1
-    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", "medium", direct_chooser=chooser)
+    report = nvrtc_check.compile_plan(geom, "sm_90", dtype, "medium", direct_chooser=chooser)
     assert report.error is None, report.error
     direct = [k for k in report.kernels if k.symbol.endswith("_direct")]
     assert len(direct) == 3 and not [k for k in direct if k.spills or k.stack_bytes], direct

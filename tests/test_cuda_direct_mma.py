@@ -1,7 +1,8 @@
 """The direct kernels on TF32 tensor cores (a conv-shaped stage's DIRECT_MMA) on the GPU (`pytest -m cuda`): forward
 and input gradient (one of the direct form, one gathered per stride phase) at every rank 1..8, both families, with
 stride, padding, dilation, groups and batches, within TF32's bound of the float64 CPU tape and bit-identical run
-after run; an inf or NaN takes the careful path, in both forms."""
+after run; an inf or NaN takes the careful path, in both forms; float16 and bfloat16 elements on the same kernels are
+the float32 sums rounded."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from convgen.direct_shapes import direct_shapes
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
 from forced_tiles import mma_direct, mma_weight_direct
-from precision_bounds import FLOAT32_UNIT, TF32_BOUND
+from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
+from half_support import relative_errors as half_errors
+from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]
 
@@ -82,6 +85,30 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
         assert error <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {error:.3g}"
     assert min(output, dinput, *([dkernel] if weight else [])) > 4 * FLOAT32_UNIT, \
         f"{geom}: float32's error: no tensor core ran"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
+def test_16_bit_elements_are_the_float32_sums_rounded(family: Family, rank: int, dtype: str) -> None:
+    """float16 and bfloat16 elements on the same tensor-core direct kernels, every stage (TF32 holds their values
+    exactly): each result is the float32 "medium" tape's on the widened values, rounded to 16 bits, bit for bit, and
+    within issue 11's 1e-2 of the float64 CPU tape."""
+    geom = mma_geometry(family, rank)
+    chooser = mma_weight_direct(64, 1, 2)
+    defines = plan(geom, dtype=dtype, precision="medium", direct_chooser=chooser).defines
+    assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == defines["BWW_DIRECT_MMA"] == 1
+    inputs, grad = draw_half(reference.case_rng("cuda direct mma 16-bit", family.value, rank, dtype), geom, dtype)
+    backend = type("MmaDirectBackend", (PoisonBackend,), {"direct_chooser": staticmethod(chooser)})(dtype, "medium")
+    got = run_backend(backend, geom, inputs, grad)
+    wide = [widened(a, dtype).astype(np.float32) for a in inputs]
+    output, grads = run(mma_tape(chooser)(), geom, wide, widened(grad, dtype).astype(np.float32))
+    for name, got_array, sums in zip(("output", "dkernel", "dbias", "dinput"), got, [output, *grads], strict=True):
+        expected = rounded(np.asarray(sums, np.float32), dtype)
+        assert np.array_equal(got_array.get().reshape(expected.shape).view(np.uint16), expected.view(np.uint16)), \
+            f"{geom}: {name}"
+    errors = half_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, f"{geom}: {errors}"
 
 
 def made_prefix(stage: str) -> str:

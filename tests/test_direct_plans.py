@@ -118,12 +118,14 @@ def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_i
     (3, 16, (3, 3, 3), "medium", "float32", False, 0), (8, 17, (3, 3, 3), "medium", "float32", False, 0),
     (17, 8, (3, 3, 3), "medium", "float32", False, 0),
     (8, 8, (3, 3, 3), "highest", "float64", True, 0),
-    (8, 8, (3, 3, 3), "highest", "bfloat16", True, 0), (8, 8, (3, 3, 3), "medium", "bfloat16", True, 0),
+    (8, 8, (3, 3, 3), "highest", "bfloat16", True, 0), (8, 8, (3, 3, 3), "medium", "bfloat16", True, 1),
+    (16, 16, (3, 3, 3), "medium", "float16", True, 1),
 ])
 def test_the_plans_take_it_for_stages_of_few_channels_and_large_windows(in_c, out_c, kernel, precision, dtype,
                                                                         direct, mma):
-    """FMAs in every precision where it was measured faster than the GEMM, at least as accurate as TF32; in "medium" on
-    float32 elements the tensor-core form for 8 to 16 dst and source channels, windows of 9 offsets or more."""
+    """FMAs in every precision where it was measured faster than the GEMM, at least as accurate as TF32; in "medium"
+    (float32 or 16-bit elements) the tensor-core form for 8 to 16 dst and source channels, windows of 9 offsets or
+    more."""
     geom = Geometry.build(Family.CONV, in_c, out_c, (12, 12, 12), kernel, (1, 1, 1), (1, 1, 1), batch=2)
     made = plan(geom, dtype=dtype, precision=precision)
     assert made.launches["forward"].kernel == ("forward_direct" if direct else "")
@@ -301,10 +303,13 @@ def test_a_window_too_large_for_one_step_is_staged_in_slices_of_its_first_axis()
 
 @pytest.mark.parametrize(("dtype", "precision", "mode"), [("float32", "medium", MMA_DIRECT_MODE),
                                                           ("float32", "high", 0), ("float32", "highest", 0),
-                                                          ("float64", "highest", 0), ("bfloat16", "medium", 0)])
-def test_only_tf32_on_float32_elements_offers_the_direct_kernel_tensor_cores(dtype, precision, mode):
-    """The plan hands the direct chooser of every stage (the weight gradient's too) DirectShape.mma = 1 in "medium" on
-    float32 elements alone: 3xTF32 keeps the FMAs, which are as accurate, and 16-bit elements their own path."""
+                                                          ("float64", "highest", 0),
+                                                          ("bfloat16", "medium", MMA_DIRECT_MODE),
+                                                          ("float16", "medium", MMA_DIRECT_MODE),
+                                                          ("bfloat16", "highest", 0)])
+def test_only_tf32_offers_the_direct_kernel_tensor_cores(dtype, precision, mode):
+    """The plan hands the direct chooser of every stage (the weight gradient's too) DirectShape.mma = 1 in "medium",
+    on float32 or 16-bit elements (TF32 holds 16-bit values exactly): 3xTF32 keeps the FMAs, which are as accurate."""
     seen = []
     plan(NC_16, dtype=dtype, precision=precision, direct_chooser=lambda shape, hw: seen.append((shape.weight, shape.mma)))
     assert sorted(seen) == [(False, mode), (False, mode), (True, mode)]

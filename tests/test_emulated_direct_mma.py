@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 import reference
 from convgen.cpu import Tape as CpuTape
+from convgen.cuda import CupyBackend
 from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
+from emulated_cupy import emulated_cupy
 from forced_tiles import mma_direct, mma_weight_direct
-from precision_bounds import FLOAT32_UNIT, TF32_BOUND
-from test_emulated_kernels import assert_same_non_finite, emulated_tape, relative_errors
+from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
+from half_support import relative_errors as half_errors
+from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
+from test_emulated_kernels import assert_same_non_finite, emulated_tape, imports_as, relative_errors
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
 
@@ -142,3 +146,37 @@ def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry
     assert max(errors) <= TF32_BOUND, errors
     assert errors[1] > 4 * FLOAT32_UNIT, f"dkernel: error {errors[1]:.3g} is float32's: no tensor core ran"
 
+
+
+# 16-bit elements: a conv of 10 -> 16 channels, a strided transpose with output padding, and a 4-D conv of 16 -> 16
+# channels whose 81-offset window the plans give the weight gradient's tensor-core form.
+HALF_DIRECT_GEOMETRIES = [
+    MMA_DIRECT_GEOMETRIES[0],
+    MMA_DIRECT_GEOMETRIES[3],
+    Geometry.build(Family.CONV, 16, 16, (4, 3, 5, 4), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
+]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("geom", HALF_DIRECT_GEOMETRIES, ids=lambda g: f"{g.family.value}_r{g.rank}_{g.in_c}to{g.out_c}")
+def test_16_bit_elements_on_the_direct_tensor_cores_are_the_float32_sums_rounded(geom: Geometry, dtype: str) -> None:
+    """float16 and bfloat16 elements take the TF32 direct kernels (TF32 holds their values exactly), every stage
+    of these geometries on the tensor cores: each result is the float32 tape's on the widened values, in the same
+    tiles, rounded to 16 bits, bit for bit, and within issue 11's 1e-2 of the float64 reference."""
+    chooser = mma_weight_direct(64, 1, 2)
+    defines = plan(geom, dtype=dtype, precision="medium", direct_chooser=chooser).defines
+    assert defines["FWD_DIRECT_MMA"] == defines["BWI_DIRECT_MMA"] == defines["BWW_DIRECT_MMA"] == 1
+    inputs, grad = draw_half(reference.case_rng("emulated direct mma 16-bit", geom, dtype), geom, dtype)
+    backend = type("EmulatedBackend", (CupyBackend,), {"poison_outputs": True, "direct_chooser": staticmethod(chooser)})
+    with imports_as(emulated_cupy()):  # the backend imports CuPy when it is made
+        backend = backend(dtype, "medium")
+    got = run_backend(backend, geom, inputs, grad)
+    wide = [widened(a, dtype).astype(np.float32) for a in inputs]
+    output, grads = reference.run_on_tape(emulated_tape("float32", precision="medium", direct_chooser=chooser), geom,
+                                          wide, widened(grad, dtype).astype(np.float32))
+    for name, got_array, sums in zip(("output", "dkernel", "dbias", "dinput"), got, [output, *grads], strict=True):
+        expected = rounded(np.asarray(sums, np.float32), dtype)
+        assert np.array_equal(np.asarray(got_array).reshape(expected.shape).view(np.uint16), expected.view(np.uint16)), \
+            name
+    errors = half_errors(backend, geom, inputs, grad)
+    assert max(errors) <= HALF_BOUND, errors
