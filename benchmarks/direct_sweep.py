@@ -66,11 +66,12 @@ def parse_tile(text: str) -> tuple[int, ...]:
 
 
 def parse_mma_tile(text: str) -> tuple[int, ...]:
-    """`TILES,CELLS` or `TILES,CELLS,SLICES` (argparse's type for --mma-tile)."""
+    """`TILES,CELLS`, `TILES,CELLS,SLICES` or (the weight gradient's) `TILES,CELLS,PARTS,MIN_BLOCKS` (argparse's type
+    for --mma-tile)."""
     parts = text.split(",")
-    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS or TILES,CELLS,SLICES (positive integers), "
-                                         f"got {text!r}")
+    if len(parts) not in (2, 3, 4) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS[,SLICES] or TILES,CELLS,PARTS,MIN_BLOCKS "
+                                         f"(positive integers), got {text!r}")
     return tuple(int(p) for p in parts)
 
 
@@ -115,13 +116,14 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple
     mma = mma_tile(shape, H200)
     if mma is not None:
         picks = [mma, *(dataclasses.replace(mma, v=v, box=mma_box(shape.cells, cells), slices=rest[0] if rest
-                                            else mma.slices) for v, cells, *rest in mma_tiles)]
+                                            else mma.slices) for v, cells, *rest in mma_tiles if len(rest) < 2)]
         picks = [tile for tile in picks if tile.slices in mma_slices(shape)]
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight_mma = weight_mma_tile(shape, H200)
-    if weight_mma is not None:  # --mma-tile's TILES are outer window offsets a warp here, and a third value parts
+    if weight_mma is not None:  # --mma-tile's TILES are outer window offsets a warp here, then parts, min blocks
         picks = [weight_mma, *(dataclasses.replace(weight_mma, v=v, box=mma_box(shape.cells, cells),
-                                                   parts=rest[0] if rest else weight_mma.parts)
+                                                   parts=rest[0] if rest else weight_mma.parts,
+                                                   min_blocks=rest[1] if len(rest) > 1 else weight_mma.min_blocks)
                                for v, cells, *rest in mma_tiles)]
         picks = [tile for tile in picks if tile.threads <= 32 * MMA_WEIGHT_MAX_WARPS]
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
@@ -136,7 +138,9 @@ def describe(tile: DirectTile | WeightTile | None) -> str:
         return "(the GEMM)"
     box = "x".join(map(str, tile.box))
     if isinstance(tile, WeightTile):
-        return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} blocks{tile.channel_blocks}x{tile.parts} box{box}"
+        bounds = f" bounds{tile.min_blocks}" if tile.min_blocks > 1 else ""
+        blocks = f"blocks{tile.channel_blocks}x{tile.parts}"
+        return f"v{tile.v} lanes{tile.lanes} thr{tile.threads} {blocks} box{box}{bounds}"
     slices = f" slices{tile.slices}" if tile.slices > 1 else ""
     return f"v{tile.v} thr{tile.threads} cb{tile.cb} box{box}{slices}"
 
@@ -205,8 +209,8 @@ def main() -> None:
                         help="TILES,CELLS[,SLICES]: with --precision medium, one more row for every case on TF32 "
                              "tensor cores, TILES tiles of 16 cells a warp, boxes of at most CELLS cells, the first "
                              "axis's window offsets in SLICES steps (by default the plans'; repeatable); for "
-                             "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box and "
-                             "the third value the parts")
+                             "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box, the "
+                             "third value the parts and a fourth the blocks an SM its registers are fitted to")
     parser.add_argument("--dtype", choices=("float32", *HALF_DTYPES), default="float32",
                         help="the elements (16-bit: each stage alone on a CUDA backend of that dtype)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)

@@ -92,9 +92,11 @@ DIRECT_BOX_FIELD = "DIRECT_BOX"
 # The weight gradient's `_direct` kernel (templates/cuda/_direct_weight.cu.j2): V cells a thread reads at a time
 # along the last axis, LANES threads per (U channel, outer window offsets), CHANNEL_BLOCKS blocks sharing a group's
 # U channels (each its own equal share), MMA 1 where it multiplies on TF32 tensor cores (then V is the outer window
-# offsets a warp owns; _direct_weight_mma.cu.j2), and per axis the box of D's cells of a work item; the stage's
+# offsets a warp owns; _direct_weight_mma.cu.j2), MIN_BLOCKS the blocks an SM the tensor-core form's registers are
+# fitted to (__launch_bounds__ where above 1), and per axis the box of D's cells of a work item; the stage's
 # <PREFIX>_SPLIT is then its blocks per group and channel block (partial sums its reduce kernel adds up).
-DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES", "DIRECT_CHANNEL_BLOCKS", "DIRECT_MMA")
+DIRECT_WEIGHT_FIELDS = ("DIRECT", "DIRECT_V", "DIRECT_LANES", "DIRECT_CHANNEL_BLOCKS", "DIRECT_MMA",
+                        "DIRECT_MIN_BLOCKS")
 # A conv-shaped stage's `_wgmma` kernel (templates/cuda/_wgmma_conv.cu.j2): the TF32 modes on Hopper's
 # warpgroup tensor cores (sm_90a), launched instead of the GEMM where <PREFIX>_WGMMA is 1, after its
 # `_wgpack` kernel. A block multiplies WG_CELLS dst cells by WG_N dst channels, its slices (WG_K of the reduction:

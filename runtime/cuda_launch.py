@@ -251,7 +251,8 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
             weight = direct_chooser(weight_shape(bucketed, staged_bytes, direct_mma), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS,
-                                          weight and (1, weight.v, weight.lanes, weight.channel_blocks, weight.mma),
+                                          weight and (1, weight.v, weight.lanes, weight.channel_blocks, weight.mma,
+                                                     weight.min_blocks),
                                           weight and weight.box, geom.rank))
             wgmma = None if weight else wgmma_chooser(tile_shape, hardware)
             values.update(_wgmma_defines(prefix, wgmma))

@@ -34,8 +34,13 @@ MMA_WEIGHT_MAX_UCB = 16
 MMA_WEIGHT_MAX_SUMS = 64  # ... each warp's outer window offsets with their sums in this many registers a thread ...
 MMA_WEIGHT_MAX_WARPS = 16  # ... over at most this many warps a block (else the FMA form; 128 registers a thread)
 MMA_WEIGHT_BOX_CELLS = (512, 256, 128, 64)  # D's cells of a work item: the most whose staging fits ...
-MMA_WEIGHT_BLOCKS_PER_SM = 2  # ... this many blocks an SM
-MMA_WEIGHT_REGISTERS = 128  # a thread's registers, for the blocks an SM holds
+MMA_WEIGHT_BLOCKS_PER_SM = 2  # ... this many blocks an SM, the registers fitted to them (the kernel's launch bounds)
+MMA_WEIGHT_REGISTERS = 128  # a thread's registers where no launch bounds fit them, for the blocks an SM holds
+# Its parts' partial sums may take this much scratch: at 16 -> 16 channels and 81 offsets, two blocks an SM's worth of
+# parts (264 on an H100, 22 MB) against the 16 MiB of the other splits' cap (202 parts), the whole backward in
+# "medium" (µs, H200; benchmarks/measured/2026-12-06-h200-s48-*-weight-bounds.txt): conv4d N4 16->16 20⁴ 1075 against
+# 1183, N2 16->16 8x32³ 788 against 869, and in bfloat16 (the stage alone) 531 against 643 and 442 against 519.
+MMA_WEIGHT_WORKSPACE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,7 @@ class WeightTile:
     rows: int  # the block's U channels x outer window offsets (on the tensor cores: the outer window offsets)
     channel_blocks: int = 1
     mma: int = 0  # MMA_DIRECT_MODE: on the tensor cores, each warp owning v of the rows
+    min_blocks: int = 1  # on the tensor cores, the blocks an SM its registers are fitted to (launch bounds above 1)
 
     @property
     def blocks(self) -> int:
@@ -116,16 +122,17 @@ def weight_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
                                                         WEIGHT_REGISTERS * shape.staged_bytes // 4))
 
 
-def weight_parts(tile: WeightTile, shape: DirectShape, hardware: Hardware, staged_bytes: int, registers: int) -> int:
+def weight_parts(tile: WeightTile, shape: DirectShape, hardware: Hardware, staged_bytes: int, registers: int,
+                 workspace_bytes: int = SPLIT_WORKSPACE_BYTES) -> int:
     """Blocks that split a channel block's work items (image, box): enough to fill the SMs once with the blocks an SM
-    holds (by `staged_bytes` of shared memory and `registers` a thread), at most one an item, within the split
-    workspace."""
+    holds (by `staged_bytes` of shared memory and `registers` a thread), at most one an item, their partial sums
+    within `workspace_bytes`."""
     resident = max(1, min(hardware.shared_per_sm // (staged_bytes + hardware.shared_reserved_per_block),
                           hardware.threads_per_sm // tile.threads,
                           hardware.registers_per_sm // (registers * tile.threads), hardware.blocks_per_sm))
     items = shape.images * math.prod(ceil_div(c, b) for c, b in zip(shape.cells, tile.box))
     weights = shape.groups * shape.m * shape.source_c * math.prod(shape.taps)
-    workspace = SPLIT_WORKSPACE_BYTES // (weights * shape.staged_bytes)
+    workspace = workspace_bytes // (weights * shape.staged_bytes)
     return max(1, min(items, ceil_div(resident * hardware.sm_count, shape.groups * tile.channel_blocks), workspace))
 
 
@@ -143,7 +150,7 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
     to MMA_WEIGHT_MAX_M D channels; the U channels in the fewest equal channel blocks of at most MMA_WEIGHT_MAX_UCB;
     each warp V of the window's outer offsets, as many as MMA_WEIGHT_MAX_SUMS sums a thread allow, spread evenly over
     at most MMA_WEIGHT_MAX_WARPS warps; the box of the most cells of MMA_WEIGHT_BOX_CELLS (mma_box) whose staging
-    leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM; parts as the FMA form's."""
+    leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM, its registers fitted to as many; parts as the FMA form's."""
     if not shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_WEIGHT_MAX_M \
             or shape.source_c == 0 or 0 in shape.cells:
         return None
@@ -158,9 +165,17 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
                 hardware.shared_per_sm // MMA_WEIGHT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
     for cells in MMA_WEIGHT_BOX_CELLS:
         tile = WeightTile(v=ceil_div(outer, warps), lanes=1, box=mma_box(shape.cells, cells), parts=1, rows=outer,
-                          channel_blocks=channel_blocks, mma=MMA_DIRECT_MODE)
+                          channel_blocks=channel_blocks, mma=MMA_DIRECT_MODE, min_blocks=MMA_WEIGHT_BLOCKS_PER_SM)
         staged_bytes = weight_mma_shared_bytes(tile, shape)
         if staged_bytes <= limit:
-            return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
-                                                                MMA_WEIGHT_REGISTERS))
+            return dataclasses.replace(tile, parts=weight_mma_parts(tile, shape, hardware))
     return None
+
+
+def weight_mma_parts(tile: WeightTile, shape: DirectShape, hardware: Hardware) -> int:
+    """weight_parts of a tensor-core weight tile: its registers a thread those its launch bounds fit it to
+    (`tile.min_blocks` blocks an SM), else MMA_WEIGHT_REGISTERS; its partial sums within MMA_WEIGHT_WORKSPACE_BYTES."""
+    bounded = hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8  # allocated 8 at a time
+    return weight_parts(tile, shape, hardware, weight_mma_shared_bytes(tile, shape),
+                        min(MMA_WEIGHT_REGISTERS, bounded) if tile.min_blocks > 1 else MMA_WEIGHT_REGISTERS,
+                        MMA_WEIGHT_WORKSPACE_BYTES)

@@ -43,17 +43,18 @@ def test_rows_of_the_weight_gradient() -> None:
 
 
 def test_rows_of_the_weight_gradient_on_tensor_cores() -> None:
-    """In "medium" a 16-channel 4-D window's pick is the tensor-core form; --mma-tile rows give it other outer offsets a
-    warp, boxes and parts (none past 16 warps), then the FMA form."""
+    """In "medium" a 16-channel 4-D window's pick is the tensor-core form, its registers fitted to two blocks an SM
+    (bounds2) and as many parts; --mma-tile rows give it other outer offsets a warp, boxes, parts and blocks an SM
+    (none past 16 warps), then the FMA form."""
     done = sweep("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_16_20_n4",
-                 "--mma-tile", "2,512,264", "--mma-tile", "3,256", "--mma-tile", "1,256")
+                 "--mma-tile", "2,512,132,1", "--mma-tile", "3,256", "--mma-tile", "1,256")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "conv4d_16_20_n4    planned v2 lanes1 thr448 blocks1x132 box2x2x2x20",
+        "conv4d_16_20_n4    planned v2 lanes1 thr448 blocks1x264 box2x2x2x20 bounds2",
         "conv4d_16_20_n4    gemm",
-        "conv4d_16_20_n4    mma v2 lanes1 thr448 blocks1x132 box2x2x2x20",
-        "conv4d_16_20_n4    mma v2 lanes1 thr448 blocks1x264 box2x2x4x20",
-        "conv4d_16_20_n4    mma v3 lanes1 thr288 blocks1x132 box2x2x2x20",
+        "conv4d_16_20_n4    mma v2 lanes1 thr448 blocks1x264 box2x2x2x20 bounds2",
+        "conv4d_16_20_n4    mma v2 lanes1 thr448 blocks1x132 box2x2x4x20",
+        "conv4d_16_20_n4    mma v3 lanes1 thr288 blocks1x264 box2x2x2x20 bounds2",
         "conv4d_16_20_n4    v4 lanes1 thr216 blocks2x202 box1x2x2x20",
     ]
 

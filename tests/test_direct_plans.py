@@ -333,7 +333,10 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
     assert made.defines["BWW_DIRECT"] == made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_V"] == 2
     launch = made.launches["backward_weight"]
     assert launch.block == 32 * 14 and launch.shared_bytes > 0
+    # Registers fitted to two blocks an SM (launch bounds) and as many parts: 2 x 132 SMs, their partial sums 22 MB.
+    assert made.defines["BWW_DIRECT_MIN_BLOCKS"] == 2 and made.defines["BWW_SPLIT"] == 2 * H200.sm_count
     assert plan(NC_16, precision="high").defines["BWW_DIRECT_MMA"] == 0
+    assert plan(NC_16, precision="high").defines["BWW_DIRECT_MIN_BLOCKS"] == 1  # FMAs: no launch bounds
     for geom in (Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8),
                  Geometry.build(Family.CONV, 16, 16, (16,) * 3, (3,) * 3, (1,) * 3, (1,) * 3, batch=16)):
         defines = plan(geom, precision="medium").defines

@@ -25,9 +25,9 @@
     !defined(BWW_BK) || !defined(BWW_TM) || !defined(BWW_TN) || !defined(BWW_SPLIT) || !defined(BWW_MIN_BLOCKS) || \
     !defined(BWW_STAGES) || !defined(BWW_MMA) || !defined(BWW_DIRECT) || !defined(BWW_DIRECT_V) || \
     !defined(BWW_DIRECT_LANES) || !defined(BWW_DIRECT_CHANNEL_BLOCKS) || !defined(BWW_DIRECT_MMA) || \
-    !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || !defined(BWW_WG_CELLS) || \
-    !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || !defined(BWW_WG_CHANNELS_LAST) || \
-    !defined(BWW_WG_SHIFT)
+    !defined(BWW_DIRECT_MIN_BLOCKS) || !defined(BWW_DIRECT_BOX0) || !defined(BWW_WGMMA) || !defined(BWW_WG_N) || \
+    !defined(BWW_WG_CELLS) || !defined(BWW_WG_STAGES) || !defined(BWW_WG_MIN_BLOCKS) || !defined(BWW_WG_K) || \
+    !defined(BWW_WG_CHANNELS_LAST) || !defined(BWW_WG_SHIFT)
 #error "missing a -D define (the set is listed above)"
 #endif
 
@@ -4106,7 +4106,15 @@ extern "C" __global__ void BWW_BOUNDS conv_transpose_r1_backward_weight(
 // The same sums as the weight-gradient GEMM, as a stencil: a block stages a box of D and U's halo for all channels per
 // work item, a thread per (U channel, outer window offsets) slides over the box; launched instead of the GEMM where the
 // plan's DIRECT is 1.
-extern "C" __global__ void conv_transpose_r1_backward_weight_direct(
+// On the tensor cores a block's warps share the outer window offsets, V each; MIN_BLOCKS > 1 fits its registers to
+// that many blocks an SM, as the plan's parts count on.
+#if BWW_DIRECT_MIN_BLOCKS > 1
+#define BWW_DIRECT_BOUNDS __launch_bounds__(32 * ((1u + BWW_DIRECT_V - 1) \
+    / BWW_DIRECT_V), BWW_DIRECT_MIN_BLOCKS)
+#else
+#define BWW_DIRECT_BOUNDS
+#endif
+extern "C" __global__ void BWW_DIRECT_BOUNDS conv_transpose_r1_backward_weight_direct(
     const real* __restrict__ d_values,
     const real* __restrict__ u_values,
     const unsigned images,
