@@ -37,7 +37,7 @@ MMA_WEIGHT_BOX_CELLS = (512, 256, 128, 64)  # D's cells of a work item: the most
 MMA_WEIGHT_BLOCKS_PER_SM = 2  # ... this many blocks an SM, the registers fitted to them (the kernel's launch bounds)
 MMA_WEIGHT_REGISTERS = 128  # a thread's registers where no launch bounds fit them, for the blocks an SM holds
 # Its parts' partial sums may take this much scratch: at 16 -> 16 channels and 81 offsets, two blocks an SM's worth of
-# parts (264 on an H100, 22 MB) against the 16 MiB of the other splits' cap (202 parts), the whole backward in
+# parts (264 on an H100 or H200, 22 MB) against the 16 MiB of the other splits' cap (202 parts), the whole backward in
 # "medium" (µs, H200; benchmarks/measured/2026-12-06-h200-s48-*-weight-bounds.txt): conv4d N4 16->16 20⁴ 1075 against
 # 1183, N2 16->16 8x32³ 788 against 869, and in bfloat16 (the stage alone) 531 against 643 and 442 against 519.
 MMA_WEIGHT_WORKSPACE_BYTES = 32 << 20
