@@ -357,3 +357,17 @@ def test_the_tensor_core_weight_tile():
     assert weight_mma_tile(k5, H200) is None
     assert weight_mma_tile(dataclasses.replace(shape, m=32, taps=(3, 3, 5)), H200) is None
 
+
+
+@pytest.mark.parametrize("family", [Family.CONV, Family.CONV_TRANSPOSE], ids=lambda f: f.value)
+@pytest.mark.parametrize(("stride", "dilation"), [((1,) * 4, (1,) * 4), ((2, 1, 1, 2), (1,) * 4), ((1,) * 4, (2, 1, 1, 1))],
+                         ids=["plain", "strided", "dilated"])
+def test_the_weight_kernels_launch_bounds_are_its_launch(family, stride, dilation):
+    """The tensor-core weight kernel's __launch_bounds__ (_direct_weight.cu.j2: 32 threads a warp of V outer window
+    offsets, from the K<a> and BWW_DIRECT_V defines) name the block its launch has: a block past them would not
+    launch."""
+    geom = Geometry.build(family, 16, 16, (9,) * 4, (3,) * 4, stride, (1,) * 4, dilation=dilation, batch=2)
+    made = plan(geom, precision="medium")
+    assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_MIN_BLOCKS"] == 2
+    outer = math.prod(made.defines[f"K{a}"] for a in range(3))
+    assert made.launches["backward_weight"].block == 32 * -(-outer // made.defines["BWW_DIRECT_V"]) == 448
