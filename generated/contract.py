@@ -82,8 +82,9 @@ DIRECT_SWITCHES: tuple[str, ...] = ('DIRECT', 'DIRECT_MMA')  # 0 where the GEMM 
 DIRECT_BOX_FIELD = 'DIRECT_BOX'
 # The weight gradient's `_direct` kernel: <PREFIX>_DIRECT, _V (D cells a thread reads at a time along the last
 # axis), _LANES (threads per U channel and outer window offsets) and the box of D's cells of a work item,
-# <PREFIX>_DIRECT_BOX<a>, and _MMA (1: TF32 tensor cores, its warps each V outer window offsets); its blocks per
-# group (partial sums) are the stage's <PREFIX>_SPLIT.
+# <PREFIX>_DIRECT_BOX<a>, _MMA (1: TF32 tensor cores, its warps each V outer window offsets) and _MIN_BLOCKS (the
+# blocks an SM its registers are fitted to: __launch_bounds__ above 1); its blocks per group (partial sums) are the
+# stage's <PREFIX>_SPLIT.
 DIRECT_WEIGHT_FIELDS: tuple[str, ...] = ('DIRECT', 'DIRECT_V', 'DIRECT_LANES', 'DIRECT_CHANNEL_BLOCKS', 'DIRECT_MMA', 'DIRECT_MIN_BLOCKS')
 # A conv-shaped stage's `_wgmma` kernel (warpgroup mma, sm_90a; the TF32 modes): <PREFIX>_WGMMA (1: launched
 # instead of the stage's GEMM, after its `_wgpack`), _WG_N (dst channels of a block: wgmma's N, one of WG_NS),
