@@ -168,14 +168,9 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
                           channel_blocks=channel_blocks, mma=MMA_DIRECT_MODE, min_blocks=MMA_WEIGHT_BLOCKS_PER_SM)
         staged_bytes = weight_mma_shared_bytes(tile, shape)
         if staged_bytes <= limit:
-            return dataclasses.replace(tile, parts=weight_mma_parts(tile, shape, hardware))
+            # The registers its launch bounds fit it to (allocated 8 at a time), at most MMA_WEIGHT_REGISTERS.
+            bounded = hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8
+            return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
+                                                                min(MMA_WEIGHT_REGISTERS, bounded),
+                                                                MMA_WEIGHT_WORKSPACE_BYTES))
     return None
-
-
-def weight_mma_parts(tile: WeightTile, shape: DirectShape, hardware: Hardware) -> int:
-    """weight_parts of a tensor-core weight tile: its registers a thread those its launch bounds fit it to
-    (`tile.min_blocks` blocks an SM), else MMA_WEIGHT_REGISTERS; its partial sums within MMA_WEIGHT_WORKSPACE_BYTES."""
-    bounded = hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8  # allocated 8 at a time
-    return weight_parts(tile, shape, hardware, weight_mma_shared_bytes(tile, shape),
-                        min(MMA_WEIGHT_REGISTERS, bounded) if tile.min_blocks > 1 else MMA_WEIGHT_REGISTERS,
-                        MMA_WEIGHT_WORKSPACE_BYTES)
