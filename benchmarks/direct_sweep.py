@@ -15,8 +15,8 @@ when the plans take the direct kernels.
                                       [--tile V,THREADS[,CB]]... [--precision P] [--mma-tile TILES,CELLS]...
                                       [--dtype float32|float16|bfloat16] [--rounds N] [--list]
 
-The cases are the benchmark's (suite/cases.py) whose stage has at most 16 dst channels, and EXTRA_CASES
-below. `--list` prints each row's tile without a GPU.
+The cases are the benchmark's (suite/cases.py) whose stage has at most MMA_DIRECT_MAX_M (32) dst channels, and
+EXTRA_CASES below. `--list` prints each row's tile without a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +28,15 @@ from collections.abc import Callable
 from typing import Any
 
 from convgen.backend import HALF_DTYPES
-from convgen.direct_model import DirectTile, choose_direct, cut_tile, direct_tile, mma_slices, mma_tile
+from convgen.direct_model import (
+    MMA_DIRECT_MAX_M,
+    DirectTile,
+    choose_direct,
+    cut_tile,
+    direct_tile,
+    mma_slices,
+    mma_tile,
+)
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, mma_box, weight_shape
 from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile, weight_mma_tile
 from convgen.tile_model import H200, Hardware
@@ -51,6 +59,10 @@ EXTRA_CASES = (
     batched_conv("conv4d_1to16_20_n4", "conv4d N4 1→16 20⁴ k3 p1", 4, 1, 16, (20,) * 4, 3, 1, 1, 0, 0),
     batched_conv("conv4d_10_16_k5_n2", "conv4d N2 10→10 16⁴ k5 p2", 2, 10, 10, (16,) * 4, 5, 1, 2, 0, 0),
     batched_conv("conv4d_16_8x32_n2", "conv4d N2 16→16 8×32³ k3 p1", 2, 16, 16, (8, 32, 32, 32), 3, 1, 1, 0, 0),
+    # 24 and 32 channels, where the TF32 conv stages take wgmma: conv4d_shapes.py's light field and 16⁴ layers
+    batched_conv("conv4d_24_16_n8", "conv4d N8 24→24 16⁴ k3 p1", 8, 24, 24, (16,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_32_16_n8", "conv4d N8 32→32 16⁴ k3 p1", 8, 32, 32, (16,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_32_lf_n8", "conv4d N8 32→32 8×8×32² k3 p1", 8, 32, 32, (8, 8, 32, 32), 3, 1, 1, 0, 0),
 )
 STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
@@ -200,7 +212,7 @@ def main() -> None:
     known = parser.parse_known_args()[0]
     stage, precision = known.stage, known.precision
     all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES)
-                 if (s := stage_shape(case, stage, precision)) and s.m <= 16}
+                 if (s := stage_shape(case, stage, precision)) and s.m <= MMA_DIRECT_MAX_M}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="V,THREADS or V,THREADS,CB (CB channels a step in opted-in shared memory): one more "

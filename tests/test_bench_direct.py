@@ -60,8 +60,9 @@ def test_rows_of_the_weight_gradient_on_tensor_cores() -> None:
 
 
 def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
-    done = sweep("--cases", "conv2d_64_56_n32")  # 64 dst channels: no direct tile
-    assert done.returncode == 2 and "error: --cases: unknown case 'conv2d_64_56_n32' (cases: conv4d_8_16," in done.stderr
+    done = sweep("--cases", "conv2d_64_56_n32")  # 64 dst channels: more than any direct tile holds
+    assert done.returncode == 2 and "error: --cases: unknown case 'conv2d_64_56_n32' (cases: conv3d_32_32, conv4d_8_16," \
+        in done.stderr
     for tile in ("4", "4,256,0", "4,256,2,1"):
         done = sweep("--tile", tile)
         assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
