@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA em
 
 CONV_STAGES = ("forward", "backward_input")
 # Ranks 1-4; source channels that are not whole steps of 8 (10, 12: a part step), dst channels that are not whole
-# tiles of 8 (6, 10) and two tiles (16); stride phases (the gather form), among them phases no window offset reaches
+# tiles of 8 (6, 10), two tiles (16) and up to the kernel's four (24, 32); stride phases (the gather form), among them phases no window offset reaches
 # (gcd(S, D) = 2: their cells get the bias alone), dilation, groups, a batch; a transpose with output padding; boxes
 # that do not divide the cells.
 MMA_DIRECT_GEOMETRIES = [
@@ -35,6 +35,8 @@ MMA_DIRECT_GEOMETRIES = [
     Geometry.build(Family.CONV_TRANSPOSE, 16, 8, (6, 7), (3, 3), (2, 1), (1, 0), output_padding=(1, 0), batch=2),
     Geometry.build(Family.CONV, 8, 8, (4, 5, 4, 6), (3, 3, 3, 3), (1, 1, 1, 1), (1, 1, 1, 1), batch=2),
     Geometry.build(Family.CONV, 8, 9, (11, 9), (3, 3), (2, 2), (1, 1), dilation=(2, 2), batch=2),
+    Geometry.build(Family.CONV, 16, 32, (6, 7), (3, 3), (1, 1), (1, 1), batch=2),
+    Geometry.build(Family.CONV_TRANSPOSE, 24, 32, (5, 4, 3), (3, 3, 3), (2, 1, 1), (1, 1, 0), output_padding=(1, 0, 0)),
 ]
 
 
