@@ -115,8 +115,7 @@ def test_three_dst_channels_over_many_source_channels_run_direct_when_the_grid_i
     (3, 16, (3, 3, 3), "highest", "float32", False, 0), (8, 17, (3, 3, 3), "highest", "float32", False, 0),
     (8, 8, (3, 3, 3), "high", "float32", True, 0), (8, 8, (3, 3, 3), "medium", "float32", True, 1),
     (8, 9, (3, 3, 3), "medium", "float32", True, 1), (8, 8, (3, 3, 2), "medium", "float32", True, 1),
-    (3, 16, (3, 3, 3), "medium", "float32", False, 0), (8, 17, (3, 3, 3), "medium", "float32", False, 0),
-    (17, 8, (3, 3, 3), "medium", "float32", False, 0),
+    (3, 16, (3, 3, 3), "medium", "float32", False, 0),
     (8, 8, (3, 3, 3), "highest", "float64", True, 0),
     (8, 8, (3, 3, 3), "highest", "bfloat16", True, 0), (8, 8, (3, 3, 3), "medium", "bfloat16", True, 1),
     (16, 16, (3, 3, 3), "medium", "float16", True, 1),
@@ -125,7 +124,7 @@ def test_the_plans_take_it_for_stages_of_few_channels_and_large_windows(in_c, ou
                                                                         direct, mma):
     """FMAs in every precision where it was measured faster than the GEMM, at least as accurate as TF32; in "medium"
     (float32 or 16-bit elements) the tensor-core form for 8 to 16 dst and source channels, windows of 9 offsets or
-    more."""
+    more (past 16 channels: the next test)."""
     geom = Geometry.build(Family.CONV, in_c, out_c, (12, 12, 12), kernel, (1, 1, 1), (1, 1, 1), batch=2)
     made = plan(geom, dtype=dtype, precision=precision)
     assert made.launches["forward"].kernel == ("forward_direct" if direct else "")
@@ -134,6 +133,32 @@ def test_the_plans_take_it_for_stages_of_few_channels_and_large_windows(in_c, ou
                                                        made.launches["backward_weight"].kernel)
     # Where a direct tile exists at all (at most 16 dst channels), direct_tile gives it regardless of the rule.
     assert (direct_tile(direct_shapes(geom, 4)["forward"], H200) is not None) == (out_c <= 16)
+
+
+@pytest.mark.parametrize(("in_c", "out_c", "dtype", "forward", "backward_input"), [
+    (8, 17, "float32", "forward_direct", "backward_input_direct"),
+    (17, 8, "float32", "forward_direct", "backward_input_direct"),
+    (24, 24, "float32", "forward_direct", "backward_input_direct"),
+    (24, 24, "bfloat16", "forward_direct", "backward_input_direct"),
+    (16, 32, "float32", "forward_wgmma", "backward_input_direct"),  # wgmma takes 32 dst and 16 source channels
+    (32, 32, "float16", "forward_wgmma", "backward_input_wgmma"),
+    (8, 33, "float32", "", ""),  # 33 channels: more than the kernel holds; the GEMM (too few for wgmma)
+])
+def test_the_tensor_core_form_takes_up_to_32_channels_where_no_wgmma_does(in_c, out_c, dtype, forward,
+                                                                          backward_input):
+    """In "medium" the tensor-core direct form takes conv-shaped stages of 8 to 32 (MMA_DIRECT_MAX_M) dst and source
+    channels that no wgmma tile takes (at least 32 dst and 16 source channels, no stride phases); the gather form's
+    stride phases, which no wgmma takes, run direct at 32 channels too."""
+    geom = Geometry.build(Family.CONV, in_c, out_c, (12, 12, 12), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2)
+    made = plan(geom, dtype=dtype, precision="medium")
+    kernels = {stage: made.launches[stage].kernel for stage in ("forward", "backward_input")}
+    assert kernels == {"forward": forward, "backward_input": backward_input}
+    for stage, prefix in (("forward", "FWD"), ("backward_input", "BWI")):
+        assert made.defines[f"{prefix}_DIRECT_MMA"] == int(kernels[stage].endswith("_direct"))
+    # k5 s2: the gather form's 8 phases of up to 27 offsets
+    strided = Geometry.build(Family.CONV, 32, 32, (12, 12, 12), (5, 5, 5), (2, 2, 2), (2, 2, 2), batch=2)
+    phases = plan(strided, dtype=dtype, precision="medium").launches
+    assert (phases["forward"].kernel, phases["backward_input"].kernel) == ("forward_wgmma", "backward_input_direct")
 
 
 def test_groups_count_their_own_channels():
