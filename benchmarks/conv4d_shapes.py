@@ -59,6 +59,7 @@ SHAPES = (
     Shape("lf_3to32", "light field, RGB in", 8, 3, 32, (8, 8, 32, 32), 3),
     Shape("med_16to16", "3-D+time volume, 8 frames of 32^3", 2, 16, 16, (8, 32, 32, 32), 3),
     Shape("bench_8to8", "the benchmark's conv4d", 8, 8, 8, (16, 16, 16, 16), 3),
+    Shape("mid_24to24", "24 channels, 16^4", 8, 24, 24, (16, 16, 16, 16), 3),
     Shape("mid_32to32", "32 channels, 16^4", 8, 32, 32, (16, 16, 16, 16), 3),
     Shape("lattice_4to8", "lattice, periodic", 16, 4, 8, (16, 16, 16, 16), 3, "circular"),
     Shape("lattice_4to8_f64", "lattice, periodic, float64", 16, 4, 8, (16, 16, 16, 16), 3, "circular", "float64"),
