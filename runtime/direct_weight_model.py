@@ -147,19 +147,23 @@ def weight_mma_shared_bytes(tile: WeightTile, shape: DirectShape) -> int:
 
 def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None:
     """How the direct weight kernel would cut a weight-gradient stage on TF32 tensor cores (`shape.mma`), or None: up
-    to MMA_WEIGHT_MAX_M D channels; the U channels in the fewest equal channel blocks of at most MMA_WEIGHT_MAX_UCB;
-    each warp V of the window's outer offsets, as many as MMA_WEIGHT_MAX_SUMS sums a thread allow, spread evenly over
-    at most MMA_WEIGHT_MAX_WARPS warps; the box of the most cells of MMA_WEIGHT_BOX_CELLS (mma_box) whose staging
-    leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM, its registers fitted to as many; parts as the FMA form's."""
+    to MMA_WEIGHT_MAX_M D channels; the U channels in the fewest equal channel blocks of at most MMA_WEIGHT_MAX_UCB
+    with which each warp's V outer window offsets, as many as MMA_WEIGHT_MAX_SUMS sums a thread allow, spread evenly
+    over at most MMA_WEIGHT_MAX_WARPS warps (more blocks, fewer U channels a block: fewer sums an offset); the box
+    of the most cells of MMA_WEIGHT_BOX_CELLS (mma_box) whose staging leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM,
+    its registers fitted to as many; parts as the FMA form's."""
     if not shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_WEIGHT_MAX_M \
             or shape.source_c == 0 or 0 in shape.cells:
         return None
-    channel_blocks = next(b for b in range(1, shape.source_c + 1)
-                          if shape.source_c % b == 0 and shape.source_c // b <= MMA_WEIGHT_MAX_UCB)
-    row_sums = shape.taps[-1] * ceil_div(shape.m, 16) * ceil_div(shape.source_c // channel_blocks, 8) * 4
     outer = math.prod(shape.taps[:-1])
-    warps = ceil_div(outer, max(1, MMA_WEIGHT_MAX_SUMS // row_sums))
-    if row_sums > MMA_WEIGHT_MAX_SUMS or warps > MMA_WEIGHT_MAX_WARPS:
+    for channel_blocks in range(1, shape.source_c + 1):
+        if shape.source_c % channel_blocks or shape.source_c // channel_blocks > MMA_WEIGHT_MAX_UCB:
+            continue
+        row_sums = shape.taps[-1] * ceil_div(shape.m, 16) * ceil_div(shape.source_c // channel_blocks, 8) * 4
+        warps = ceil_div(outer, max(1, MMA_WEIGHT_MAX_SUMS // row_sums))
+        if row_sums <= MMA_WEIGHT_MAX_SUMS and warps <= MMA_WEIGHT_MAX_WARPS:
+            break
+    else:
         return None
     limit = min(hardware.shared_optin_per_block,
                 hardware.shared_per_sm // MMA_WEIGHT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)

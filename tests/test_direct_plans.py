@@ -371,8 +371,11 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
 def test_the_tensor_core_weight_tile():
     """weight_mma_tile for 16 -> 16 channels and a 3^4 window: 24 sums an outer offset (3 offsets x 2 U tiles x 4), so
     two outer offsets a warp and 14 warps for 27; the box of 2 x 2 x 2 x 20 cells, its staging 16 rows of D's 160 cells
-    and 16 of U's 4 x 4 x 4 x 22 halo cells, each padded to 4 past a multiple of 8 words. None where a row's sums pass
-    64 (32 D channels, K_last 5) or the warps 16 (a 5^4 window: 125 outer offsets, one a warp)."""
+    and 16 of U's 4 x 4 x 4 x 22 halo cells, each padded to 4 past a multiple of 8 words. Where a row's sums would
+    pass 64 or the warps 16, the U channels in more blocks: 24 -> 24 channels in 3 blocks of 8 (24 sums a row, 14
+    warps; 2 blocks of 12 would need 27), 32 -> 32 in 4, 32 D channels with K_last 5 in 2 (40 sums a row). None where
+    even 8 U channels a block leave too many: 32 D channels with K_last 9 (72 sums a row), a 5^4 window (125 outer
+    offsets, 42 warps)."""
     shape = weight_shape(NC_16, 4, MMA_DIRECT_MODE)
     tile = weight_mma_tile(shape, H200)
     assert (tile.v, tile.rows, tile.threads, tile.box, tile.channel_blocks) == (2, 27, 32 * 14, (2, 2, 2, 20), 1)
@@ -380,7 +383,10 @@ def test_the_tensor_core_weight_tile():
     assert weight_mma_tile(weight_shape(NC_16, 4), H200) is None  # FMAs
     k5 = dataclasses.replace(shape, taps=(5,) * 4)
     assert weight_mma_tile(k5, H200) is None
-    assert weight_mma_tile(dataclasses.replace(shape, m=32, taps=(3, 3, 5)), H200) is None
+    for m, source_c, taps, blocks, v in ((24, 24, (3,) * 4, 3, 2), (32, 32, (3,) * 4, 4, 2), (32, 16, (3, 3, 5), 2, 1)):
+        wide = weight_mma_tile(dataclasses.replace(shape, m=m, source_c=source_c, taps=taps), H200)
+        assert (wide.channel_blocks, wide.v, wide.rows) == (blocks, v, math.prod(taps[:-1])), (m, source_c, taps)
+    assert weight_mma_tile(dataclasses.replace(shape, m=32, taps=(3, 3, 9)), H200) is None
 
 
 
