@@ -41,7 +41,7 @@ from convgen.direct_weight_model import (
 from convgen.gemm_shapes import ceil_div
 from convgen.generated.contract import direct_mma_row_words
 from convgen.tile_model import Hardware
-from convgen.wgmma_tiles import WGMMA_MIN_DST_C, WGMMA_MIN_SOURCE_C
+from convgen.wgmma_tiles import wgmma_reaches
 
 DIRECT_MAX_M = 16  # dst channels a block holds (MB x V accumulators a thread): the kernel takes up to this many
 # When the plans take it (FMAs only): few dst and source channels and a window of many offsets ...
@@ -96,7 +96,7 @@ MMA_DIRECT_BLOCKS_PER_SM = 1
 # With one source channel (1->16: forward 186 against 157) or one dst channel (16->1: backward 595 against 308) it
 # lost. A 4-D k5 window (N2 10->10 16⁴, its first axis's offsets one a step) took 457 / 1151 µs against 1461 / 1971
 # on the TF32 GEMM (-h100-s47-slices-direct-sweep-*.txt). Up to 32 channels (the kernel's MMA_DIRECT_MAX_M) it takes
-# the stages no wgmma tile takes (_wgmma_stage: fewer than 32 dst channels), where the GEMM runs mma.sync tiles:
+# the stages no wgmma tile takes (wgmma_reaches: fewer than 32 dst channels), where the GEMM runs mma.sync tiles:
 # conv4d N8 24->24 16⁴ (H100, µs, forward / whole backward of one recorded forward) 545 / 3007 against 1945 / 4343,
 # in bf16 (each stage alone, forward / input gradient) 571 / 643 against 2000 / 2030 (-h100-s49-6b5ceea-sweep-*.txt).
 # Where wgmma takes a stage it keeps it: at 32 channels TF32's forward ran 6-13% faster here but its backward no
@@ -259,7 +259,8 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     GEMM)."""
     if shape.mma and not shape.weight and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
             and max(shape.m, shape.source_c) <= MMA_PLAN_MAX_CHANNELS and shape.window >= MMA_PLAN_MIN_WINDOW \
-            and not _wgmma_stage(shape, hardware) and (mma := mma_tile(shape, hardware)):
+            and not wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c) \
+            and (mma := mma_tile(shape, hardware)):
         return mma
     if shape.mma and shape.weight and shape.m == shape.source_c == MMA_WEIGHT_PLAN_CHANNELS \
             and shape.window >= MMA_WEIGHT_PLAN_MIN_WINDOW and (mma := weight_mma_tile(shape, hardware)):
@@ -275,12 +276,6 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     few_dst = shape.m <= DIRECT_FEW_DST and shape.window >= DIRECT_FEW_DST_MIN_WINDOW
     cells = shape.images * shape.groups * shape.phases * math.prod(shape.cells)
     return tile if few_dst and cells >= DIRECT_FEW_DST_MIN_CELLS_PER_SM * hardware.sm_count else None
-
-
-def _wgmma_stage(shape: DirectShape, hardware: Hardware) -> bool:
-    """Whether wgmma_tiles.choose_wgmma takes a conv-shaped stage of "medium" (TF32, or 16-bit elements): its channels,
-    on a GPU with wgmma, without stride phases (the gather form's phases keep the GEMM)."""
-    return hardware.wgmma and shape.phases == 1 and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C
 
 
 def no_direct(shape: DirectShape, hardware: Hardware) -> None:

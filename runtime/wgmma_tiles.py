@@ -109,6 +109,13 @@ def no_wgmma(shape, hardware) -> None:
     return None
 
 
+def wgmma_reaches(hardware, phases: int, m: int, source_c: int) -> bool:
+    """Whether the `_wgmma` kernels take a stage of `m` dst and `source_c` source channels (a group's) in `phases`
+    stride phases, in a TF32 mode: a GPU with wgmma, no phases (the gather form's phases keep the GEMM), and enough
+    channels for wgmma's N and its slices (choose_wgmma; direct_model leaves these stages to it)."""
+    return hardware.wgmma and phases == 1 and m >= WGMMA_MIN_DST_C and source_c >= WGMMA_MIN_SOURCE_C
+
+
 def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHANNELS_LAST_MIN_USES,
                  shift: bool = True, weight_shift: bool = WGMMA_SHIFT_WEIGHT_BY_DEFAULT) -> WgmmaTile | None:
     """The `_wgmma` tile of a GEMM stage, or None where the stage keeps its GEMM: not a TF32 mode on float32 or
@@ -116,8 +123,8 @@ def choose_wgmma(shape, hardware, channels_last_min_uses: int = WGMMA_16BIT_CHAN
     kernels widen them as they stage them), a GPU without wgmma, stride phases (the gather form's phases take the
     GEMM), or few channels. The tests move the channels-last rule (`channels_last_min_uses`), turn WG_SHIFT off
     (`shift`) and the 16-bit weight gradient's alone (`weight_shift`; it needs `shift`)."""
-    if not (hardware.wgmma and shape.mma in WGMMA_MAX_N and shape.element_bytes == 4 and shape.phases == 1
-            and shape.m >= WGMMA_MIN_DST_C and shape.source_c >= WGMMA_MIN_SOURCE_C):
+    if not (shape.mma in WGMMA_MAX_N and shape.element_bytes == 4
+            and wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c)):
         return None
     n = min(next((n for n in WG_NS if n >= shape.m), WG_NS[-1]), WGMMA_MAX_N[shape.mma])
     stages = WGMMA_STAGES if shape.pipelined else WGMMA_16BIT_STAGES

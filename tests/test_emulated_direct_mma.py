@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA em
 
 CONV_STAGES = ("forward", "backward_input")
 # Ranks 1-4; source channels that are not whole steps of 8 (10, 12: a part step), dst channels that are not whole
-# tiles of 8 (6, 10), two tiles (16) and up to the kernel's four (24, 32); stride phases (the gather form), among them phases no window offset reaches
-# (gcd(S, D) = 2: their cells get the bias alone), dilation, groups, a batch; a transpose with output padding; boxes
-# that do not divide the cells.
+# tiles of 8 (6, 10), two tiles (16) and up to the kernel's four (24, 32); stride phases (the gather form), among
+# them phases no window offset reaches (gcd(S, D) = 2: their cells get the bias alone), dilation, groups, a batch; a
+# transpose with output padding; boxes that do not divide the cells.
 MMA_DIRECT_GEOMETRIES = [
     Geometry.build(Family.CONV, 10, 16, (9, 10), (3, 3), (1, 1), (1, 1), batch=2),
     Geometry.build(Family.CONV, 12, 6, (23,), (5,), (2,), (2,), dilation=(2,), batch=2),
