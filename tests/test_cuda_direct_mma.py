@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import H200, plan
-from convgen.direct_model import direct_shared_bytes
+from convgen.direct_model import choose_direct, direct_shared_bytes
 from convgen.direct_shapes import direct_shapes
+from convgen.direct_weight_model import weight_mma_tile
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
 from forced_tiles import mma_direct, mma_weight_direct
@@ -85,6 +86,24 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
         assert error <= TF32_BOUND, f"{geom}: {name}: TF32 relative error {error:.3g}"
     assert min(output, dinput, *([dkernel] if weight else [])) > 4 * FLOAT32_UNIT, \
         f"{geom}: float32's error: no tensor core ran"
+
+
+@pytest.mark.parametrize("channels, blocks", [(24, 3), (32, 4)])
+def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(channels: int, blocks: int) -> None:
+    """weight_mma_tile's own tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of 8),
+    whatever the plans give it: within TF32's bound, bit-identical run after run, and not float32's error."""
+    geom = G(Family.CONV, channels, channels, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
+
+    def chooser(shape, hardware):
+        return weight_mma_tile(shape, hardware) if shape.weight else choose_direct(shape, hardware)
+
+    made = plan(geom, precision="medium", direct_chooser=chooser)
+    assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
+    rng = reference.case_rng("cuda direct weight mma channel blocks", channels)
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    output, dkernel, dbias, dinput = errors(mma_tape(chooser), geom, inputs, grad)
+    assert max(output, dkernel, dbias, dinput) <= TF32_BOUND, (output, dkernel, dbias, dinput)
+    assert dkernel > 4 * FLOAT32_UNIT, f"dkernel: error {dkernel:.3g} is float32's: no tensor core ran"
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
