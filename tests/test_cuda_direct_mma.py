@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import H200, plan
-from convgen.direct_model import choose_direct, direct_shared_bytes
+from convgen.direct_model import direct_shared_bytes
 from convgen.direct_shapes import direct_shapes
-from convgen.direct_weight_model import weight_mma_tile
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
-from forced_tiles import mma_direct, mma_weight_direct
+from forced_tiles import mma_direct, mma_weight_direct, planned_with_weight_mma
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -94,14 +93,11 @@ def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(channels: int, bl
     whatever the plans give it: within TF32's bound, bit-identical run after run, and not float32's error."""
     geom = G(Family.CONV, channels, channels, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
 
-    def chooser(shape, hardware):
-        return weight_mma_tile(shape, hardware) if shape.weight else choose_direct(shape, hardware)
-
-    made = plan(geom, precision="medium", direct_chooser=chooser)
+    made = plan(geom, precision="medium", direct_chooser=planned_with_weight_mma)
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
     rng = reference.case_rng("cuda direct weight mma channel blocks", channels)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    output, dkernel, dbias, dinput = errors(mma_tape(chooser), geom, inputs, grad)
+    output, dkernel, dbias, dinput = errors(mma_tape(planned_with_weight_mma), geom, inputs, grad)
     assert max(output, dkernel, dbias, dinput) <= TF32_BOUND, (output, dkernel, dbias, dinput)
     assert dkernel > 4 * FLOAT32_UNIT, f"dkernel: error {dkernel:.3g} is float32's: no tensor core ran"
 

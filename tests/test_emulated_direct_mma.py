@@ -13,10 +13,9 @@ from convgen.cpu import Tape as CpuTape
 from convgen.cuda import CupyBackend
 from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
-from convgen.direct_weight_model import weight_mma_tile
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import mma_direct, mma_weight_direct
+from forced_tiles import mma_direct, mma_weight_direct, planned_with_weight_mma
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -156,15 +155,13 @@ def test_the_weight_tile_of_24_channels_in_three_channel_blocks_keeps_the_tf32_b
     two tiles of D channels, 14 warps of two outer window offsets; within TF32's bound, and not float32's error."""
     geom = Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
 
-    def chooser(shape, hardware):
-        return weight_mma_tile(shape, hardware) if shape.weight else choose_direct(shape, hardware)
-
-    made = plan(geom, precision="medium", direct_chooser=chooser)
+    made = plan(geom, precision="medium", direct_chooser=planned_with_weight_mma)
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == 3
     assert plan(geom, precision="medium").defines["BWW_DIRECT_MMA"] == 0
     rng = reference.case_rng("emulated direct weight mma channel blocks")
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=chooser), inputs, grad)
+    tape = emulated_tape("float32", precision="medium", direct_chooser=planned_with_weight_mma)
+    errors = relative_errors(geom, tape, inputs, grad)
     assert max(errors) <= TF32_BOUND, errors
     assert errors[1] > 4 * FLOAT32_UNIT, f"dkernel: error {errors[1]:.3g} is float32's: no tensor core ran"
 
