@@ -249,7 +249,7 @@ def _plan(geom: Geometry, hardware: Hardware, chooser: TileChooser, dtype: str, 
                 _wgmma_stage(stage, _wgmma_operands(shape, dtype), wgmma, launches, splits, packed_elements,
                              source_elements, copied_packs)
         else:  # the weight gradient: its `_direct` or `_wgmma` kernel likewise, their parts summed by its reduce kernel
-            weight = direct_chooser(weight_shape(bucketed, staged_bytes, direct_mma), hardware)
+            weight = direct_chooser(weight_shape(bucketed, staged_bytes, direct_mma, dtype in HALF_DTYPES), hardware)
             values.update(_direct_defines(prefix, DIRECT_WEIGHT_FIELDS,
                                           weight and (1, weight.v, weight.lanes, weight.channel_blocks, weight.mma,
                                                      weight.min_blocks),

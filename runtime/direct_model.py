@@ -110,8 +110,12 @@ MMA_PLAN_MIN_WINDOW = 9
 # kernel (H100, whole backward of one recorded forward in "medium", µs, mma / FMA; -h100-s47-direct-sweep-bww.txt):
 # conv4d N4 16->16 20⁴ 1384 / 1784, N2 16->16 8x32³ 840 / 1433. It lost at 8 channels (conv4d N8 8->8 16⁴ 363 / 340,
 # N32 8⁴ 103 / 99: half of each 16-row tile is padding) and at windows of 27 or 9 offsets (conv3d N16 16->16 16³ 72 /
-# 66, conv2d N32 16->16 56² 69 / 59).
-MMA_WEIGHT_PLAN_CHANNELS = 16
+# 66, conv2d N32 16->16 56² 69 / 59). Past 16 channels it beat what the plans took (the stage alone, µs, its pick /
+# the plan's; -h100-s51-3eddde1-sweep-weight-*.txt): conv4d N8 24->24 16⁴ 1426 / 3007 in "medium" and 770 / 1864 in
+# bf16; N8 32->32 16⁴ 2114 / 2473 and 8x8x32² 2097 / 2441 in "medium", but in bf16 1033 / 790 against the 16-bit
+# wgmma, which multiplies at twice TF32's rate: where a wgmma reaches a 16-bit stage (DirectShape.half) it keeps it.
+MMA_WEIGHT_PLAN_MIN_CHANNELS = 16
+MMA_WEIGHT_PLAN_MAX_CHANNELS = 32
 MMA_WEIGHT_PLAN_MIN_WINDOW = 81
 
 
@@ -254,16 +258,19 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     dst cells an SM; of a weight-gradient stage of at most DIRECT_MAX_M D channels, DIRECT_WEIGHT_MAX_SOURCE_C U
     channels and DIRECT_WEIGHT_MIN_WINDOW offsets; on TF32 tensor cores (`shape.mma`), the mma tile of a
     conv-shaped stage of MMA_PLAN_MIN_CHANNELS to MMA_PLAN_MAX_CHANNELS dst and source channels and a window of at
-    least MMA_PLAN_MIN_WINDOW offsets that no wgmma tile takes, or of a weight-gradient stage of
-    MMA_WEIGHT_PLAN_CHANNELS D and U channels and at least MMA_WEIGHT_PLAN_MIN_WINDOW offsets; else None (the
-    GEMM)."""
+    least MMA_PLAN_MIN_WINDOW offsets that no wgmma tile takes, or of a weight-gradient stage of as many D as U
+    channels, MMA_WEIGHT_PLAN_MIN_CHANNELS to MMA_WEIGHT_PLAN_MAX_CHANNELS, and at least MMA_WEIGHT_PLAN_MIN_WINDOW
+    offsets, unless its elements are 16-bit and a wgmma reaches it; else None (the GEMM)."""
     if shape.mma and not shape.weight and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
             and max(shape.m, shape.source_c) <= MMA_PLAN_MAX_CHANNELS and shape.window >= MMA_PLAN_MIN_WINDOW \
             and not wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c) \
             and (mma := mma_tile(shape, hardware)):
         return mma
-    if shape.mma and shape.weight and shape.m == shape.source_c == MMA_WEIGHT_PLAN_CHANNELS \
-            and shape.window >= MMA_WEIGHT_PLAN_MIN_WINDOW and (mma := weight_mma_tile(shape, hardware)):
+    if shape.mma and shape.weight and shape.m == shape.source_c \
+            and MMA_WEIGHT_PLAN_MIN_CHANNELS <= shape.m <= MMA_WEIGHT_PLAN_MAX_CHANNELS \
+            and shape.window >= MMA_WEIGHT_PLAN_MIN_WINDOW \
+            and not (shape.half and wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c)) \
+            and (mma := weight_mma_tile(shape, hardware)):
         return mma
     tile = direct_tile(shape, hardware)
     if tile is None:

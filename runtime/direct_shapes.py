@@ -36,6 +36,9 @@ class DirectShape:
     # A stage of float32 elements in the precision "medium": the direct kernel may multiply on TF32 tensor cores
     # (MMA_DIRECT_MODE), else 0 (FMAs).
     mma: int = 0
+    # 16-bit elements (bfloat16, float16), which a wgmma that reaches the stage multiplies as themselves, at twice
+    # TF32's rate: the weight gradient then leaves the direct kernel's tensor cores to it (direct_model.choose_direct).
+    half: bool = False
 
     @property
     def window(self) -> int:
@@ -76,16 +79,17 @@ def halo(box: tuple[int, ...], shape: DirectShape, slices: int = 1) -> int:
     return math.prod((b - 1) * s + (t - 1) * d + 1 for b, s, t, d in zip(box, shape.step, taps, shape.spacing))
 
 
-def weight_shape(geom: Geometry, staged_bytes: int, mma: int = 0) -> DirectShape:
+def weight_shape(geom: Geometry, staged_bytes: int, mma: int = 0, half: bool = False) -> DirectShape:
     """The weight-gradient stage of a conv-family geometry as the direct weight kernel sees it, per group: dW[m, c,
     k] sums D[m, p] * U[c, p*S + k*D - P] over D's cells p (conv: D the output gradient, U the input; transpose:
-    D the input, U the output gradient); `geom.images` should be the plan's bucket of the batch. `mma`:
-    DirectShape.mma."""
+    D the input, U the output gradient); `geom.images` should be the plan's bucket of the batch. `mma` and `half`:
+    DirectShape's."""
     in_c, out_c = geom.in_c // geom.groups, geom.out_c // geom.groups
     conv = geom.family is Family.CONV
     return DirectShape(cells=geom.out_spatial if conv else geom.in_spatial, taps=geom.kernel, step=geom.stride,
                        spacing=geom.dilation, phases=1, m=out_c if conv else in_c, source_c=in_c if conv else out_c,
-                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, weight=True, mma=mma)
+                       images=geom.images, groups=geom.groups, staged_bytes=staged_bytes, weight=True, mma=mma,
+                       half=half)
 
 
 def mma_box(dst_spatial: tuple[int, ...], cells: int) -> tuple[int, ...]:

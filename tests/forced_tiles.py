@@ -14,13 +14,12 @@ from convgen.direct_model import (
     MMA_DIRECT_CB,
     DirectChooser,
     DirectTile,
-    choose_direct,
     cut_tile,
     direct_tile,
     mma_slices,
 )
 from convgen.direct_shapes import MMA_DIRECT_MODE, mma_box
-from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile, weight_mma_tile
+from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
@@ -166,8 +165,3 @@ def mma_weight_direct(cells: int, rows_a_warp: int, parts: int, channel_blocks: 
                           parts=parts, rows=outer, channel_blocks=blocks, mma=MMA_DIRECT_MODE)
     return chooser
 
-
-def planned_with_weight_mma(shape, hardware):
-    """The plans' direct chooser, but the weight gradient always on weight_mma_tile's own tensor-core tile (where the
-    plans leave it to the GEMM: past 16 channels)."""
-    return weight_mma_tile(shape, hardware) if shape.weight else choose_direct(shape, hardware)

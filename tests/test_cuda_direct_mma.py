@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import reference
 from convgen.cuda_launch import H200, plan
-from convgen.direct_model import direct_shared_bytes
+from convgen.direct_model import choose_direct, direct_shared_bytes
 from convgen.direct_shapes import direct_shapes
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
-from forced_tiles import mma_direct, mma_weight_direct, planned_with_weight_mma
+from forced_tiles import mma_direct, mma_weight_direct
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -89,15 +89,15 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
 
 @pytest.mark.parametrize("channels, blocks", [(24, 3), (32, 4)])
 def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(channels: int, blocks: int) -> None:
-    """weight_mma_tile's own tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of 8),
-    whatever the plans give it: within TF32's bound, bit-identical run after run, and not float32's error."""
+    """The plans' tensor-core weight tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of
+    8): within TF32's bound, bit-identical run after run, and not float32's error."""
     geom = G(Family.CONV, channels, channels, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
 
-    made = plan(geom, precision="medium", direct_chooser=planned_with_weight_mma)
+    made = plan(geom, precision="medium")
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
     rng = reference.case_rng("cuda direct weight mma channel blocks", channels)
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    output, dkernel, dbias, dinput = errors(mma_tape(planned_with_weight_mma), geom, inputs, grad)
+    output, dkernel, dbias, dinput = errors(mma_tape(choose_direct), geom, inputs, grad)
     assert max(output, dkernel, dbias, dinput) <= TF32_BOUND, (output, dkernel, dbias, dinput)
     assert dkernel > 4 * FLOAT32_UNIT, f"dkernel: error {dkernel:.3g} is float32's: no tensor core ran"
 

@@ -368,6 +368,23 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
         assert defines["BWW_DIRECT"] == 1 and defines["BWW_DIRECT_MMA"] == 0
 
 
+
+@pytest.mark.parametrize(("in_c", "out_c", "dtype", "kernel"), [
+    (24, 24, "float32", "backward_weight_direct"), (32, 32, "float32", "backward_weight_direct"),
+    (24, 24, "bfloat16", "backward_weight_direct"), (32, 32, "bfloat16", "backward_weight_wgmma"),
+    (32, 32, "float16", "backward_weight_wgmma"), (24, 32, "float32", "backward_weight_wgmma"),
+    (32, 24, "float32", ""),
+])
+def test_the_weight_gradient_keeps_the_tensor_cores_to_32_channels_unless_a_16_bit_wgmma_reaches_it(in_c, out_c,
+                                                                                                   dtype, kernel):
+    """Past 16 channels, as many D as U, up to 32: the tensor-core weight tile, where it beat the GEMM and the TF32
+    wgmma, and the 16-bit GEMM at 24 channels; the 16-bit wgmma, twice TF32's rate, keeps 32 16-bit channels; unequal
+    channels keep what they had."""
+    geom = Geometry.build(Family.CONV, in_c, out_c, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
+    made = plan(geom, dtype=dtype, precision="medium")
+    assert made.launches["backward_weight"].kernel == kernel
+    assert made.defines["BWW_DIRECT_MMA"] == int(kernel.endswith("_direct"))
+
 def test_the_tensor_core_weight_tile():
     """weight_mma_tile for 16 -> 16 channels and a 3^4 window: 24 sums an outer offset (3 offsets x 2 U tiles x 4), so
     two outer offsets a warp and 14 warps for 27; the box of 2 x 2 x 2 x 20 cells, its staging 16 rows of D's 160 cells

@@ -15,7 +15,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import mma_direct, mma_weight_direct, planned_with_weight_mma
+from forced_tiles import mma_direct, mma_weight_direct
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -151,16 +151,15 @@ def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry
 
 
 def test_the_weight_tile_of_24_channels_in_three_channel_blocks_keeps_the_tf32_bound() -> None:
-    """weight_mma_tile's own tile for a 4-D 24 -> 24 conv (the plans leave it to the GEMM): 3 blocks of 8 U channels,
-    two tiles of D channels, 14 warps of two outer window offsets; within TF32's bound, and not float32's error."""
+    """The plans' tensor-core weight tile for a 4-D 24 -> 24 conv: 3 blocks of 8 U channels, two tiles of D channels,
+    14 warps of two outer window offsets; within TF32's bound, and not float32's error."""
     geom = Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
 
-    made = plan(geom, precision="medium", direct_chooser=planned_with_weight_mma)
+    made = plan(geom, precision="medium")
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == 3
-    assert plan(geom, precision="medium").defines["BWW_DIRECT_MMA"] == 0
     rng = reference.case_rng("emulated direct weight mma channel blocks")
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    tape = emulated_tape("float32", precision="medium", direct_chooser=planned_with_weight_mma)
+    tape = emulated_tape("float32", precision="medium")
     errors = relative_errors(geom, tape, inputs, grad)
     assert max(errors) <= TF32_BOUND, errors
     assert errors[1] > 4 * FLOAT32_UNIT, f"dkernel: error {errors[1]:.3g} is float32's: no tensor core ran"
