@@ -142,10 +142,10 @@ def stage_kernel(defines: dict[str, int], stage: str) -> str:
     """What the plan runs `stage` on, from its defines."""
     p = GEMM_STAGES[stage]
     if defines.get(f"{p}_DIRECT"):
-        if stage == "backward_weight":
-            return f"direct V{defines[f'{p}_DIRECT_V']} blocks {defines[f'{p}_DIRECT_CHANNEL_BLOCKS']}x" \
-                   f"{defines[f'{p}_SPLIT']}"
         form = "direct mma" if defines[f"{p}_DIRECT_MMA"] else "direct"
+        if stage == "backward_weight":
+            return f"{form} V{defines[f'{p}_DIRECT_V']} blocks {defines[f'{p}_DIRECT_CHANNEL_BLOCKS']}x" \
+                   f"{defines[f'{p}_SPLIT']}"
         slices = defines[f"{p}_DIRECT_SLICES"]
         sliced = f" slices {slices}" if slices > 1 else ""
         return f"{form} V{defines[f'{p}_DIRECT_V']} CB{defines[f'{p}_DIRECT_CB']}{sliced}"

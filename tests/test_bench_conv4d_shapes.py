@@ -45,6 +45,7 @@ def test_the_stage_column_names_each_plans_kernel() -> None:
     assert conv4d_shapes.stage_kernel(wide, "forward") == "wgmma N32 split 1"
     tf32 = plan(geom, precision="medium").defines  # 16 channels: the direct kernel's tensor cores
     assert conv4d_shapes.stage_kernel(tf32, "forward") == "direct mma V2 CB8"
+    assert conv4d_shapes.stage_kernel(tf32, "backward_weight") == "direct mma V2 blocks 1x264"
     k5 = plan(Geometry.build(Family.CONV, 10, 10, (16,) * 4, (5,) * 4, (1,) * 4, (2,) * 4, batch=2),
               precision="medium").defines
     assert conv4d_shapes.stage_kernel(k5, "forward") == "direct mma V2 CB8 slices 5"
