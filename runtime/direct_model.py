@@ -110,10 +110,11 @@ MMA_PLAN_MIN_WINDOW = 9
 # kernel (H100, whole backward of one recorded forward in "medium", µs, mma / FMA; -h100-s47-direct-sweep-bww.txt):
 # conv4d N4 16->16 20⁴ 1384 / 1784, N2 16->16 8x32³ 840 / 1433. It lost at 8 channels (conv4d N8 8->8 16⁴ 363 / 340,
 # N32 8⁴ 103 / 99: half of each 16-row tile is padding) and at windows of 27 or 9 offsets (conv3d N16 16->16 16³ 72 /
-# 66, conv2d N32 16->16 56² 69 / 59). Past 16 channels it beat what the plans took (the stage alone, µs, its pick /
-# the plan's; -h100-s51-3eddde1-sweep-weight-*.txt): conv4d N8 24->24 16⁴ 1426 / 3007 in "medium" and 770 / 1864 in
-# bf16; N8 32->32 16⁴ 2114 / 2473 and 8x8x32² 2097 / 2441 in "medium", but in bf16 1033 / 790 against the 16-bit
-# wgmma, which multiplies at twice TF32's rate: where a wgmma reaches a 16-bit stage (DirectShape.half) it keeps it.
+# 66, conv2d N32 16->16 56² 69 / 59). Past 16 channels it beat what the plans took (µs, its pick / the plan's, the
+# whole backward in "medium", the stage alone in bf16; -h100-s51-3eddde1-sweep-weight-*.txt): conv4d N8 24->24 16⁴
+# 1426 / 3007 and 770 / 1864; N8 32->32 16⁴ 2114 / 2473 and 8x8x32² 2097 / 2441 in "medium", in bf16 1033 / 790
+# against the 16-bit wgmma, which multiplies at twice TF32's rate: where a wgmma reaches a 16-bit stage
+# (DirectShape.half) it keeps it.
 MMA_WEIGHT_PLAN_MIN_CHANNELS = 16
 MMA_WEIGHT_PLAN_MAX_CHANNELS = 32
 MMA_WEIGHT_PLAN_MIN_WINDOW = 81
