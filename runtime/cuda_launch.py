@@ -407,7 +407,8 @@ def _tensor_core_mode(geom: Geometry, dtype: str, precision: str) -> int:
 
 def representative_wgmma_geometry(family: Family, rank: int) -> Geometry:
     """representative_geometry with 32 channels each way and stride 1: the three GEMM stages of a conv family on
-    their `_wgmma` kernels in the TF32 modes on the H200 (convgen compile's pass for sm_90)."""
+    their `_wgmma` kernels in the TF32 modes on the H200 where no direct kernel takes them (convgen compile's pass for
+    sm_90 plans it without them: at rank 4 the tensor-core weight tile takes the weight gradient in "medium")."""
     geom = representative_geometry(family, rank)
     return Geometry.build(family, 32, 32, geom.in_spatial, geom.kernel, (1,) * rank, geom.padding)
 

@@ -26,6 +26,7 @@ from convgen.cuda_launch import (
     representative_geometry,
     representative_wgmma_geometry,
 )
+from convgen.direct_model import no_direct
 from convgen.generated.contract import CIRCULAR_KERNELS, KERNELS
 from convgen.geometry import Family, Geometry
 
@@ -202,5 +203,6 @@ def compile_every_source(arch: str, dtypes: tuple[str, ...] = DTYPES,
             for family, rank in sources():
                 if family.is_conv:
                     yield compile_source(family, rank, arch, dtype, precision)
-                    if _has_wgmma(arch):  # the `_wgmma` kernels too
-                        yield compile_plan(representative_wgmma_geometry(family, rank), arch, dtype, precision)
+                    if _has_wgmma(arch):  # the `_wgmma` kernels too (as their plans without the direct kernels)
+                        yield compile_plan(representative_wgmma_geometry(family, rank), arch, dtype, precision,
+                                           direct_chooser=no_direct)

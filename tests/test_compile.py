@@ -23,6 +23,7 @@ from convgen.cuda_launch import (
     representative_wgmma_geometry,
     tile_candidates,
 )
+from convgen.direct_model import no_direct
 from convgen.generated.contract import (
     CIRCULAR_KERNELS,
     CIRCULAR_STAGES,
@@ -235,14 +236,16 @@ def test_conv_source_compiles_on_tensor_cores_without_spills(family, rank, preci
 @pytest.mark.parametrize(("family", "rank"), CONV_SOURCES, ids=_ids)
 def test_wgmma_kernels_compile_for_sm90a_without_spills(family, rank, precision):
     """The three GEMM stages' `_wgmma` and `_wgpack` kernels (32 channels each way, stride 1), compiled for sm_90a as
-    their plan asks, each using registers (a body compiled in, not the empty kernel of the plans without them)."""
+    their plan without the direct kernels asks (convgen compile's), each using registers (a body compiled in, not the
+    empty kernel of the plans without them)."""
     geom = representative_wgmma_geometry(family, rank)
-    assert plan(geom, precision=precision).arch == "sm_90a"
-    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision)
+    made = plan(geom, precision=precision, direct_chooser=no_direct)
+    assert made.arch == "sm_90a"
+    report = nvrtc_check.compile_plan(geom, "sm_90", "float32", precision, direct_chooser=no_direct)
     assert report.error is None, report.error
     wgmma = {k.symbol: k for k in report.kernels if k.symbol.endswith(("_wgmma", "_wgpack"))}
     assert len(wgmma) == 6 and all(k.registers > 8 for k in wgmma.values()), wgmma
-    assert not unexpected_spills(report, plan(geom, precision=precision).defines)
+    assert not unexpected_spills(report, made.defines)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -87,15 +87,23 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
         f"{geom}: float32's error: no tensor core ran"
 
 
-@pytest.mark.parametrize("channels, blocks", [(24, 3), (32, 4)])
-def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(channels: int, blocks: int) -> None:
-    """The plans' tensor-core weight tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of
-    8): within TF32's bound, bit-identical run after run, and not float32's error."""
-    geom = G(Family.CONV, channels, channels, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
+SEVEN_AXES = {"in_spatial": (4, 3, 3, 2, 2, 2, 2), "kernel": (2,) * 7, "stride": (1,) * 7, "padding": (1,) + (0,) * 6,
+              "dilation": (2,) + (1,) * 6, "groups": 2, "batch": 2}
 
+
+@pytest.mark.parametrize("geom, blocks", [
+    (G(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3),
+    (G(Family.CONV, 32, 32, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 4),
+    (G(Family.CONV, 64, 64, **SEVEN_AXES), 4),
+    (G(Family.CONV_TRANSPOSE, 64, 64, **SEVEN_AXES), 4),
+], ids=["conv4d_24", "conv4d_32", "conv7d_2x32", "conv_transpose7d_2x32"])
+def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int) -> None:
+    """The plans' tensor-core weight tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of
+    8), and for 2 groups of 32 channels with a 2^7 window dilated and padded on the first axis, both families: within
+    TF32's bound, bit-identical run after run, and not float32's error."""
     made = plan(geom, precision="medium")
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
-    rng = reference.case_rng("cuda direct weight mma channel blocks", channels)
+    rng = reference.case_rng("cuda direct weight mma channel blocks", str(geom))
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     output, dkernel, dbias, dinput = errors(mma_tape(choose_direct), geom, inputs, grad)
     assert max(output, dkernel, dbias, dinput) <= TF32_BOUND, (output, dkernel, dbias, dinput)

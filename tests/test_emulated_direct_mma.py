@@ -150,14 +150,22 @@ def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry
 
 
 
-def test_the_weight_tile_of_24_channels_in_three_channel_blocks_keeps_the_tf32_bound() -> None:
-    """The plans' tensor-core weight tile for a 4-D 24 -> 24 conv: 3 blocks of 8 U channels, two tiles of D channels,
-    14 warps of two outer window offsets; within TF32's bound, and not float32's error."""
-    geom = Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
+SEVEN_AXES = {"in_spatial": (4, 3, 3, 2, 2, 2, 2), "kernel": (2,) * 7, "stride": (1,) * 7, "padding": (1,) + (0,) * 6,
+              "dilation": (2,) + (1,) * 6, "groups": 2, "batch": 2}
 
+
+@pytest.mark.parametrize(("geom", "blocks"), [
+    (Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3),
+    (Geometry.build(Family.CONV, 64, 64, **SEVEN_AXES), 4),
+], ids=["conv4d_24", "conv7d_2x32"])
+def test_the_planned_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int) -> None:
+    """The plans' tensor-core weight tile past 16 channels: a 4-D 24 -> 24 conv (3 blocks of 8 U channels, two tiles
+    of D channels, 14 warps of two outer window offsets) and 2 groups of 32 channels with a 2^7 window, dilated and
+    padded on the first axis (4 blocks; the transpose's took 5 minutes here: tests/test_cuda_direct_mma.py runs it
+    on a GPU); within TF32's bound, and not float32's error."""
     made = plan(geom, precision="medium")
-    assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == 3
-    rng = reference.case_rng("emulated direct weight mma channel blocks")
+    assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
+    rng = reference.case_rng("emulated direct weight mma channel blocks", str(geom))
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     tape = emulated_tape("float32", precision="medium")
     errors = relative_errors(geom, tape, inputs, grad)
