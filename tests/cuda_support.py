@@ -1,7 +1,6 @@
 """What the CUDA test modules share: the skip when there is no GPU, the poisoning tape, running an
-op forward and backward (twice, bit-identical), the closeness check against the CPU tape, tapes
-whose plans are forced onto given tiles, and a geometry for the tensor-core kernels. Importing it
-skips the importing module without CuPy."""
+op forward and backward (twice, bit-identical), the closeness check against the CPU tape, and tapes
+whose plans are forced onto given tiles. Importing it skips the importing module without CuPy."""
 
 from __future__ import annotations
 
@@ -158,11 +157,3 @@ def check_against_torch_cuda(draw, rng: np.random.Generator, cases: int) -> None
         ref_abs = run(convgen.cpu.Tape(), geom, [np.abs(a) for a in inputs], np.abs(grad))
         assert_close_to(geom, got, torch_oracle.run(torch, geom, inputs, grad, device="cuda"), ref_abs)
 
-
-def tensor_core_geometry(family: Family, rank: int) -> Geometry:
-    """A geometry whose GEMM stages all take the cp.async pipeline or the `_wgmma` kernels in the TF32 modes: two
-    groups of 32 channels each way (both conv-shaped stages fill 32-row blocks over 32 source channels), a batch,
-    dilation and padding on the first axis, stride 1 (no phases), about 150 cells."""
-    spatial = {1: (150,), 2: (13, 11), 3: (6, 5, 5)}.get(rank, (4, 3, 3) + (2,) * (rank - 3))
-    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
-    return Geometry.build(family, 64, 64, spatial, kernel, (1,) * rank, padding, dilation=dilation, groups=2, batch=2)

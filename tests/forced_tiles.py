@@ -1,8 +1,8 @@
 """Block tiles forced onto every GEMM stage, for the CUDA tests (run), the plan tests and the compile
 tests (no GPU): the FMA tiles that reach every path of the implicit-GEMM kernels in float32 and float64,
 the tensor-core tiles of the precisions "high" and "medium", the geometries they run on and the chooser
-that forces them; and a direct chooser forcing the channels the small-channel direct kernels stage a step. No
-CuPy."""
+that forces them; direct choosers forcing the small-channel direct kernels' tiles; and a geometry for the
+tensor-core kernels. No CuPy."""
 
 from __future__ import annotations
 
@@ -10,14 +10,7 @@ import dataclasses
 import math
 
 from convgen.cuda_launch import GemmTile
-from convgen.direct_model import (
-    MMA_DIRECT_CB,
-    DirectChooser,
-    DirectTile,
-    cut_tile,
-    direct_tile,
-    mma_slices,
-)
+from convgen.direct_model import MMA_DIRECT_CB, DirectChooser, DirectTile, cut_tile, direct_tile, mma_slices
 from convgen.direct_shapes import MMA_DIRECT_MODE, mma_box
 from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile
 from convgen.generated.contract import SHARED_BUFFERS
@@ -165,3 +158,12 @@ def mma_weight_direct(cells: int, rows_a_warp: int, parts: int, channel_blocks: 
                           parts=parts, rows=outer, channel_blocks=blocks, mma=MMA_DIRECT_MODE)
     return chooser
 
+
+def tensor_core_geometry(family: Family, rank: int) -> Geometry:
+    """A geometry whose GEMM stages all take the cp.async pipeline or the `_wgmma` kernels in the TF32 modes: two
+    groups of 32 channels each way (both conv-shaped stages fill 32-row blocks over 32 source channels), a batch,
+    dilation and padding on the first axis, stride 1 (no phases), about 150 cells. Without the direct kernels: in
+    "medium" the plans give rank 7's weight gradient (a 2^7 window) the direct kernel's tensor-core tile."""
+    spatial = {1: (150,), 2: (13, 11), 3: (6, 5, 5)}.get(rank, (4, 3, 3) + (2,) * (rank - 3))
+    kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
+    return Geometry.build(family, 64, 64, spatial, kernel, (1,) * rank, padding, dilation=dilation, groups=2, batch=2)

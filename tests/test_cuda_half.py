@@ -16,7 +16,8 @@ import reference
 from convgen.cuda_launch import CUDA_SOURCES, nvrtc_options, plan
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import choose_wgmma, no_wgmma
-from cuda_support import RANKS, FiniteWgmmaBackend, PoisonBackend, _has_gpu, host, tensor_core_geometry
+from cuda_support import RANKS, FiniteWgmmaBackend, PoisonBackend, _has_gpu, host
+from forced_tiles import tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, relative_errors, run_backend
 from precision_bounds import HALF_BOUND
 

@@ -16,8 +16,8 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import no_direct
 from convgen.geometry import Family, Geometry
 from convgen.wgmma_tiles import no_wgmma
-from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run, tensor_core_geometry
-from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, PIPELINE_FORCED_TILES
+from cuda_support import RANKS, PoisonBackend, PoisonTape, _has_gpu, forced_tape, run
+from forced_tiles import FORCED_GEOMETRY, MMA_FORCED_TILES, PIPELINE_FORCED_TILES, tensor_core_geometry
 from precision_bounds import TF32_BOUND, high_bound
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _has_gpu(), reason="no CUDA device")]

@@ -368,7 +368,6 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
         assert defines["BWW_DIRECT"] == 1 and defines["BWW_DIRECT_MMA"] == 0
 
 
-
 @pytest.mark.parametrize(("in_c", "out_c", "dtype", "kernel"), [
     (24, 24, "float32", "backward_weight_direct"), (32, 32, "float32", "backward_weight_direct"),
     (24, 24, "bfloat16", "backward_weight_direct"), (32, 32, "bfloat16", "backward_weight_wgmma"),
@@ -384,6 +383,7 @@ def test_the_weight_gradient_keeps_the_tensor_cores_to_32_channels_unless_a_16_b
     made = plan(geom, dtype=dtype, precision="medium")
     assert made.launches["backward_weight"].kernel == kernel
     assert made.defines["BWW_DIRECT_MMA"] == int(kernel.endswith("_direct"))
+
 
 def test_the_tensor_core_weight_tile():
     """weight_mma_tile for 16 -> 16 channels and a 3^4 window: 24 sums an outer offset (3 offsets x 2 U tiles x 4), so

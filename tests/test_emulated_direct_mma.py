@@ -15,7 +15,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import mma_direct, mma_weight_direct
+from forced_tiles import mma_direct, mma_weight_direct, tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -150,18 +150,14 @@ def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry
 
 
 
-SEVEN_AXES = {"in_spatial": (4, 3, 3, 2, 2, 2, 2), "kernel": (2,) * 7, "stride": (1,) * 7, "padding": (1,) + (0,) * 6,
-              "dilation": (2,) + (1,) * 6, "groups": 2, "batch": 2}
-
-
 @pytest.mark.parametrize(("geom", "blocks"), [
     (Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3),
-    (Geometry.build(Family.CONV, 64, 64, **SEVEN_AXES), 4),
+    (tensor_core_geometry(Family.CONV, 7), 4),
 ], ids=["conv4d_24", "conv7d_2x32"])
 def test_the_planned_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int) -> None:
     """The plans' tensor-core weight tile past 16 channels: a 4-D 24 -> 24 conv (3 blocks of 8 U channels, two tiles
-    of D channels, 14 warps of two outer window offsets) and 2 groups of 32 channels with a 2^7 window, dilated and
-    padded on the first axis (4 blocks; the transpose's took 5 minutes here: tests/test_cuda_direct_mma.py runs it
+    of D channels, 14 warps of two outer window offsets) and tensor_core_geometry's rank 7 (2 groups of 32 channels, a
+    2^7 window dilated and padded on the first axis; 4 blocks; the transpose's took 5 minutes here: tests/test_cuda_direct_mma.py runs it
     on a GPU); within TF32's bound, and not float32's error."""
     made = plan(geom, precision="medium")
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
