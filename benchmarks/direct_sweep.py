@@ -63,6 +63,11 @@ EXTRA_CASES = (
     batched_conv("conv4d_24_16_n8", "conv4d N8 24→24 16⁴ k3 p1", 8, 24, 24, (16,) * 4, 3, 1, 1, 0, 0),
     batched_conv("conv4d_32_16_n8", "conv4d N8 32→32 16⁴ k3 p1", 8, 32, 32, (16,) * 4, 3, 1, 1, 0, 0),
     batched_conv("conv4d_32_lf_n8", "conv4d N8 32→32 8×8×32² k3 p1", 8, 32, 32, (8, 8, 32, 32), 3, 1, 1, 0, 0),
+    # Rank 7 with a 2^7 window (128 offsets) at 16-32 channels, where the plans take the weight gradient's tensor-core
+    # tile as at rank 4's 3^4 (the larger windows of k3 past rank 4 are beyond the tile)
+    batched_conv("conv7d_16_6_k2_n4", "conv7d N4 16→16 6⁷ k2", 4, 16, 16, (6,) * 7, 2, 1, 0, 0, 0),
+    batched_conv("conv7d_24_6_k2_n2", "conv7d N2 24→24 6⁷ k2", 2, 24, 24, (6,) * 7, 2, 1, 0, 0, 0),
+    batched_conv("conv7d_32_6_k2_n2", "conv7d N2 32→32 6⁷ k2", 2, 32, 32, (6,) * 7, 2, 1, 0, 0, 0),
 )
 STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
@@ -87,13 +92,15 @@ def parse_mma_tile(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def stage_shape(case: Case, stage: str, precision: str = "highest") -> DirectShape | None:
-    """The case's `stage` as the direct kernels see it on float32 elements in `precision`, if it is a convolution."""
+def stage_shape(case: Case, stage: str, precision: str = "highest", dtype: str = "float32") -> DirectShape | None:
+    """The case's `stage` as the direct kernels see it on `dtype` elements (staged as float32) in `precision`, if it
+    is a convolution: a 16-bit weight gradient's shape says so (DirectShape.half) as the plans' does, since a row's
+    choice applies only where the shapes are equal."""
     if not case.is_conv:
         return None
     mma = MMA_DIRECT_MODE if precision == "medium" else 0
     if stage == "backward_weight":
-        return weight_shape(case.geometry, 4, mma)
+        return weight_shape(case.geometry, 4, mma, dtype in HALF_DTYPES)
     return direct_shapes(case.geometry, 4, mma)[stage]
 
 
@@ -209,10 +216,12 @@ def main() -> None:
     parser.add_argument("--stage", choices=STAGES, default="forward")
     parser.add_argument("--precision", choices=("highest", "high", "medium"), default="highest",
                         help="the tape's precision (the GEMM rows' tensor cores; 'medium': the --mma-tile rows)")
+    parser.add_argument("--dtype", choices=("float32", *HALF_DTYPES), default="float32",
+                        help="the elements (16-bit: each stage alone on a CUDA backend of that dtype)")
     known = parser.parse_known_args()[0]
     stage, precision = known.stage, known.precision
     all_cases = {case.name: case for case in (*CASES, *EXTRA_CASES)
-                 if (s := stage_shape(case, stage, precision)) and s.m <= MMA_DIRECT_MAX_M}
+                 if (s := stage_shape(case, stage, precision, known.dtype)) and s.m <= MMA_DIRECT_MAX_M}
     parser.add_argument("--cases", default="", help=f"comma-separated (default: all of {', '.join(all_cases)})")
     parser.add_argument("--tile", type=parse_tile, action="append", default=[],
                         help="V,THREADS or V,THREADS,CB (CB channels a step in opted-in shared memory): one more "
@@ -223,8 +232,6 @@ def main() -> None:
                              "axis's window offsets in SLICES steps (by default the plans'; repeatable); for "
                              "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box, the "
                              "third value the parts and a fourth the blocks an SM its registers are fitted to")
-    parser.add_argument("--dtype", choices=("float32", *HALF_DTYPES), default="float32",
-                        help="the elements (16-bit: each stage alone on a CUDA backend of that dtype)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
@@ -235,7 +242,7 @@ def main() -> None:
     cupy = None if args.list else __import__("cupy")
     for name in names:
         case = all_cases[name]
-        shape = stage_shape(case, stage, precision)
+        shape = stage_shape(case, stage, precision, args.dtype)
         assert shape is not None
         reference = None
         if cupy is None:
