@@ -63,11 +63,16 @@ EXTRA_CASES = (
     batched_conv("conv4d_24_16_n8", "conv4d N8 24→24 16⁴ k3 p1", 8, 24, 24, (16,) * 4, 3, 1, 1, 0, 0),
     batched_conv("conv4d_32_16_n8", "conv4d N8 32→32 16⁴ k3 p1", 8, 32, 32, (16,) * 4, 3, 1, 1, 0, 0),
     batched_conv("conv4d_32_lf_n8", "conv4d N8 32→32 8×8×32² k3 p1", 8, 32, 32, (8, 8, 32, 32), 3, 1, 1, 0, 0),
-    # Rank 7 with a 2^7 window (128 offsets) at 16-32 channels, where the plans take the weight gradient's tensor-core
+    # Rank 7 with a 2^7 window (128 offsets) at 16-32 channels, where the plans took the weight gradient's tensor-core
     # tile as at rank 4's 3^4 (the larger windows of k3 past rank 4 are beyond the tile)
     batched_conv("conv7d_16_6_k2_n4", "conv7d N4 16→16 6⁷ k2", 4, 16, 16, (6,) * 7, 2, 1, 0, 0, 0),
     batched_conv("conv7d_24_6_k2_n2", "conv7d N2 24→24 6⁷ k2", 2, 24, 24, (6,) * 7, 2, 1, 0, 0, 0),
     batched_conv("conv7d_32_6_k2_n2", "conv7d N2 32→32 6⁷ k2", 2, 32, 32, (6,) * 7, 2, 1, 0, 0, 0),
+    # Other ranks' windows of at least 81 offsets that the tile holds at 16 channels, and rank 6's 2^6
+    batched_conv("conv2d_16_128_k9_n8", "conv2d N8 16→16 128² k9 p4", 8, 16, 16, (128, 128), 9, 1, 4, 0, 0),
+    batched_conv("conv3d_16_32_k5_n4", "conv3d N4 16→16 32³ k5 p2", 4, 16, 16, (32,) * 3, 5, 1, 2, 0, 0),
+    batched_conv("conv6d_16_8_k2_n4", "conv6d N4 16→16 8⁶ k2", 4, 16, 16, (8,) * 6, 2, 1, 0, 0, 0),
+    batched_conv("conv8d_16_5_k2_n2", "conv8d N2 16→16 5⁸ k2", 2, 16, 16, (5,) * 8, 2, 1, 0, 0, 0),
 )
 STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20
