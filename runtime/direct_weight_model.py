@@ -5,6 +5,7 @@ tensor cores (`weight_mma_tile`, _direct_weight_mma.cu.j2). Steers which kernel 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -170,11 +171,42 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
     for cells in MMA_WEIGHT_BOX_CELLS:
         tile = WeightTile(v=ceil_div(outer, warps), lanes=1, box=mma_box(shape.cells, cells), parts=1, rows=outer,
                           channel_blocks=channel_blocks, mma=MMA_DIRECT_MODE, min_blocks=MMA_WEIGHT_BLOCKS_PER_SM)
-        staged_bytes = weight_mma_shared_bytes(tile, shape)
-        if staged_bytes <= limit:
+        if weight_mma_shared_bytes(tile, shape) <= limit:
+            tile = dataclasses.replace(tile, box=fitted_box(tile, shape, limit))
+            staged_bytes = weight_mma_shared_bytes(tile, shape)
             # The registers its launch bounds fit it to (allocated 8 at a time), at most MMA_WEIGHT_REGISTERS.
             bounded = hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8
             return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
                                                                 min(MMA_WEIGHT_REGISTERS, bounded),
                                                                 MMA_WEIGHT_WORKSPACE_BYTES))
     return None
+
+
+def grid_staging(box: tuple[int, ...], shape: DirectShape, channels: int) -> int:
+    """Values all work items of an image stage for a channel block of `channels` U channels with `box`: D's box
+    (empty cells past D's extent too, which the tensor cores also multiply) and U's halo, times the boxes that cover
+    D's cells."""
+    return math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box)) * weight_staged(box, shape, channels)
+
+
+def fitted_box(tile: WeightTile, shape: DirectShape, limit: int) -> tuple[int, ...]:
+    """The box of D's cells for `tile` whose work items stage the fewest values (grid_staging) among boxes of as many
+    cells at most, the same last axis, outer axes each a power of two below its extent or the whole extent, and a
+    staging within `limit` bytes; `tile.box` (mma_box's) where none stages fewer. mma_box doubles axes and fits
+    extents that are powers of two; on others its last box along an axis is partly empty (a 7-D 5^7 grid of D's
+    cells in boxes 1x2x2x2x2x2x5: 40% of the cells the tensor cores multiply are D's, 5x5x2x1x1x1x5: all)."""
+    *outer, last = tile.box
+    channels = shape.source_c // tile.channel_blocks
+    budget = math.prod(tile.box) // last
+    best, best_staging = tile.box, grid_staging(tile.box, shape, channels)
+    sizes = [[size for size in (*(1 << i for i in range(extent.bit_length()) if 1 << i < extent), extent)
+              if size <= budget] for extent in shape.cells[:-1]]
+    for box in itertools.product(*sizes):
+        if math.prod(box) > budget:
+            continue
+        candidate = (*box, last)
+        staging = grid_staging(candidate, shape, channels)
+        if staging < best_staging and \
+                weight_mma_shared_bytes(dataclasses.replace(tile, box=candidate), shape) <= limit:
+            best, best_staging = candidate, staging
+    return best
