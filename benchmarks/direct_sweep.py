@@ -99,9 +99,11 @@ def parse_mma_tile(text: str) -> tuple[int, ...]:
     """`TILES,CELLS`, `TILES,CELLS,SLICES` or (the weight gradient's) `TILES,CELLS,PARTS,MIN_BLOCKS` (argparse's type
     for --mma-tile)."""
     parts = text.split(",")
-    if len(parts) not in (2, 3, 4) or not all(p.isdigit() and int(p) > 0 for p in parts):
+    least = [0 if i == 1 and len(parts) == 4 else 1 for i in range(len(parts))]  # the weight form's CELLS may be 0
+    if len(parts) not in (2, 3, 4) or not all(p.isdigit() and int(p) >= low for p, low in zip(parts, least)):
         raise argparse.ArgumentTypeError(f"an mma tile is TILES,CELLS[,SLICES] or TILES,CELLS,PARTS,MIN_BLOCKS "
-                                         f"(positive integers), got {text!r}")
+                                         f"(positive integers; the weight form's CELLS 0: the plans' box), "
+                                         f"got {text!r}")
     return tuple(int(p) for p in parts)
 
 
@@ -153,7 +155,8 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight_mma = weight_mma_tile(shape, H200)
     if weight_mma is not None:  # --mma-tile's TILES are outer window offsets a warp here, then parts, min blocks
-        picks = [weight_mma, *(dataclasses.replace(weight_mma, v=v, box=mma_box(shape.cells, cells),
+        picks = [weight_mma, *(dataclasses.replace(weight_mma, v=v,
+                                                   box=mma_box(shape.cells, cells) if cells else weight_mma.box,
                                                    parts=rest[0] if rest else weight_mma.parts,
                                                    min_blocks=rest[1] if len(rest) > 1 else weight_mma.min_blocks)
                                for v, cells, *rest in mma_tiles)]
@@ -243,8 +246,9 @@ def main() -> None:
                         help="TILES,CELLS[,SLICES]: with --precision medium, one more row for every case on TF32 "
                              "tensor cores, TILES tiles of 16 cells a warp, boxes of at most CELLS cells, the first "
                              "axis's window offsets in SLICES steps (by default the plans'; repeatable); for "
-                             "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box, the "
-                             "third value the parts and a fourth the blocks an SM its registers are fitted to")
+                             "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box (0: the "
+                             "plans' box), the third value the parts and a fourth the blocks an SM its registers are "
+                             "fitted to")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
