@@ -35,6 +35,7 @@ from convgen.direct_weight_model import (
     DIRECT_WEIGHT_MAX_SOURCE_C,
     DIRECT_WEIGHT_MIN_WINDOW,
     WeightTile,
+    weight_mma_registers,
     weight_mma_tile,
     weight_tile,
 )
@@ -108,16 +109,24 @@ MMA_PLAN_MAX_CHANNELS = MMA_DIRECT_MAX_M
 MMA_PLAN_MIN_WINDOW = 9
 # The weight gradient's tensor-core form (direct_weight_model.weight_mma_tile), where it beat the FMA direct weight
 # kernel (H100, whole backward of one recorded forward in "medium", µs, mma / FMA; -h100-s47-direct-sweep-bww.txt):
-# conv4d N4 16->16 20⁴ 1384 / 1784, N2 16->16 8x32³ 840 / 1433. It lost at 8 channels (conv4d N8 8->8 16⁴ 363 / 340,
-# N32 8⁴ 103 / 99: half of each 16-row tile is padding) and at windows of 27 or 9 offsets (conv3d N16 16->16 16³ 72 /
-# 66, conv2d N32 16->16 56² 69 / 59). Past 16 channels it beat what the plans took (µs, its pick / the plan's, the
-# whole backward in "medium", the stage alone in bf16; -h100-s51-3eddde1-sweep-weight-*.txt): conv4d N8 24->24 16⁴
-# 1426 / 3007 and 770 / 1864; N8 32->32 16⁴ 2114 / 2473 and 8x8x32² 2097 / 2441 in "medium", in bf16 1033 / 790
-# against the 16-bit wgmma, which multiplies at twice TF32's rate: where a wgmma reaches a 16-bit stage
-# (DirectShape.half) it keeps it.
+# conv4d N4 16->16 20⁴ 1384 / 1784, N2 16->16 8x32³ 840 / 1433. It lost at 8 channels (conv4d N8 8->8 16⁴ 363 / 340, N32
+# 8⁴ 103 / 99: half of each 16-row tile is padding) and at windows of 27 or 9 offsets (conv3d N16 16->16 16³ 72 / 66,
+# conv2d N32 16->16 56² 69 / 59). At 16 channels it beat the GEMM on windows of 64 to 256 offsets at ranks 2-8, and the
+# FMA form but at rank 8 (by 1.2%) (µs, the tile / the GEMM / the FMA form where it runs, "medium" then bf16's stage
+# alone; -h100-s52-*-sweep-*.txt): conv2d N8 128² k9 166 / 364, 94 / 241; k8 184 / 283, 119 / 183; conv3d N4 32³ k5 281
+# / 579, 152 / 386; k4 214 / 340 / 372, 139 / 227 / 301; conv4d N4 20⁴ 1096 / 2927 / 1767; conv6d N4 8⁶ k2 1031 / 1921 /
+# 1641, 439 / 1081 / 1065; conv7d N4 6⁷ k2 2928 / 3228 / 4270, 1519 / 1572 / 2868; conv8d N2 5⁸ k2 7956 / 8316 / 7864.
+# Past 16 channels (µs, its pick / the plan's; -h100-s51-3eddde1-sweep-weight-*.txt) it beat what the plans took at rank
+# 4, conv4d N8 24->24 16⁴ 1426 / 3007 and 770 / 1864; N8 32->32 16⁴ 2114 / 2473 and 8x8x32² 2097 / 2441 in "medium", in
+# bf16 1033 / 790 against the 16-bit wgmma, which multiplies at twice TF32's rate: where a wgmma reaches a 16-bit stage
+# (DirectShape.half) it keeps it. Its two m16 tiles of D channels need registers: at 448 threads (72 registers a thread
+# for two blocks an SM) and at 256 it won (conv2d N8 128² k8 24->24 298 / 584 and 174 / 349, 32->32 470 / 502), at 512
+# (64 registers) it lost every time (conv3d N4 32³ k4 24->24 1027 / 651, conv6d N4 8⁶ k2 24->24 4770 / 3202, conv7d N2
+# 6⁷ k2 24->24 3642 / 3166, and as much at 32 channels); past 16 channels it needs MMA_WEIGHT_PLAN_WIDE_MIN_REGISTERS.
 MMA_WEIGHT_PLAN_MIN_CHANNELS = 16
 MMA_WEIGHT_PLAN_MAX_CHANNELS = 32
-MMA_WEIGHT_PLAN_MIN_WINDOW = 81
+MMA_WEIGHT_PLAN_MIN_WINDOW = 64
+MMA_WEIGHT_PLAN_WIDE_MIN_REGISTERS = 72
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +270,8 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     conv-shaped stage of MMA_PLAN_MIN_CHANNELS to MMA_PLAN_MAX_CHANNELS dst and source channels and a window of at
     least MMA_PLAN_MIN_WINDOW offsets that no wgmma tile takes, or of a weight-gradient stage of as many D as U
     channels, MMA_WEIGHT_PLAN_MIN_CHANNELS to MMA_WEIGHT_PLAN_MAX_CHANNELS, and at least MMA_WEIGHT_PLAN_MIN_WINDOW
-    offsets, unless its elements are 16-bit and a wgmma reaches it; else None (the GEMM)."""
+    offsets, past MMA_WEIGHT_PLAN_MIN_CHANNELS with MMA_WEIGHT_PLAN_WIDE_MIN_REGISTERS a thread, unless its elements are
+    16-bit and a wgmma reaches it; else None (the GEMM)."""
     if shape.mma and not shape.weight and MMA_PLAN_MIN_CHANNELS <= min(shape.m, shape.source_c) \
             and max(shape.m, shape.source_c) <= MMA_PLAN_MAX_CHANNELS and shape.window >= MMA_PLAN_MIN_WINDOW \
             and not wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c) \
@@ -271,7 +281,9 @@ def choose_direct(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
             and MMA_WEIGHT_PLAN_MIN_CHANNELS <= shape.m <= MMA_WEIGHT_PLAN_MAX_CHANNELS \
             and shape.window >= MMA_WEIGHT_PLAN_MIN_WINDOW \
             and not (shape.half and wgmma_reaches(hardware, shape.phases, shape.m, shape.source_c)) \
-            and (mma := weight_mma_tile(shape, hardware)):
+            and (mma := weight_mma_tile(shape, hardware)) \
+            and (shape.m == MMA_WEIGHT_PLAN_MIN_CHANNELS
+                 or weight_mma_registers(mma, hardware) >= MMA_WEIGHT_PLAN_WIDE_MIN_REGISTERS):
         return mma
     tile = direct_tile(shape, hardware)
     if tile is None:

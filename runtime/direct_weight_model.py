@@ -174,12 +174,16 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
         if weight_mma_shared_bytes(tile, shape) <= limit:
             tile = dataclasses.replace(tile, box=fitted_box(tile, shape, limit))
             staged_bytes = weight_mma_shared_bytes(tile, shape)
-            # The registers its launch bounds fit it to (allocated 8 at a time), at most MMA_WEIGHT_REGISTERS.
-            bounded = hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8
             return dataclasses.replace(tile, parts=weight_parts(tile, shape, hardware, staged_bytes,
-                                                                min(MMA_WEIGHT_REGISTERS, bounded),
+                                                                weight_mma_registers(tile, hardware),
                                                                 MMA_WEIGHT_WORKSPACE_BYTES))
     return None
+
+
+def weight_mma_registers(tile: WeightTile, hardware: Hardware) -> int:
+    """A thread's registers in the tensor-core weight kernel: what its launch bounds (its threads, `min_blocks` blocks
+    an SM) leave it, allocated 8 at a time, at most MMA_WEIGHT_REGISTERS."""
+    return min(MMA_WEIGHT_REGISTERS, hardware.registers_per_sm // (tile.min_blocks * tile.threads) // 8 * 8)
 
 
 def grid_staging(box: tuple[int, ...], shape: DirectShape, channels: int) -> int:

@@ -10,13 +10,21 @@ import dataclasses
 import math
 
 from convgen.cuda_launch import GemmTile
-from convgen.direct_model import MMA_DIRECT_CB, DirectChooser, DirectTile, cut_tile, direct_tile, mma_slices
-from convgen.direct_shapes import MMA_DIRECT_MODE, mma_box
-from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile
+from convgen.direct_model import (
+    MMA_DIRECT_CB,
+    DirectChooser,
+    DirectTile,
+    choose_direct,
+    cut_tile,
+    direct_tile,
+    mma_slices,
+)
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, mma_box
+from convgen.direct_weight_model import MMA_WEIGHT_MAX_WARPS, WeightTile, weight_mma_tile
 from convgen.generated.contract import SHARED_BUFFERS
 from convgen.geometry import Family, Geometry
 from convgen.pipeline_tiles import pipelines
-from convgen.tile_model import whole_parts
+from convgen.tile_model import Hardware, whole_parts
 
 # Every path of the implicit-GEMM kernels at small sizes, forced onto all three stages: a thread
 # staging several B columns (BN > threads) or several rows (BN < threads), scalar (TM < 4) and
@@ -159,11 +167,19 @@ def mma_weight_direct(cells: int, rows_a_warp: int, parts: int, channel_blocks: 
     return chooser
 
 
+def modelled_weight_mma(shape: DirectShape, hardware: Hardware) -> DirectTile | WeightTile | None:
+    """The plans' chooser, but the weight gradient on the tensor cores wherever weight_mma_tile cuts a tile, as it cuts
+    it: also where the plans leave it to the GEMM (past 16 channels with 64 registers a thread)."""
+    if shape.weight and shape.mma == MMA_DIRECT_MODE and (tile := weight_mma_tile(shape, hardware)) is not None:
+        return tile
+    return choose_direct(shape, hardware)
+
+
 def tensor_core_geometry(family: Family, rank: int) -> Geometry:
     """A geometry whose GEMM stages all take the cp.async pipeline or the `_wgmma` kernels in the TF32 modes: two
     groups of 32 channels each way (both conv-shaped stages fill 32-row blocks over 32 source channels), a batch,
-    dilation and padding on the first axis, stride 1 (no phases), about 150 cells. Without the direct kernels: in
-    "medium" the plans give rank 7's weight gradient (a 2^7 window) the direct kernel's tensor-core tile."""
+    dilation and padding on the first axis, stride 1 (no phases), about 150 cells. Its weight gradient at rank 7 (a 2^7
+    window) is one that weight_mma_tile cuts and the plans leave to the GEMM (modelled_weight_mma takes it)."""
     spatial = {1: (150,), 2: (13, 11), 3: (6, 5, 5)}.get(rank, (4, 3, 3) + (2,) * (rank - 3))
     kernel, dilation, padding = (2,) + (2,) * (rank - 1), (2,) + (1,) * (rank - 1), (1,) + (0,) * (rank - 1)
     return Geometry.build(family, 64, 64, spatial, kernel, (1,) * rank, padding, dilation=dilation, groups=2, batch=2)

@@ -268,17 +268,23 @@ def test_tensor_core_direct_kernels_keep_their_sums_in_registers(family, rank, d
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("extents", [(20, 20, 20, 20), (8, 32, 32, 32)], ids=["20^4", "8x32^3"])
-def test_the_planned_tensor_core_weight_kernel_fits_two_blocks_an_sm(extents, dtype):
-    """The plan fits the tensor-core direct weight kernel of a 16 -> 16 4-D layer to two blocks of 448 threads an SM
-    (launch bounds): at most 72 registers a thread, any spill within its allowance."""
-    geom = Geometry.build(Family.CONV, 16, 16, extents, (3,) * 4, (1,) * 4, (1,) * 4, batch=2)
-    defines = plan(geom, dtype=dtype, precision="medium").defines
+@pytest.mark.parametrize(("channels", "extents", "k", "threads"), [
+    (16, (20, 20, 20, 20), 3, 448), (16, (8, 32, 32, 32), 3, 448), (24, (64, 64), 8, 256), (16, (16, 16, 16), 4, 256),
+], ids=["20^4", "8x32^3", "24_64^2_k8", "16^3_k4"])
+def test_the_planned_tensor_core_weight_kernel_fits_two_blocks_an_sm(channels, extents, k, threads, dtype):
+    """The plan fits the tensor-core direct weight kernel of these layers to two blocks an SM of `threads` (launch
+    bounds): 16 -> 16 4-D at 72 registers a thread, 24 -> 24 2-D and 16 -> 16 3-D at 128; any spill within its
+    allowance."""
+    rank = len(extents)
+    geom = Geometry.build(Family.CONV, channels, channels, extents, (k,) * rank, (1,) * rank, (k // 2,) * rank, batch=2)
+    made = plan(geom, dtype=dtype, precision="medium")
+    defines = made.defines
     assert defines["BWW_DIRECT_MMA"] == 1 and defines["BWW_DIRECT_MIN_BLOCKS"] == 2
+    assert made.launches["backward_weight"].block == threads
     report = nvrtc_check.compile_plan(geom, "sm_90", dtype, "medium")
     assert report.error is None, report.error
     (weight,) = [k for k in report.kernels if k.symbol.endswith("_backward_weight_direct")]
-    assert weight.registers <= 65536 // (2 * 448) // 8 * 8, weight
+    assert weight.registers <= 65536 // (2 * threads) // 8 * 8, weight
     assert not unexpected_spills(report, defines)
 
 

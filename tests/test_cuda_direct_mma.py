@@ -14,7 +14,7 @@ from convgen.direct_model import choose_direct, direct_shared_bytes
 from convgen.direct_shapes import direct_shapes
 from convgen.geometry import Family, Geometry
 from cuda_support import RANKS, G, PoisonBackend, PoisonTape, _has_gpu, run
-from forced_tiles import mma_direct, mma_weight_direct, tensor_core_geometry
+from forced_tiles import mma_direct, mma_weight_direct, modelled_weight_mma, tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -87,22 +87,22 @@ def test_direct_kernels_on_tensor_cores_keep_the_tf32_bound(family: Family, rank
         f"{geom}: float32's error: no tensor core ran"
 
 
-@pytest.mark.parametrize("geom, blocks", [
-    (G(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3),
-    (G(Family.CONV, 32, 32, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 4),
-    (tensor_core_geometry(Family.CONV, 7), 4),
-    (tensor_core_geometry(Family.CONV_TRANSPOSE, 7), 4),
+@pytest.mark.parametrize("geom, blocks, chooser", [
+    (G(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3, choose_direct),
+    (G(Family.CONV, 32, 32, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 4, choose_direct),
+    (tensor_core_geometry(Family.CONV, 7), 4, modelled_weight_mma),
+    (tensor_core_geometry(Family.CONV_TRANSPOSE, 7), 4, modelled_weight_mma),
 ], ids=["conv4d_24", "conv4d_32", "conv7d_2x32", "conv_transpose7d_2x32"])
-def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int) -> None:
-    """The plans' tensor-core weight tile for a 4-D conv of 24 or 32 channels each way (U channels in 3 or 4 blocks of
-    8), and for tensor_core_geometry's rank 7 (2 groups of 32 channels, a 2^7 window dilated and padded on the first axis),
-    both families: within
-    TF32's bound, bit-identical run after run, and not float32's error."""
-    made = plan(geom, precision="medium")
+def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int, chooser) -> None:
+    """The tensor-core weight tile for a 4-D conv of 24 or 32 channels each way as the plans take it (U channels in 3 or
+    4 blocks of 8), and for tensor_core_geometry's rank 7 (2 groups of 32 channels, a 2^7 window dilated and padded on
+    the first axis, a fitted box; the plans leave it to the GEMM), both families: within TF32's bound, bit-identical
+    run after run, and not float32's error."""
+    made = plan(geom, precision="medium", direct_chooser=chooser)
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
     rng = reference.case_rng("cuda direct weight mma channel blocks", str(geom))
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    output, dkernel, dbias, dinput = errors(mma_tape(choose_direct), geom, inputs, grad)
+    output, dkernel, dbias, dinput = errors(mma_tape(chooser), geom, inputs, grad)
     assert max(output, dkernel, dbias, dinput) <= TF32_BOUND, (output, dkernel, dbias, dinput)
     assert dkernel > 4 * FLOAT32_UNIT, f"dkernel: error {dkernel:.3g} is float32's: no tensor core ran"
 

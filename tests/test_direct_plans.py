@@ -24,7 +24,7 @@ from convgen.direct_model import (
     staging_bytes,
 )
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, direct_shapes, halo, mma_box, weight_shape
-from convgen.direct_weight_model import weight_mma_shared_bytes, weight_mma_tile
+from convgen.direct_weight_model import grid_staging, weight_mma_registers, weight_mma_shared_bytes, weight_mma_tile
 from convgen.geometry import Family, Geometry
 
 CONV4D_N8 = Geometry.build(Family.CONV, 8, 8, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
@@ -351,9 +351,10 @@ def test_the_tensor_core_direct_box():
 
 
 def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windows():
-    """In "medium" the weight gradient of 16 D and 16 U channels and a window of 81 offsets or more runs its
+    """In "medium" the weight gradient of 16 D and 16 U channels and a window of 64 offsets or more runs its
     tensor-core form (two outer window offsets a warp: 24 sums an offset row, 64 a thread at most; 14 warps for 27
-    rows), where it beat the FMA form; at 8 channels, at 27 offsets, and in "high" it keeps the FMA form."""
+    rows), where it beat the FMA form and the GEMM, as on a 4^3 or a 2^6 window; at 8 channels, at 27 offsets, and in
+    "high" it keeps the FMA form."""
     made = plan(NC_16, precision="medium")
     assert made.defines["BWW_DIRECT"] == made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_V"] == 2
     launch = made.launches["backward_weight"]
@@ -366,6 +367,10 @@ def test_the_weight_gradient_takes_the_tensor_cores_for_16_channels_and_4d_windo
                  Geometry.build(Family.CONV, 16, 16, (16,) * 3, (3,) * 3, (1,) * 3, (1,) * 3, batch=16)):
         defines = plan(geom, precision="medium").defines
         assert defines["BWW_DIRECT"] == 1 and defines["BWW_DIRECT_MMA"] == 0
+    for spatial, k in (((32,) * 3, 4), ((8,) * 6, 2)):
+        geom = Geometry.build(Family.CONV, 16, 16, spatial, (k,) * len(spatial), (1,) * len(spatial),
+                              (k // 2,) * len(spatial), batch=4)
+        assert plan(geom, precision="medium").defines["BWW_DIRECT_MMA"] == 1, spatial
 
 
 @pytest.mark.parametrize(("in_c", "out_c", "dtype", "kernel"), [
@@ -383,6 +388,23 @@ def test_the_weight_gradient_keeps_the_tensor_cores_to_32_channels_unless_a_16_b
     made = plan(geom, dtype=dtype, precision="medium")
     assert made.launches["backward_weight"].kernel == kernel
     assert made.defines["BWW_DIRECT_MMA"] == int(kernel.endswith("_direct"))
+
+
+@pytest.mark.parametrize(("spatial", "k", "tile"), [((64, 64), 8, True), ((16,) * 3, 4, False), ((8,) * 6, 2, False),
+                                                     ((6,) * 7, 2, False)], ids=["2d_k8", "3d_k4", "6d_k2", "7d_k2"])
+@pytest.mark.parametrize("channels", [24, 32])
+def test_past_16_channels_the_weight_tile_needs_72_registers_a_thread(spatial, k, channels, tile):
+    """Past 16 channels the tensor-core weight tile's two tiles of 16 D channels hold their sums in registers: where
+    the launch bounds of 16 warps at two blocks an SM leave 64 a thread (16 outer window offsets and more: 4^3, 2^6,
+    2^7) it lost to the GEMM, with 8 warps (an 8^2 window, 128 registers) it won, as with 14 at rank 4 (72)."""
+    rank = len(spatial)
+    geom = Geometry.build(Family.CONV, channels, channels, spatial, (k,) * rank, (1,) * rank, (0,) * rank, batch=4)
+    shape = weight_shape(geom, 4, MMA_DIRECT_MODE)
+    registers = weight_mma_registers(weight_mma_tile(shape, H200), H200)
+    assert registers == (128 if tile else 64)
+    assert plan(geom, precision="medium").defines["BWW_DIRECT_MMA"] == int(tile)
+    rank_4 = Geometry.build(Family.CONV, channels, channels, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8)
+    assert weight_mma_registers(weight_mma_tile(weight_shape(rank_4, 4, MMA_DIRECT_MODE), H200), H200) == 72
 
 
 def test_the_tensor_core_weight_tile():
@@ -404,6 +426,24 @@ def test_the_tensor_core_weight_tile():
         wide = weight_mma_tile(dataclasses.replace(shape, m=m, source_c=source_c, taps=taps), H200)
         assert (wide.channel_blocks, wide.v, wide.rows) == (blocks, v, math.prod(taps[:-1])), (m, source_c, taps)
     assert weight_mma_tile(dataclasses.replace(shape, m=32, taps=(3, 3, 9)), H200) is None
+
+
+def test_the_weight_tile_s_box_stages_the_fewest_values_over_the_grid():
+    """fitted_box: 5^7 cells of D (24 channels, a 2^7 window) in boxes of 1x1x1x2x2x5x5 (100 cells, 69% of the grid's
+    box cells D's), not mma_box's 1x2x2x2x2x2x5 (160 cells, 40%): fewer values staged over the grid, within the shared
+    memory of two blocks an SM. Where the extents are powers of two mma_box's box already stages the fewest (and is
+    kept on a tie): the 16^4 grid's 2x2x4x16."""
+    geom = Geometry.build(Family.CONV, 24, 24, (6,) * 7, (2,) * 7, (1,) * 7, (0,) * 7, batch=2)
+    shape = weight_shape(geom, 4, MMA_DIRECT_MODE)
+    tile = weight_mma_tile(shape, H200)
+    assert tile.box == (1, 1, 1, 2, 2, 5, 5) and mma_box(shape.cells, 256) == (1, 2, 2, 2, 2, 2, 5)
+    channels = shape.source_c // tile.channel_blocks
+    assert grid_staging(tile.box, shape, channels) < grid_staging(mma_box(shape.cells, 256), shape, channels)
+    limit = H200.shared_per_sm // 2 - H200.shared_reserved_per_block
+    assert weight_mma_shared_bytes(tile, shape) <= limit
+    wide = weight_shape(Geometry.build(Family.CONV, 24, 24, (16,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=8), 4,
+                        MMA_DIRECT_MODE)
+    assert weight_mma_tile(wide, H200).box == mma_box(wide.cells, 256) == (2, 2, 4, 16)
 
 
 

@@ -15,7 +15,7 @@ from convgen.cuda_launch import plan
 from convgen.direct_model import choose_direct
 from convgen.geometry import Family, Geometry
 from emulated_cupy import emulated_cupy
-from forced_tiles import mma_direct, mma_weight_direct, tensor_core_geometry
+from forced_tiles import mma_direct, mma_weight_direct, modelled_weight_mma, tensor_core_geometry
 from half_support import HALF_DTYPES, draw_half, rounded, run_backend, widened
 from half_support import relative_errors as half_errors
 from precision_bounds import FLOAT32_UNIT, HALF_BOUND, TF32_BOUND
@@ -150,20 +150,21 @@ def test_the_weight_gradient_on_tensor_cores_keeps_the_tf32_bound(geom: Geometry
 
 
 
-@pytest.mark.parametrize(("geom", "blocks"), [
-    (Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3),
-    (tensor_core_geometry(Family.CONV, 7), 4),
+@pytest.mark.parametrize(("geom", "blocks", "chooser"), [
+    (Geometry.build(Family.CONV, 24, 24, (4, 3, 3, 5), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), 3, choose_direct),
+    (tensor_core_geometry(Family.CONV, 7), 4, modelled_weight_mma),
 ], ids=["conv4d_24", "conv7d_2x32"])
-def test_the_planned_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int) -> None:
-    """The plans' tensor-core weight tile past 16 channels: a 4-D 24 -> 24 conv (3 blocks of 8 U channels, two tiles
-    of D channels, 14 warps of two outer window offsets) and tensor_core_geometry's rank 7 (2 groups of 32 channels, a
-    2^7 window dilated and padded on the first axis; 4 blocks; the transpose's took 5 minutes here: tests/test_cuda_direct_mma.py runs it
-    on a GPU); within TF32's bound, and not float32's error."""
-    made = plan(geom, precision="medium")
+def test_the_weight_tile_past_16_channels_keeps_the_tf32_bound(geom: Geometry, blocks: int, chooser) -> None:
+    """The tensor-core weight tile past 16 channels: a 4-D 24 -> 24 conv as the plans take it (3 blocks of 8 U channels,
+    two tiles of D channels, 14 warps of two outer window offsets) and tensor_core_geometry's rank 7 (2 groups of 32
+    channels, a 2^7 window dilated and padded on the first axis, a fitted box; 4 blocks; the plans leave it to the GEMM;
+    the transpose's took 5 minutes here: tests/test_cuda_direct_mma.py runs it on a GPU); within TF32's bound, and not
+    float32's error."""
+    made = plan(geom, precision="medium", direct_chooser=chooser)
     assert made.defines["BWW_DIRECT_MMA"] == 1 and made.defines["BWW_DIRECT_CHANNEL_BLOCKS"] == blocks
     rng = reference.case_rng("emulated direct weight mma channel blocks", str(geom))
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
-    tape = emulated_tape("float32", precision="medium")
+    tape = emulated_tape("float32", precision="medium", direct_chooser=chooser)
     errors = relative_errors(geom, tape, inputs, grad)
     assert max(errors) <= TF32_BOUND, errors
     assert errors[1] > 4 * FLOAT32_UNIT, f"dkernel: error {errors[1]:.3g} is float32's: no tensor core ran"
