@@ -5,8 +5,8 @@ tensor cores (`weight_mma_tile`, _direct_weight_mma.cu.j2). Steers which kernel 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box
@@ -193,6 +193,19 @@ def grid_staging(box: tuple[int, ...], shape: DirectShape, channels: int) -> int
     return math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box)) * weight_staged(box, shape, channels)
 
 
+def boxes_within(sizes: list[tuple[int, ...]], budget: int) -> Iterator[tuple[int, ...]]:
+    """Every box of one of `sizes[a]` (ascending) along each axis a with at most `budget` cells, in lexicographic
+    order: a size too large for what the axes before it leave ends that axis's loop."""
+    if not sizes:
+        yield ()
+        return
+    for size in sizes[0]:
+        if size > budget:
+            break
+        for rest in boxes_within(sizes[1:], budget // size):
+            yield (size, *rest)
+
+
 def fitted_box(tile: WeightTile, shape: DirectShape, limit: int) -> tuple[int, ...]:
     """The box of D's cells for `tile` whose work items stage the fewest values (grid_staging) among boxes of as many
     cells at most, the same last axis, outer axes each a power of two below its extent or the whole extent, and a
@@ -203,11 +216,8 @@ def fitted_box(tile: WeightTile, shape: DirectShape, limit: int) -> tuple[int, .
     channels = shape.source_c // tile.channel_blocks
     budget = math.prod(tile.box) // last
     best, best_staging = tile.box, grid_staging(tile.box, shape, channels)
-    sizes = [[size for size in (*(1 << i for i in range(extent.bit_length()) if 1 << i < extent), extent)
-              if size <= budget] for extent in shape.cells[:-1]]
-    for box in itertools.product(*sizes):
-        if math.prod(box) > budget:
-            continue
+    sizes = [(*(1 << i for i in range(extent.bit_length()) if 1 << i < extent), extent) for extent in shape.cells[:-1]]
+    for box in boxes_within(sizes, budget):
         candidate = (*box, last)
         staging = grid_staging(candidate, shape, channels)
         if staging < best_staging and \
