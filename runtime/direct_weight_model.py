@@ -150,9 +150,9 @@ def weight_mma_tile(shape: DirectShape, hardware: Hardware) -> WeightTile | None
     """How the direct weight kernel would cut a weight-gradient stage on TF32 tensor cores (`shape.mma`), or None: up
     to MMA_WEIGHT_MAX_M D channels; the U channels in the fewest equal channel blocks of at most MMA_WEIGHT_MAX_UCB
     with which each warp's V outer window offsets, as many as MMA_WEIGHT_MAX_SUMS sums a thread allow, spread evenly
-    over at most MMA_WEIGHT_MAX_WARPS warps (more blocks, fewer U channels a block: fewer sums an offset); the box
-    of the most cells of MMA_WEIGHT_BOX_CELLS (mma_box) whose staging leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM,
-    its registers fitted to as many; parts as the FMA form's."""
+    over at most MMA_WEIGHT_MAX_WARPS warps (more blocks, fewer U channels a block: fewer sums an offset); the most
+    cells of MMA_WEIGHT_BOX_CELLS whose mma_box staging leaves MMA_WEIGHT_BLOCKS_PER_SM blocks an SM, in the box of at
+    most that many that fitted_box finds, its registers fitted to as many blocks; parts as the FMA form's."""
     if not shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_WEIGHT_MAX_M \
             or shape.source_c == 0 or 0 in shape.cells:
         return None
