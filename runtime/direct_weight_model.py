@@ -211,8 +211,9 @@ def fitted_box(tile: WeightTile, shape: DirectShape, limit: int) -> tuple[int, .
     cells at most, the same last axis, outer axes each a power of two below its extent or the whole extent, and a
     staging within `limit` bytes; `tile.box` (mma_box's) where none stages fewer. mma_box doubles axes and fits
     extents that are powers of two; on others its last box along an axis is partly empty (a 7-D 5^7 grid of D's
-    cells in boxes 1x2x2x2x2x2x5: 40% of the cells the tensor cores multiply are D's, 5x5x2x1x1x1x5: all)."""
-    *outer, last = tile.box
+    cells in boxes 1x2x2x2x2x2x5: 40% of the cells the tensor cores multiply are D's; in this one's 1x1x1x2x2x5x5,
+    69%)."""
+    last = tile.box[-1]
     channels = shape.source_c // tile.channel_blocks
     budget = math.prod(tile.box) // last
     best, best_staging = tile.box, grid_staging(tile.box, shape, channels)
