@@ -59,6 +59,31 @@ def test_rows_of_the_weight_gradient_on_tensor_cores() -> None:
     ]
 
 
+def test_rows_of_a_16_bit_weight_gradient_apply_to_its_16_bit_stage() -> None:
+    """With --dtype bfloat16 the rows are chosen for the 16-bit stage the plans see (DirectShape.half): at 32 channels
+    of a 3^4 window the plans keep the 16-bit wgmma (the GEMM; the float32 pick would be the tile) and the tile is a
+    row of its own. CELLS 0 keeps the plans' box with other blocks an SM: rank 7's fitted_box 1x1x1x2x2x5x5, not
+    mma_box's 1x2x2x2x2x2x5 for 256 cells."""
+    done = sweep("--stage", "backward_weight", "--precision", "medium", "--dtype", "bfloat16", "--cases",
+                 "conv4d_32_16_n8,conv7d_32_6_k2_n2", "--mma-tile", "4,0,64,1", "--mma-tile", "4,256,64,2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "conv4d_32_16_n8    planned (the GEMM)",
+        "conv4d_32_16_n8    gemm",
+        "conv4d_32_16_n8    mma v2 lanes1 thr448 blocks4x66 box2x2x4x16 bounds2",
+        "conv4d_32_16_n8    mma v4 lanes1 thr224 blocks4x64 box2x2x4x16",
+        "conv4d_32_16_n8    mma v4 lanes1 thr224 blocks4x64 box2x2x4x16 bounds2",
+        "conv7d_32_6_k2_n2  planned (the GEMM)",
+        "conv7d_32_6_k2_n2  gemm",
+        "conv7d_32_6_k2_n2  mma v4 lanes1 thr512 blocks4x64 box1x1x1x2x2x5x5 bounds2",
+        "conv7d_32_6_k2_n2  mma v4 lanes1 thr512 blocks4x64 box1x1x1x2x2x5x5",
+        "conv7d_32_6_k2_n2  mma v4 lanes1 thr512 blocks4x64 box1x2x2x2x2x2x5 bounds2",
+        "conv7d_32_6_k2_n2  v4 lanes1 thr256 blocks8x32 box1x1x1x2x2x2x8",
+    ]
+    done = sweep("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_32_16_n8")
+    assert done.stdout.splitlines()[0] == "conv4d_32_16_n8    planned v2 lanes1 thr448 blocks4x66 box2x2x4x16 bounds2"
+
+
 def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
     done = sweep("--cases", "conv2d_64_56_n32")  # 64 dst channels: more than any direct tile holds
     assert done.returncode == 2 and "error: --cases: unknown case 'conv2d_64_56_n32' (cases: conv3d_32_32, conv4d_8_16," \
@@ -67,3 +92,8 @@ def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
         done = sweep("--tile", tile)
         assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
             f"error: argument --tile: a tile is V,THREADS or V,THREADS,CB (positive integers), got '{tile}'")
+    for tile in ("2,0", "2,0,3", "0,256,2,1"):  # CELLS 0 only in the weight form, TILES never
+        done = sweep("--mma-tile", tile)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+            "error: argument --mma-tile: an mma tile is TILES,CELLS[,SLICES] or TILES,CELLS,PARTS,MIN_BLOCKS (positive "
+            f"integers; the weight form's CELLS 0: the plans' box), got '{tile}'")
