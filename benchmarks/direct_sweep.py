@@ -74,13 +74,13 @@ EXTRA_CASES = (
     batched_conv("conv6d_16_8_k2_n4", "conv6d N4 16→16 8⁶ k2", 4, 16, 16, (8,) * 6, 2, 1, 0, 0, 0),
     batched_conv("conv2d_16_128_k8_n8", "conv2d N8 16→16 128² k8 p4", 8, 16, 16, (128, 128), 8, 1, 4, 0, 0),
     batched_conv("conv3d_16_32_k4_n4", "conv3d N4 16→16 32³ k4 p2", 4, 16, 16, (32,) * 3, 4, 1, 2, 0, 0),
+    batched_conv("conv8d_16_5_k2_n2", "conv8d N2 16→16 5⁸ k2", 2, 16, 16, (5,) * 8, 2, 1, 0, 0, 0),
     # ... and past 16 channels
     *(batched_conv(f"{name}_{c}", title.format(c=c), batch, c, c, spatial, k, 1, padding, 0, 0)
       for c in (24, 32) for name, title, batch, spatial, k, padding in (
           ("conv2d_128_k8_n8", "conv2d N8 {c}→{c} 128² k8 p4", 8, (128, 128), 8, 4),
           ("conv3d_32_k4_n4", "conv3d N4 {c}→{c} 32³ k4 p2", 4, (32,) * 3, 4, 2),
           ("conv6d_8_k2_n4", "conv6d N4 {c}→{c} 8⁶ k2", 4, (8,) * 6, 2, 0))),
-    batched_conv("conv8d_16_5_k2_n2", "conv8d N2 16→16 5⁸ k2", 2, 16, 16, (5,) * 8, 2, 1, 0, 0, 0),
 )
 STAGES = ("forward", "backward_input", "backward_weight")
 ROUNDS, LAUNCHES_PER_ROUND = 7, 20

@@ -14,11 +14,16 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--list", *args], capture_output=True, text=True, check=False)
 
 
+def rows(*args: str) -> list[str]:
+    """The lines `--list` prints for `args`, which it must take."""
+    done = sweep(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm() -> None:
     """A tile of V,THREADS stages as many channels a step as the plans would; V,THREADS,CB that many."""
-    done = sweep("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "2,256", "--tile", "4,256,8")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert rows("--cases", "conv4d_8_16_n8,conv3d_16_16_n16", "--tile", "2,256", "--tile", "4,256,8") == [
         "conv4d_8_16_n8     planned v4 thr256 cb4 box4x4x4x16",
         "conv4d_8_16_n8     gemm",
         "conv4d_8_16_n8     v2 thr256 cb4 box2x4x4x16",
@@ -32,9 +37,7 @@ def test_rows_of_a_case_the_plans_run_direct_and_of_one_they_leave_to_the_gemm()
 
 def test_rows_of_the_weight_gradient() -> None:
     """The plans' pick (a 4-D window's 16 U channels in two channel blocks) and the GEMM."""
-    done = sweep("--stage", "backward_weight", "--cases", "conv4d_8_16_n8,conv4d_16_20_n4")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert rows("--stage", "backward_weight", "--cases", "conv4d_8_16_n8,conv4d_16_20_n4") == [
         "conv4d_8_16_n8     planned v4 lanes1 thr216 blocks1x528 box2x2x2x16",
         "conv4d_8_16_n8     gemm",
         "conv4d_16_20_n4    planned v4 lanes1 thr216 blocks2x202 box1x2x2x20",
@@ -46,10 +49,8 @@ def test_rows_of_the_weight_gradient_on_tensor_cores() -> None:
     """In "medium" a 16-channel 4-D window's pick is the tensor-core form, its registers fitted to two blocks an SM
     (bounds2) and as many parts; --mma-tile rows give it other outer offsets a warp, boxes, parts and blocks an SM
     (none past 16 warps), then the FMA form."""
-    done = sweep("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_16_20_n4",
-                 "--mma-tile", "2,512,132,1", "--mma-tile", "3,256", "--mma-tile", "1,256")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert rows("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_16_20_n4",
+                "--mma-tile", "2,512,132,1", "--mma-tile", "3,256", "--mma-tile", "1,256") == [
         "conv4d_16_20_n4    planned v2 lanes1 thr448 blocks1x264 box2x2x2x20 bounds2",
         "conv4d_16_20_n4    gemm",
         "conv4d_16_20_n4    mma v2 lanes1 thr448 blocks1x264 box2x2x2x20 bounds2",
@@ -64,10 +65,8 @@ def test_rows_of_a_16_bit_weight_gradient_apply_to_its_16_bit_stage() -> None:
     of a 3^4 window the plans keep the 16-bit wgmma (the GEMM; the float32 pick would be the tile) and the tile is a
     row of its own. CELLS 0 keeps the plans' box with other blocks an SM: rank 7's fitted_box 1x1x1x2x2x5x5, not
     mma_box's 1x2x2x2x2x2x5 for 256 cells."""
-    done = sweep("--stage", "backward_weight", "--precision", "medium", "--dtype", "bfloat16", "--cases",
-                 "conv4d_32_16_n8,conv7d_32_6_k2_n2", "--mma-tile", "4,0,64,1", "--mma-tile", "4,256,64,2")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert rows("--stage", "backward_weight", "--precision", "medium", "--dtype", "bfloat16", "--cases",
+                "conv4d_32_16_n8,conv7d_32_6_k2_n2", "--mma-tile", "4,0,64,1", "--mma-tile", "4,256,64,2") == [
         "conv4d_32_16_n8    planned (the GEMM)",
         "conv4d_32_16_n8    gemm",
         "conv4d_32_16_n8    mma v2 lanes1 thr448 blocks4x66 box2x2x4x16 bounds2",
@@ -80,8 +79,8 @@ def test_rows_of_a_16_bit_weight_gradient_apply_to_its_16_bit_stage() -> None:
         "conv7d_32_6_k2_n2  mma v4 lanes1 thr512 blocks4x64 box1x2x2x2x2x2x5 bounds2",
         "conv7d_32_6_k2_n2  v4 lanes1 thr256 blocks8x32 box1x1x1x2x2x2x8",
     ]
-    done = sweep("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_32_16_n8")
-    assert done.stdout.splitlines()[0] == "conv4d_32_16_n8    planned v2 lanes1 thr448 blocks4x66 box2x2x4x16 bounds2"
+    float32 = rows("--stage", "backward_weight", "--precision", "medium", "--cases", "conv4d_32_16_n8")
+    assert float32[0] == "conv4d_32_16_n8    planned v2 lanes1 thr448 blocks4x66 box2x2x4x16 bounds2"
 
 
 def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
