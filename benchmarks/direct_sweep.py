@@ -13,7 +13,8 @@ when the plans take the direct kernels.
 
     python benchmarks/direct_sweep.py [--stage forward|backward_input|backward_weight] [--cases NAME,...]
                                       [--tile V,THREADS[,CB]]... [--precision P] [--mma-tile TILES,CELLS]...
-                                      [--dtype float32|float16|bfloat16] [--rounds N] [--list]
+                                      [--mma-box AxBx...[,SLICES]]... [--dtype float32|float16|bfloat16]
+                                      [--rounds N] [--list]
 
 The cases are the benchmark's (suite/cases.py) whose stage has at most MMA_DIRECT_MAX_M (32) dst channels, and
 EXTRA_CASES below. `--list` prints each row's tile without a GPU.
@@ -33,6 +34,7 @@ from convgen.direct_model import (
     DirectTile,
     choose_direct,
     cut_tile,
+    direct_shared_bytes,
     direct_tile,
     mma_slices,
     mma_tile,
@@ -75,6 +77,11 @@ EXTRA_CASES = (
     batched_conv("conv2d_16_128_k8_n8", "conv2d N8 16→16 128² k8 p4", 8, 16, 16, (128, 128), 8, 1, 4, 0, 0),
     batched_conv("conv3d_16_32_k4_n4", "conv3d N4 16→16 32³ k4 p2", 4, 16, 16, (32,) * 3, 4, 1, 2, 0, 0),
     batched_conv("conv8d_16_5_k2_n2", "conv8d N2 16→16 5⁸ k2", 2, 16, 16, (5,) * 8, 2, 1, 0, 0, 0),
+    # Extents that are not powers of two, where mma_box's boxes are partly empty: a 25⁴ correlation volume (NCNet's),
+    # light fields of 9×9 views, a 12⁵ grid
+    batched_conv("conv4d_16_25_n4", "conv4d N4 16→16 25⁴ k3 p1", 4, 16, 16, (25,) * 4, 3, 1, 1, 0, 0),
+    batched_conv("conv4d_16_lf9_n8", "conv4d N8 16→16 9×9×32² k3 p1", 8, 16, 16, (9, 9, 32, 32), 3, 1, 1, 0, 0),
+    batched_conv("conv5d_16_12_n4", "conv5d N4 16→16 12⁵ k3 p1", 4, 16, 16, (12,) * 5, 3, 1, 1, 0, 0),
     # ... and past 16 channels
     *(batched_conv(f"{name}_{c}", title.format(c=c), batch, c, c, spatial, k, 1, padding, 0, 0)
       for c in (24, 32) for name, title, batch, spatial, k, padding in (
@@ -107,6 +114,16 @@ def parse_mma_tile(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def parse_mma_box(text: str) -> tuple[tuple[int, ...], int]:
+    """`AxBx...` or `AxBx...,SLICES`: a box of cells per axis and the slices of the first axis's window offsets (0: the
+    plans'; argparse's type for --mma-box)."""
+    box, _, slices = text.partition(",")
+    extents = box.split("x")
+    if not all(e.isdigit() and int(e) > 0 for e in extents) or not (slices == "" or slices.isdigit()):
+        raise argparse.ArgumentTypeError(f"an mma box is AxBx...[,SLICES] (positive integers), got {text!r}")
+    return tuple(int(e) for e in extents), int(slices or 0)
+
+
 def stage_shape(case: Case, stage: str, precision: str = "highest", dtype: str = "float32") -> DirectShape | None:
     """The case's `stage` as the direct kernels see it on `dtype` elements (staged as float32) in `precision`, if it
     is a convolution: a 16-bit weight gradient's shape says so (DirectShape.half) as the plans' does, since a row's
@@ -132,11 +149,12 @@ def tile_of(shape: DirectShape, v: int, threads: int, cb: int | None = None, har
     return tile if tile is not None and tile.cb == min(cb, shape.source_c) else None
 
 
-def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple[int, ...]] = ()
-         ) -> list[tuple[str, Chooser]]:
+def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple[int, ...]] = (),
+         mma_boxes: list[tuple[tuple[int, ...], int]] = ()) -> list[tuple[str, Chooser]]:
     """(label, direct chooser) of every row of a case: the plans' pick, the GEMM, then the --tile ones and, on TF32
-    tensor cores, mma_tile's pick and the --mma-tile ones. A row's choice applies to the swept stage (`shape`); the
-    other stage keeps the plans' pick."""
+    tensor cores, mma_tile's pick, the --mma-tile ones and the --mma-box ones of the case's rank and within its
+    extents whose staging fits a block. A row's choice applies to the swept stage (`shape`); the other stage keeps
+    the plans' pick."""
 
     def only(choice: DirectTile | None) -> Chooser:
         return lambda s, hw: choice if s == shape else choose_direct(s, hw)
@@ -151,7 +169,10 @@ def rows(shape: DirectShape, tiles: list[tuple[int, ...]], mma_tiles: list[tuple
     if mma is not None:
         picks = [mma, *(dataclasses.replace(mma, v=v, box=mma_box(shape.cells, cells), slices=rest[0] if rest
                                             else mma.slices) for v, cells, *rest in mma_tiles if len(rest) < 2)]
-        picks = [tile for tile in picks if tile.slices in mma_slices(shape)]
+        picks += [dataclasses.replace(mma, box=box, slices=slices or mma.slices) for box, slices in mma_boxes
+                  if len(box) == len(shape.cells) and all(b <= c for b, c in zip(box, shape.cells))]
+        picks = [tile for tile in picks if tile.slices in mma_slices(shape)
+                 and direct_shared_bytes(tile, shape) <= H200.shared_optin_per_block]
         out.extend((f"mma {describe(tile)}", only(tile)) for tile in dict.fromkeys(picks))
     weight_mma = weight_mma_tile(shape, H200)
     if weight_mma is not None:  # --mma-tile's TILES are outer window offsets a warp here, then parts, min blocks
@@ -249,6 +270,11 @@ def main() -> None:
                              "--stage backward_weight TILES outer window offsets a warp, CELLS D's cells a box (0: the "
                              "plans' box), the third value the parts and a fourth the blocks an SM its registers are "
                              "fitted to")
+    parser.add_argument("--mma-box", type=parse_mma_box, action="append", default=[],
+                        help="AxBx...[,SLICES]: with --precision medium, one more row for every conv-shaped case of "
+                             "that rank and at least those extents on TF32 tensor cores, mma_tile's pick with this box "
+                             "of cells (and SLICES slices of the first axis's window offsets; by default the pick's) "
+                             "(repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--list", action="store_true", help="print the rows only (no GPU)")
     args = parser.parse_args()
@@ -268,7 +294,7 @@ def main() -> None:
             inputs = make_device_inputs(case, cupy)
         else:
             inputs = random_inputs(cupy, case.geometry, args.dtype, seed=7)
-        for label, chooser in rows(shape, args.tile, args.mma_tile):
+        for label, chooser in rows(shape, args.tile, args.mma_tile, args.mma_box):
             if cupy is None:
                 print(f"{name:18s} {label}")
                 continue

@@ -96,3 +96,24 @@ def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
         assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
             "error: argument --mma-tile: an mma tile is TILES,CELLS[,SLICES] or TILES,CELLS,PARTS,MIN_BLOCKS (positive "
             f"integers; the weight form's CELLS 0: the plans' box), got '{tile}'")
+
+
+def test_mma_box_rows_of_a_conv_shaped_stage() -> None:
+    """--mma-box gives mma_tile's pick another box (and slices) on the cases of its rank whose extents hold it and
+    whose staging fits a block: a 12⁵ grid's box with the first axis's offsets in three slices, and in one slice
+    (whose weights and halo stage past a block's shared memory: no row)."""
+    assert rows("--precision", "medium", "--cases", "conv5d_16_12_n4,conv4d_16_25_n4", "--mma-box", "1x2x4x4x12",
+                "--mma-box", "1x2x4x4x12,1", "--mma-box", "1x4x4x25", "--mma-box", "1x1x16x32") == [
+        "conv5d_16_12_n4    planned v2 thr384 cb8 box2x2x2x4x12 slices3",
+        "conv5d_16_12_n4    gemm",
+        "conv5d_16_12_n4    mma v2 thr384 cb8 box2x2x2x4x12 slices3",
+        "conv5d_16_12_n4    mma v2 thr384 cb8 box1x2x4x4x12 slices3",
+        "conv4d_16_25_n4    planned v2 thr416 cb8 box2x2x4x25",
+        "conv4d_16_25_n4    gemm",
+        "conv4d_16_25_n4    mma v2 thr416 cb8 box2x2x4x25",
+        "conv4d_16_25_n4    mma v2 thr416 cb8 box1x4x4x25",
+    ]
+    for box in ("2x0x4", "2x4,a", "x4"):
+        done = sweep("--mma-box", box)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+            f"error: argument --mma-box: an mma box is AxBx...[,SLICES] (positive integers), got '{box}'")
