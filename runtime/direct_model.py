@@ -26,11 +26,12 @@ implicit GEMM, 0.588 on 3xTF32's; 2026-12-02-h200-60be10f-batched.log).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box, outer_boxes
 from convgen.direct_weight_model import (
     DIRECT_WEIGHT_MAX_SOURCE_C,
     DIRECT_WEIGHT_MIN_WINDOW,
@@ -216,12 +217,35 @@ def mma_tile(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     limit = min(hardware.shared_optin_per_block,
                 hardware.shared_per_sm // MMA_DIRECT_BLOCKS_PER_SM - hardware.shared_reserved_per_block)
     for cells in MMA_DIRECT_BOX_CELLS:
-        for slices in mma_slices(shape):
-            tile = DirectTile(v=MMA_DIRECT_TILES, mb=ceil_div(shape.m, 8) * 8, cb=MMA_DIRECT_CB,
-                              box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE, slices=slices)
-            if direct_shared_bytes(tile, shape) <= limit:
-                return tile
+        tile = fewest_slices(DirectTile(v=MMA_DIRECT_TILES, mb=ceil_div(shape.m, 8) * 8, cb=MMA_DIRECT_CB,
+                                        box=mma_box(shape.cells, cells), mma=MMA_DIRECT_MODE), shape, limit)
+        if tile is not None:
+            return fitted_mma_tile(tile, shape, limit)
     return None
+
+
+def fewest_slices(tile: DirectTile, shape: DirectShape, limit: int) -> DirectTile | None:
+    """`tile` in the fewest slices of the first axis's window offsets (mma_slices) whose staging is within `limit`
+    bytes, or None."""
+    return next((sliced for slices in mma_slices(shape)
+                 if direct_shared_bytes(sliced := dataclasses.replace(tile, slices=slices), shape) <= limit), None)
+
+
+def fitted_mma_tile(tile: DirectTile, shape: DirectShape, limit: int) -> DirectTile:
+    """`tile` with the box of outer_boxes, in its fewest slices, that moves the fewest words through shared memory
+    (mma_traffic); `tile` where none moves fewer."""
+    fits = (sliced for box in outer_boxes(tile.box, shape.cells)
+            if (sliced := fewest_slices(dataclasses.replace(tile, box=box), shape, limit)))
+    return min((tile, *fits), key=lambda t: mma_traffic(t, shape))
+
+
+def mma_traffic(tile: DirectTile, shape: DirectShape) -> int:
+    """Rows (a source channel's word each) a launch's boxes of an image move through shared memory: the tiles' rows
+    read at each window offset (whole tiles of MMA_TILE_CELLS, empty cells past the stage's extent too), the halo
+    staged at each slice and the weights, a row per window offset and dst channel, staged by every box."""
+    boxes = math.prod(ceil_div(c, b) for c, b in zip(shape.cells, tile.box))
+    rows = ceil_div(math.prod(tile.box), MMA_TILE_CELLS) * MMA_TILE_CELLS
+    return boxes * (rows * shape.window + tile.slices * halo(tile.box, shape, tile.slices) + shape.window * tile.mb)
 
 
 def mma_slices(shape: DirectShape) -> list[int]:

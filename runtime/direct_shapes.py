@@ -6,6 +6,7 @@ direct_weight_model's (the weight gradient)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from convgen.gemm_shapes import ceil_div
@@ -105,3 +106,24 @@ def mma_box(dst_spatial: tuple[int, ...], cells: int) -> tuple[int, ...]:
             if box[a] < outer[a] and 2 * math.prod(box) <= cells:
                 box[a], grown = box[a] * 2, True
     return tuple(box)
+
+
+def boxes_within(sizes: list[tuple[int, ...]], budget: int) -> Iterator[tuple[int, ...]]:
+    """Every box of one of `sizes[a]` (ascending) along each axis a with at most `budget` cells, in lexicographic
+    order: a size too large for what the axes before it leave ends that axis's loop."""
+    if not sizes:
+        yield ()
+        return
+    for size in sizes[0]:
+        if size > budget:
+            break
+        for rest in boxes_within(sizes[1:], budget // size):
+            yield (size, *rest)
+
+
+def outer_boxes(base: tuple[int, ...], cells: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The boxes a fitted box is chosen from: at most as many cells as `base` (mma_box's), the same last axis, each
+    outer axis a power of two below its extent in `cells` or the whole extent. mma_box doubles axes and fits extents
+    that are powers of two; on others its last box along an axis is partly empty."""
+    sizes = [(*(1 << i for i in range(extent.bit_length()) if 1 << i < extent), extent) for extent in cells[:-1]]
+    return ((*box, base[-1]) for box in boxes_within(sizes, math.prod(base) // base[-1]))

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box
+from convgen.direct_shapes import MMA_DIRECT_MODE, DirectShape, halo, mma_box, outer_boxes
 from convgen.gemm_shapes import ceil_div
 from convgen.generated.contract import weight_mma_row_words
 from convgen.tile_model import SPLIT_WORKSPACE_BYTES, Hardware
@@ -193,35 +192,12 @@ def grid_staging(box: tuple[int, ...], shape: DirectShape, channels: int) -> int
     return math.prod(ceil_div(c, b) for c, b in zip(shape.cells, box)) * weight_staged(box, shape, channels)
 
 
-def boxes_within(sizes: list[tuple[int, ...]], budget: int) -> Iterator[tuple[int, ...]]:
-    """Every box of one of `sizes[a]` (ascending) along each axis a with at most `budget` cells, in lexicographic
-    order: a size too large for what the axes before it leave ends that axis's loop."""
-    if not sizes:
-        yield ()
-        return
-    for size in sizes[0]:
-        if size > budget:
-            break
-        for rest in boxes_within(sizes[1:], budget // size):
-            yield (size, *rest)
-
-
 def fitted_box(tile: WeightTile, shape: DirectShape, limit: int) -> tuple[int, ...]:
-    """The box of D's cells for `tile` whose work items stage the fewest values (grid_staging) among boxes of as many
-    cells at most, the same last axis, outer axes each a power of two below its extent or the whole extent, and a
-    staging within `limit` bytes; `tile.box` (mma_box's) where none stages fewer. mma_box doubles axes and fits
-    extents that are powers of two; on others its last box along an axis is partly empty (a 7-D 5^7 grid of D's
-    cells in boxes 1x2x2x2x2x2x5: 40% of the cells the tensor cores multiply are D's; in this one's 1x1x1x2x2x5x5,
-    69%)."""
-    last = tile.box[-1]
+    """The box of D's cells for `tile` whose work items stage the fewest values (grid_staging) among outer_boxes
+    whose staging is within `limit` bytes; `tile.box` (mma_box's) where none stages fewer. A 7-D 5^7 grid of D's
+    cells in mma_box's 1x2x2x2x2x2x5: 40% of the cells the tensor cores multiply are D's; in this one's
+    1x1x1x2x2x5x5, 69%."""
     channels = shape.source_c // tile.channel_blocks
-    budget = math.prod(tile.box) // last
-    best, best_staging = tile.box, grid_staging(tile.box, shape, channels)
-    sizes = [(*(1 << i for i in range(extent.bit_length()) if 1 << i < extent), extent) for extent in shape.cells[:-1]]
-    for box in boxes_within(sizes, budget):
-        candidate = (*box, last)
-        staging = grid_staging(candidate, shape, channels)
-        if staging < best_staging and \
-                weight_mma_shared_bytes(dataclasses.replace(tile, box=candidate), shape) <= limit:
-            best, best_staging = candidate, staging
-    return best
+    fits = (box for box in outer_boxes(tile.box, shape.cells)
+            if weight_mma_shared_bytes(dataclasses.replace(tile, box=box), shape) <= limit)
+    return min((tile.box, *fits), key=lambda box: grid_staging(box, shape, channels))

@@ -100,14 +100,16 @@ def test_an_unknown_case_and_a_malformed_tile_are_refused() -> None:
 
 def test_mma_box_rows_of_a_conv_shaped_stage() -> None:
     """--mma-box gives mma_tile's pick another box (and slices) on the cases of its rank whose extents hold it and
-    whose staging fits a block: a 12⁵ grid's box with the first axis's offsets in three slices, and in one slice
-    (whose weights and halo stage past a block's shared memory: no row)."""
-    assert rows("--precision", "medium", "--cases", "conv5d_16_12_n4,conv4d_16_25_n4", "--mma-box", "1x2x4x4x12",
-                "--mma-box", "1x2x4x4x12,1", "--mma-box", "1x4x4x25", "--mma-box", "1x1x16x32") == [
-        "conv5d_16_12_n4    planned v2 thr384 cb8 box2x2x2x4x12 slices3",
+    whose staging fits a block: on a 12⁵ grid mma_box's 2x2x2x4x12 beside the fitted 1x2x4x4x12 (the first axis's
+    offsets in three slices), not in one slice (whose weights and halo stage past a block's shared memory: no row);
+    a row equal to the pick is not repeated."""
+    assert rows("--precision", "medium", "--cases", "conv5d_16_12_n4,conv4d_16_25_n4", "--mma-box", "2x2x2x4x12",
+                "--mma-box", "2x2x2x4x12,1", "--mma-box", "1x2x4x4x12", "--mma-box", "1x4x4x25",
+                "--mma-box", "1x1x16x32") == [
+        "conv5d_16_12_n4    planned v2 thr384 cb8 box1x2x4x4x12 slices3",
         "conv5d_16_12_n4    gemm",
-        "conv5d_16_12_n4    mma v2 thr384 cb8 box2x2x2x4x12 slices3",
         "conv5d_16_12_n4    mma v2 thr384 cb8 box1x2x4x4x12 slices3",
+        "conv5d_16_12_n4    mma v2 thr384 cb8 box2x2x2x4x12 slices3",
         "conv4d_16_25_n4    planned v2 thr416 cb8 box2x2x4x25",
         "conv4d_16_25_n4    gemm",
         "conv4d_16_25_n4    mma v2 thr416 cb8 box2x2x4x25",

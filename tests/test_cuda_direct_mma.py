@@ -159,7 +159,8 @@ def test_non_finite_values_take_the_careful_path(stride: int) -> None:
 def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_32_channels() -> None:
     """The plans' own tile (2 tiles a warp, the box of up to 512 cells): an 8 -> 8, a 16 -> 12, a 10 -> 10, a 16 -> 16
     and a 24 -> 24 conv, the 10 -> 10 one's 4-D k5 window staged in 5 slices of its first axis, the 16 -> 16 and
-    24 -> 24 ones' weight gradients on the tensor cores too, "medium" within TF32's bound with both
+    24 -> 24 ones' weight gradients on the tensor cores too, and a 16 -> 16 conv on 7x7x9 cells in the fitted box
+    4x7x9 (the last tile and the second box partly empty), "medium" within TF32's bound with both
     conv-shaped stages on the tensor cores; in "high" the 8 -> 8 conv keeps the FMA direct kernels and "highest"'s
     bits."""
     for geom, fma_in_high, slices, weight_mma in (
@@ -167,7 +168,8 @@ def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_32_channels() -> Non
             (G(Family.CONV, 16, 12, (6, 7, 5, 9), (3, 3, 3, 3), (1,) * 4, (1, 0, 1, 1), batch=2), False, 1, 0),
             (G(Family.CONV, 10, 10, (6, 5, 6, 7), (5,) * 4, (1,) * 4, (2,) * 4, batch=2), False, 5, 0),
             (G(Family.CONV, 16, 16, (5, 6, 5, 7), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), False, 1, 1),
-            (G(Family.CONV, 24, 24, (5, 4, 6, 7), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), False, 1, 1)):
+            (G(Family.CONV, 24, 24, (5, 4, 6, 7), (3,) * 4, (1,) * 4, (1,) * 4, batch=2), False, 1, 1),
+            (G(Family.CONV, 16, 16, (7, 7, 9), (3,) * 3, (1,) * 3, (1,) * 3, batch=2), False, 1, 0)):
         made = plan(geom, precision="medium")
         assert all(made.launches[stage].kernel == f"{stage}_direct" for stage in STAGES)
         assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1

@@ -20,6 +20,7 @@ from convgen.direct_model import (
     direct_tile,
     mma_slices,
     mma_tile,
+    mma_traffic,
     no_direct,
     staging_bytes,
 )
@@ -309,14 +310,15 @@ def test_the_tensor_core_direct_tile_of_a_16_channel_4d_stage():
 
 def test_a_window_too_large_for_one_step_is_staged_in_slices_of_its_first_axis():
     """A 4-D k5 window of 10 -> 10 channels: its 625 offsets' weights alone (625 x 16 rows of 8 words, 320 KB) exceed a
-    block's shared memory, so the first axis's 5 offsets go one a step: 125 x 16 weight rows and a halo of 2 x 8 x 8 x 20
-    cells (the box 2 x 4 x 4 x 16 of 512 cells). The slices divide the first axis's offsets; at rank 1 there are
-    none (its first axis is the last, unrolled whole)."""
+    block's shared memory, so the first axis's 5 offsets go one a step: 125 x 16 weight rows and a halo of 1 x 8 x 12 x
+    20 cells (the fitted box 1 x 4 x 8 x 16 of 512 cells: one cell deep along the sliced axis, no halo row staged
+    twice). The slices divide the first axis's offsets; at rank 1 there are none (its first axis is the last, unrolled
+    whole)."""
     geom = Geometry.build(Family.CONV, 10, 10, (16,) * 4, (5,) * 4, (1,) * 4, (2,) * 4, batch=2)
     shape = direct_shapes(geom, 4, MMA_DIRECT_MODE)["forward"]
     tile = mma_tile(shape, H200)
-    assert tile == DirectTile(v=2, mb=16, cb=8, box=(2, 4, 4, 16), mma=MMA_DIRECT_MODE, slices=5)
-    assert direct_shared_bytes(tile, shape) == (125 * 16 + 2 * 8 * 8 * 20) * 8 * 4
+    assert tile == DirectTile(v=2, mb=16, cb=8, box=(1, 4, 8, 16), mma=MMA_DIRECT_MODE, slices=5)
+    assert direct_shared_bytes(tile, shape) == (125 * 16 + 1 * 8 * 12 * 20) * 8 * 4
     assert direct_shared_bytes(dataclasses.replace(tile, slices=1), shape) > H200.shared_optin_per_block
     assert mma_slices(shape) == [1, 5]
     assert mma_slices(dataclasses.replace(shape, taps=(6, 5))) == [1, 2, 3, 6]
@@ -324,6 +326,28 @@ def test_a_window_too_large_for_one_step_is_staged_in_slices_of_its_first_axis()
     made = plan(geom, precision="medium")
     assert made.defines["FWD_DIRECT_SLICES"] == made.defines["BWI_DIRECT_SLICES"] == 5
     assert made.defines["FWD_DIRECT_MMA"] == 1 and plan(geom).defines["FWD_DIRECT_SLICES"] == 1  # FMAs: whole
+
+
+def test_the_tensor_core_direct_box_is_fitted_to_extents_that_are_not_powers_of_two():
+    """mma_box doubles the outer axes: on a 7-D grid of 5^7 dst cells (a 6^7 input, k2, 24 channels) its box 2 x 2 x 2 x
+    2 x 2 x 2 x 5 holds 320 cells for every 125 of the grid and needs the window's first axis in two slices. The
+    fitted box 1 x 1 x 1 x 1 x 5 x 5 x 5 (125 cells, eight tiles) moves about 40% of the rows through shared memory
+    (mma_traffic) and fits in one slice. On a 25^4 grid fewer padded cells (2 x 2 x 2 x 25) stage more halo and
+    weights than mma_box's 2 x 2 x 4 x 25, which stays."""
+    geom = Geometry.build(Family.CONV, 24, 24, (6,) * 7, (2,) * 7, (1,) * 7, (0,) * 7, batch=2)
+    shape = direct_shapes(geom, 4, MMA_DIRECT_MODE)["forward"]
+    tile = mma_tile(shape, H200)
+    assert tile == DirectTile(v=2, mb=24, cb=8, box=(1, 1, 1, 1, 5, 5, 5), mma=MMA_DIRECT_MODE, slices=1)
+    doubled = DirectTile(v=2, mb=24, cb=8, box=(2, 2, 2, 2, 2, 2, 5), mma=MMA_DIRECT_MODE, slices=2)
+    assert mma_box(shape.cells, 512) == doubled.box
+    assert mma_traffic(doubled, shape) == 3 ** 6 * (320 * 128 + 2 * 2 * 3 ** 5 * 6 + 128 * 24)
+    assert mma_traffic(tile, shape) == 5 ** 4 * (128 * 128 + 6 ** 3 * 2 ** 4 + 128 * 24)
+    assert mma_traffic(tile, shape) / mma_traffic(doubled, shape) < 0.4
+    geom = Geometry.build(Family.CONV, 16, 16, (25,) * 4, (3,) * 4, (1,) * 4, (1,) * 4, batch=4)
+    shape = direct_shapes(geom, 4, MMA_DIRECT_MODE)["forward"]
+    tile = mma_tile(shape, H200)
+    assert tile.box == mma_box(shape.cells, 512) == (2, 2, 4, 25)
+    assert mma_traffic(tile, shape) < mma_traffic(dataclasses.replace(tile, box=(2, 2, 2, 25)), shape)
 
 
 @pytest.mark.parametrize(("dtype", "precision", "mode"), [("float32", "medium", MMA_DIRECT_MODE),

@@ -115,7 +115,7 @@ def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> Non
     geom = Geometry.build(Family.CONV, 8, 8, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2)
     made = plan(geom, precision="medium")
     assert made.defines["FWD_DIRECT_MMA"] == made.defines["BWI_DIRECT_MMA"] == 1
-    assert made.defines["FWD_DIRECT_V"] == 2 and made.launches["forward"].block == 32 * 10  # 320 cells, 20 tiles
+    assert made.defines["FWD_DIRECT_V"] == 2 and made.launches["forward"].block == 32 * 7  # 2x10x10 cells, 13 tiles
     rng = reference.case_rng("emulated planned direct mma")
     inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
     errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=choose_direct),
@@ -126,6 +126,23 @@ def test_the_plans_take_the_tensor_cores_in_medium_for_8_to_16_channels() -> Non
     highest = reference.run_on_tape(emulated_tape("float32", direct_chooser=choose_direct), geom, inputs, grad)
     for a, b in zip([high[0], *high[1]], [highest[0], *highest[1]], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_plans_fitted_box_keeps_the_tf32_bound() -> None:
+    """A 16 -> 16 conv on 7x7x9 cells: the plans' box is 4x7x9 (252 cells: 16 tiles, the last with four empty rows;
+    the second box along the first axis has three of its four rows; mma_box's 4x8x9 would hold 288 cells). Both
+    conv-shaped stages within TF32's bound."""
+    geom = Geometry.build(Family.CONV, 16, 16, (7, 7, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), batch=2)
+    made = plan(geom, precision="medium")
+    for prefix, stage in (("FWD", "forward"), ("BWI", "backward_input")):
+        assert made.defines[f"{prefix}_DIRECT_MMA"] == 1
+        assert [made.defines[f"{prefix}_DIRECT_BOX{a}"] for a in range(3)] == [4, 7, 9]
+        assert made.launches[stage].block == 256
+    rng = reference.case_rng("emulated fitted direct mma")
+    inputs, grad = reference.draw_inputs(rng, geom), reference.draw_grad(rng, geom)
+    errors = relative_errors(geom, emulated_tape("float32", precision="medium", direct_chooser=choose_direct),
+                             inputs, grad)
+    assert max(errors) <= TF32_BOUND and min(errors[0], errors[3]) > 4 * FLOAT32_UNIT, errors
 
 
 @pytest.mark.parametrize("cells, rows_a_warp, parts, channel_blocks", [(64, 1, 1, 1), (40, 2, 3, 2)],
