@@ -210,7 +210,8 @@ def mma_tile(shape: DirectShape, hardware: Hardware) -> DirectTile | None:
     """How the direct kernel would cut a conv-shaped stage on TF32 tensor cores (`shape.mma`), or None: MMA_DIRECT_TILES
     tiles a warp, every dst channel of a group (up to MMA_DIRECT_MAX_M) a block, MMA_DIRECT_CB source channels a step,
     the box of the most cells of MMA_DIRECT_BOX_CELLS (mma_box) whose staging fits MMA_DIRECT_BLOCKS_PER_SM blocks an
-    SM, in the fewest slices of the first axis's window offsets (mma_slices) that make it fit."""
+    SM, in the fewest slices of the first axis's window offsets (mma_slices) that make it fit, then fitted to the
+    extents within as many cells (fitted_mma_tile)."""
     if shape.weight or shape.mma != MMA_DIRECT_MODE or not 1 <= shape.m <= MMA_DIRECT_MAX_M or shape.source_c == 0 \
             or 0 in shape.cells:
         return None
