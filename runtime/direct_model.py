@@ -233,7 +233,7 @@ def fewest_slices(tile: DirectTile, shape: DirectShape, limit: int) -> DirectTil
 
 
 def fitted_mma_tile(tile: DirectTile, shape: DirectShape, limit: int) -> DirectTile:
-    """`tile` with the box of outer_boxes, in its fewest slices, that moves the fewest words through shared memory
+    """`tile` with the box of outer_boxes, in its fewest slices, that moves the fewest rows through shared memory
     (mma_traffic); `tile` where none moves fewer."""
     fits = (sliced for box in outer_boxes(tile.box, shape.cells)
             if (sliced := fewest_slices(dataclasses.replace(tile, box=box), shape, limit)))
