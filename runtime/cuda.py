@@ -34,9 +34,13 @@ from convgen.generated.contract import (
     KERNELS,
 )
 from convgen.geometry import Family, Geometry
+from convgen.host_path import COMPILED, tape_apply
 from convgen.launch_program import Program, replay, trace
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
 
+# How the CUDA tape's op calls run on the host: "compiled" (convgen._host_path replays a call it has seen) or
+# "python" (the extension did not build; convgen.host_path).
+HOST_PATH = "compiled" if COMPILED else "python"
 CUPY_EXTRA = "pip install 'convgen[cuda13]' (or 'convgen[cuda12]' for a CUDA 12 driver)"
 # The H200 sustained 1.7 GHz of its 1.98 GHz boost clock under the tile sweep's load; other
 # devices are taken to sustain the same share of the boost clock they report.
@@ -312,37 +316,21 @@ class CupyBackend(KernelLaunches):
             padded = wrapping.plan.padded
             return self.forward(padded, (weight, bias, self._wrap_stage(wrapping, "pad", geom, x, padded.input_shape)))
         compiled = self._compile(geom)
-        images = compiled.images
-        family = compiled.family
         if compiled.is_conv:
             weight, bias, x = inputs
-            program = self._program(compiled, "forward", "forward")
-            (y,) = replay(self, program, compiled.forward_scratch, (x, weight, bias))
+            (y,) = replay(self, self._program(compiled, "forward", "conv_forward"), compiled.forward_scratch,
+                          (x, weight, bias))
             return y, None
-        (x,) = inputs
-        y = self._output(geom.output_shape)
-        address = self._address
-        values = {"x": address(x), "y": address(y), "images": images}
-        if family is Family.MAX_POOL:
-            saved = self._scratch(geom.output_shape, compiled.plan.argmax_dtype)  # window offsets
-            values["argmax"] = address(saved)
-        elif family is Family.SMOOTH_MAX_POOL:
-            saved = (self._scratch(geom.output_shape, self.scalar_dtype),
-                     self._scratch(geom.output_shape, self.scalar_dtype))
-            values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
-        else:
-            saved = None
-        self._launch(compiled, "forward", values)
-        return y, saved
+        return replay(self, self._program(compiled, "forward", "pool_forward"), None, inputs)
 
-    def _program(self, compiled: Compiled, key: Any, conv_pass: str, *leading: Any) -> Program:
+    def _program(self, compiled: Compiled, key: Any, pass_name: str, *leading: Any) -> Program:
         """The launch program of `compiled`'s pass `key` (launch_program), traced at its first call by running the
-        backend's method `_conv_{conv_pass}` on `compiled`, `leading` and the addresses of the pass's three inputs."""
+        backend's method `_{pass_name}` on `compiled`, `leading` and the addresses of the pass's inputs."""
         program = compiled.programs.get(key)
         if program is None:
-            method = f"_conv_{conv_pass}"
+            method = f"_{pass_name}"
             program = compiled.programs[key] = trace(
-                self, compiled.pass_inputs[conv_pass],
+                self, compiled.pass_inputs[pass_name],
                 lambda tracer, *addresses: getattr(tracer, method)(compiled, *leading, *addresses))
         return program
 
@@ -366,7 +354,7 @@ class CupyBackend(KernelLaunches):
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
             wanted = (True, True, True) if wanted is None else tuple(wanted)
-            program = self._program(compiled, ("backward", *wanted), "backward", wanted)
+            program = self._program(compiled, ("backward", *wanted), "conv_backward", wanted)
             return replay(self, program, compiled.backward_scratch[wanted], (x, weight, grad))
         (x,) = inputs
         grad_x = self._output(x.shape)
@@ -380,6 +368,7 @@ class CupyBackend(KernelLaunches):
         return (grad_x,)
 
 
+from convgen.tape import Node, OpRecord  # noqa: E402
 from convgen.tape import Tape as _BaseTape  # noqa: E402  (the tape imports geometry, not this module)
 
 
@@ -388,3 +377,4 @@ class Tape(_BaseTape):
     device, computed by generated kernels."""
 
     backend_class = CupyBackend
+    _apply = tape_apply(_BaseTape._apply, Node, OpRecord)

@@ -93,15 +93,18 @@ class Compiled:
         self.groups = {group: (functions[group].kernel.ptr, tuple((member, (0,) * len(params[member]))
                                                                   for member in members))
                        for group, members in LAUNCH_GROUPS[geom.family].items()}
+        # "forward" or ("backward", *wanted) -> the pass's launches, traced at its first call (launch_program)
+        self.programs: dict[Any, Any] = {}
         if self.is_conv:
             self.output_shapes = {stage: output_shape(geom, stage) for stage in ("forward", *BACKWARD_STAGES)}
             self.forward_scratch = scratch_layout(geom, plan, ("forward",), element_bytes, scalar_bytes)
             # (wants weight, wants bias, wants input) -> the backward's scratch
             self.backward_scratch = backward_layouts(geom, plan, element_bytes, scalar_bytes)
-            # "forward" or ("backward", *wanted) -> the pass's launches, traced at its first call (launch_program)
-            self.programs: dict[Any, Any] = {}
             weight, bias, x = geom.parent_shapes
-            self.pass_inputs = {"forward": (x, weight, bias), "backward": (x, weight, geom.output_shape)}  # shapes
+            self.pass_inputs = {"conv_forward": (x, weight, bias), "conv_backward": (x, weight, geom.output_shape)}
+        else:
+            self.output_shape = geom.output_shape
+            self.pass_inputs = {"pool_forward": geom.parent_shapes}
 
 
 class Wrapping:
@@ -275,6 +278,25 @@ class KernelLaunches:
 
     # A conv pass as traced into its program (convgen.launch_program): from its inputs' addresses, its scratch, the
     # launches of its layouts, GEMMs and reduces, and its outputs.
+
+    def _pool_forward(self, compiled: Compiled, x: Any) -> tuple[Any, Any]:
+        """A pool's forward: its output, and what its backward reads (a max pool's window offsets, a smooth max pool's
+        pivots and sums; None for an average pool)."""
+        y = self._output(compiled.output_shape)
+        address = self._address
+        values = {"x": x, "y": address(y), "images": compiled.images}
+        family = compiled.family
+        if family is Family.MAX_POOL:
+            saved = self._scratch(compiled.output_shape, compiled.plan.argmax_dtype)  # window offsets
+            values["argmax"] = address(saved)
+        elif family is Family.SMOOTH_MAX_POOL:
+            saved = (self._scratch(compiled.output_shape, self.scalar_dtype),
+                     self._scratch(compiled.output_shape, self.scalar_dtype))
+            values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
+        else:
+            saved = None
+        self._launch(compiled, "forward", values)
+        return y, saved
 
     def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
         layout = compiled.forward_scratch

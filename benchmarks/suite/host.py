@@ -100,7 +100,7 @@ def split_ops(convgen: Any) -> list[HostOp]:
 def measure_split(convgen: Any, calls: int = HOST_CALLS, profile: bool = False) -> dict[str, Any]:
     """µs per call of `split_ops` (no GPU needed), and their cProfiles with `profile`."""
     ops = split_ops(convgen)
-    result: dict[str, Any] = {"ops": {}, "profiles": {}}
+    result: dict[str, Any] = {"host_path": convgen.cuda.HOST_PATH, "ops": {}, "profiles": {}}
     for op in ops:
         result["ops"][op.name] = per_call_us(op.call, calls, lambda: None)
         print(f"    {op.name:<72} {result['ops'][op.name]['us_per_call']:8.2f} µs per call", flush=True)
@@ -158,8 +158,8 @@ def measure_host(cupy: Any, torch: Any, convgen: Any, calls: int = HOST_CALLS) -
     synchronize = cupy.cuda.runtime.deviceSynchronize
     ops = tiny_ops(cupy, torch, convgen)
     result: dict[str, Any] = {"calls": calls, "rounds": HOST_ROUNDS, "cpu": platform.processor() or platform.machine(),
-                              "cpu_count": os.cpu_count(), "python": platform.python_version(), "ops": {},
-                              "profiles": {}}
+                              "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                              "host_path": convgen.cuda.HOST_PATH, "ops": {}, "profiles": {}}
     for op in ops:
         result["ops"][op.name] = per_call_us(op.call, calls, synchronize)
         print(f"    {op.name:<48} {result['ops'][op.name]['us_per_call']:8.2f} µs per call", flush=True)
@@ -180,7 +180,8 @@ def format_host(host: dict[str, Any]) -> list[str]:
     if "error" in host:
         return [f"Host overhead: not measured ({host['error']})"]
     lines = [f"Host overhead per call ({host['calls']} back-to-back calls, median of {host['rounds']} rounds, "
-             f"{host['cpu']}, {host['cpu_count']} CPUs):", ""]
+             f"{host['cpu']}, {host['cpu_count']} CPUs, the CUDA tape's host path {host.get('host_path', 'python')}):",
+             ""]
     lines += [f"- {name}: {entry['us_per_call']:.2f} µs" for name, entry in host["ops"].items()]
     lines += [f"- {name} / {host['baseline']}: {ratio:.2f}×" for name, ratio in host["over_baseline"].items()]
     if "split" in host:
@@ -195,5 +196,7 @@ def format_host(host: dict[str, Any]) -> list[str]:
 
 
 def format_split(split: dict[str, Any]) -> list[str]:
-    """One line per stand-in op: its µs per call."""
-    return [f"- {name}: {entry['us_per_call']:.2f} µs" for name, entry in split["ops"].items()]
+    """One line per stand-in op: its µs per call (the CUDA backend's on the tape's host path)."""
+    path = split.get("host_path", "python")
+    return [f"- {name}: {entry['us_per_call']:.2f} µs" + (f" ({path} host path)" if "CUDA backend" in name else "")
+            for name, entry in split["ops"].items()]

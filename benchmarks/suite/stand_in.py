@@ -32,7 +32,10 @@ class StandInArray:
         self.data = types.SimpleNamespace(device_id=0, ptr=next(_ADDRESSES))  # CuPy's MemoryPointer
 
     def reshape(self, *shape: Any) -> StandInArray:
-        view = StandInArray(shape[0] if len(shape) == 1 else shape, self.dtype)
+        shape = shape[0] if len(shape) == 1 else shape
+        if shape in (-1, (-1,)):  # flat, as a leaf given a `shape` keeps its buffer
+            shape = (self.size,)
+        view = StandInArray(shape, self.dtype)
         view.data = self.data  # the same memory
         return view
 
