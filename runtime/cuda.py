@@ -321,7 +321,8 @@ class CupyBackend(KernelLaunches):
             (y,) = replay(self, self._program(compiled, "forward", "conv_forward"), compiled.forward_scratch,
                           (x, weight, bias))
             return y, None
-        return replay(self, self._program(compiled, "forward", "pool_forward"), None, inputs)
+        (x,) = inputs  # run directly: for one launch replay costs more Python than it saves (the host path replays it)
+        return self._pool_forward(compiled, self._address(x))
 
     def _program(self, compiled: Compiled, key: Any, pass_name: str, *leading: Any) -> Program:
         """The launch program of `compiled`'s pass `key` (launch_program), traced at its first call by running the
