@@ -155,14 +155,21 @@ static int launch(PyObject *step, PyObject *launch_kernel, uint64_t stream, cons
     return 0;
 }
 
-/* The entry of this call, borrowed, or NULL (no exception) when there is none. */
+/* The entry of this call (a new reference), or NULL (no exception) when there is none. The dicts are held while
+   they are searched: an argument's __eq__ may run Python, and another thread may clear the cache meanwhile. */
 static PyObject *entry_of(TapeApply *self, PyObject *backend, PyObject *check, PyObject *args) {
-    PyObject *by_check = PyDict_GetItemWithError(self->calls, backend);
-    PyObject *by_args = by_check && PyDict_CheckExact(by_check) ? PyDict_GetItemWithError(by_check, check) : NULL;
-    PyObject *entry = by_args && PyDict_CheckExact(by_args) ? PyDict_GetItemWithError(by_args, args) : NULL;
+    PyObject *by_check = Py_XNewRef(PyDict_GetItemWithError(self->calls, backend));
+    PyObject *by_args = by_check && PyDict_CheckExact(by_check) ? Py_XNewRef(PyDict_GetItemWithError(by_check, check))
+                                                                : NULL;
+    PyObject *entry = by_args && PyDict_CheckExact(by_args) ? Py_XNewRef(PyDict_GetItemWithError(by_args, args)) : NULL;
+    Py_XDECREF(by_args);
+    Py_XDECREF(by_check);
     if (PyErr_Occurred()) PyErr_Clear();  /* an argument without a hash: no entry */
-    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != E_FIELDS) return NULL;
-    return exact_same(PyTuple_GET_ITEM(entry, E_ARGS), args) ? entry : NULL;
+    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == E_FIELDS
+        && exact_same(PyTuple_GET_ITEM(entry, E_ARGS), args))
+        return entry;
+    Py_XDECREF(entry);
+    return NULL;
 }
 
 /* The call replayed: its Result (new reference), or NULL where the Python path takes it (with an exception set
@@ -175,8 +182,7 @@ static PyObject *replayed(TapeApply *self, PyObject *tape, PyObject *info, PyObj
     PyObject *nodes = NULL, *made[MAX_VALUES], *kept = NULL, *result = NULL;
     Py_ssize_t made_count = 0;
     uint64_t values[MAX_VALUES], addresses[MAX_VALUES], stream = 0, device = 0;
-    if (entry == NULL) goto done;
-    Py_INCREF(entry);  /* a callback below may drop the cache */
+    if (entry == NULL) goto done;  /* held to the end: a callback below may drop the cache */
 
     PyObject *dims = PyTuple_GET_ITEM(entry, E_DIMS), *numels = PyTuple_GET_ITEM(entry, E_NUMELS);
     Py_ssize_t inputs = PyTuple_GET_SIZE(dims);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import threading
 
 import convgen
 import convgen.cuda
@@ -214,6 +215,30 @@ def test_a_circular_conv_with_padding_stays_on_the_python_path(monkeypatch):
     assert forwards.count(geom) == 2
     entries = [entry for by_check in host_path.CALLS[tape._backend].values() for entry in by_check.values()]
     assert entries == [host_path.NOT_REPLAYED] and tape.shape(node) == (3, 7)
+
+
+def test_threads_replaying_at_once_each_record_their_own_calls(stand_in_tape):
+    """Calls replayed in C from several threads, each on its own tape, the launches' Python callbacks switching threads
+    between them, and one thread clearing the cache as it goes: every tape gets its own nodes, every call launches."""
+    tape, x = stand_in_tape.leaf(stand_in.StandInArray((1, 4, 4), np.float32))
+    tape, _ = tape.max_pool(x, **POOL).unwrap()
+    results, calls = {}, 200
+
+    def run(index: int) -> None:
+        mine = tape
+        for call in range(calls):
+            if index == 0 and call % 50 == 0:
+                host_path.CALLS.clear()
+            mine, node = mine.max_pool(x, **POOL).unwrap()
+        results[index] = (len(mine), mine.shape(node))
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == dict.fromkeys(range(4), (2 + calls, (1, 2, 2)))
+    assert len(RecordingModule.launches) == 1 + 4 * calls
 
 
 def test_the_cache_starts_over_at_its_limit(stand_in_tape, monkeypatch):
