@@ -8,7 +8,8 @@ on the same input and host, next to the floor CuPy itself sets (an empty kernel 
 them on stand-ins (the split: tape and validators alone; with the CUDA backend's Python path on a CuPy
 that does nothing). Prints µs per call and the profiles, and writes them to JSON. `bench.py --host`
 runs the same after its cases and puts the numbers under "host" in bench.json. `--split` times and
-profiles only the stand-ins, and needs no GPU, CuPy or PyTorch.
+profiles only the stand-ins, and needs no GPU, CuPy or PyTorch. The CUDA tape runs on its compiled host path where
+the extension is built; `CONVGEN_HOST_PATH=python` times its Python path instead (convgen.host_path).
 
     python benchmarks/host_profile.py [--calls N] [--json PATH] [--split]
 """
