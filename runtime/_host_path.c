@@ -360,15 +360,6 @@ static void tape_apply_dealloc(TapeApply *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *tape_apply_fallback(TapeApply *self, void *closure) {
-    return Py_NewRef(self->fallback ? self->fallback : Py_None);
-}
-
-static PyGetSetDef tape_apply_getset[] = {
-    {"fallback", (getter)tape_apply_fallback, NULL, "the Python path", NULL},
-    {NULL},
-};
-
 static PyTypeObject TapeApplyType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "convgen._host_path.TapeApply",
@@ -385,7 +376,6 @@ static PyTypeObject TapeApplyType = {
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(TapeApply, vectorcall),
     .tp_descr_get = tape_apply_get,
-    .tp_getset = tape_apply_getset,
 };
 
 static struct PyModuleDef host_path_module = {

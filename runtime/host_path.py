@@ -87,23 +87,14 @@ def remember(backend: Any, info: OpInfo, check: Callable[..., Any], args: tuple[
         return
     device = backend._current_device()
     known = CALLS.get(backend, {}).get(check, {}).get(args)
-    if known is NOT_REPLAYED or (known is not None and known[1] == device and _exactly(known[0], args)):
-        return
+    if known is NOT_REPLAYED or (known is not None and known[1] == device):
+        return  # arguments equal to an entry's but of other types (2 and 2.0) stay on the Python path
     entry = _entry(backend, info, validated(check, args), args, device)
     if _entries >= ENTRY_LIMIT:
         CALLS.clear()
         _entries = 0
     CALLS.setdefault(backend, {}).setdefault(check, {})[args] = NOT_REPLAYED if entry is None else entry
     _entries += 1
-
-
-def _exactly(a: Any, b: Any) -> bool:
-    """Whether plain arguments are the same values of the same types, as _host_path.c compares them."""
-    if type(a) is not type(b):
-        return False
-    if type(a) is tuple:
-        return len(a) == len(b) and all(map(_exactly, a, b))
-    return a == b and (type(a) is not float or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
 def _entry(backend: Any, info: OpInfo, geom: Geometry, args: tuple[Any, ...], device: int) -> tuple[Any, ...] | None:

@@ -145,33 +145,22 @@ def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable
 
 
 def replay(backend: Any, program: Program, layout: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`program` on the call's `inputs` (arrays), with the pass's scratch laid out by `layout` (None: it has none):
-    what it returns, its outputs and kept scratch."""
+    """A conv pass's `program` on the call's `inputs` (arrays), with the pass's scratch laid out by `layout`: its
+    outputs as it returns them. (A pool's forward program, with its Scratch steps, is replayed only in C.)"""
     address = backend._address
     values = [address(array) for array in inputs]
-    scratch, base = backend._scratch_base(layout) if layout is not None else (None, 0)  # held until launches queue
+    scratch, base = backend._scratch_base(layout)  # held until the launches are queued
     values.append(base)
     made = []
     for step in program.steps:
-        kind = type(step)
-        if kind is Launch:
-            args = array("Q", step.constants)
-            for slot, index in step.holes:
-                args[slot] += values[index]
-            backend._call(step.stage, step.function, step.grid, step.block, step.shared_bytes, args)
+        if type(step) is Allocation:
+            like = step.like
+            output = backend._output(step.shape, step.dtype) if like is None else backend._output_like(inputs[like])
+            made.append(output)
+            values.append(address(output))
             continue
-        if kind is Scratch:
-            made_now = backend._scratch(step.shape, step.dtype)
-        elif step.like is None:
-            made_now = backend._output(step.shape, step.dtype)
-        else:
-            made_now = backend._output_like(inputs[step.like])
-        made.append(made_now)
-        values.append(address(made_now))
-    return tuple(_picked(made, index) for index in program.returns)
-
-
-def _picked(made: list[Any], index: Returned) -> Any:
-    if type(index) is tuple:
-        return tuple(_picked(made, entry) for entry in index)
-    return None if index is None else made[index]
+        args = array("Q", step.constants)
+        for slot, index in step.holes:
+            args[slot] += values[index]
+        backend._call(step.stage, step.function, step.grid, step.block, step.shared_bytes, args)
+    return tuple(None if index is None else made[index] for index in program.returns)
