@@ -154,10 +154,14 @@ def stand_in_adapter(devices: Any) -> Any:
     runner._backend_class = backend_class
     runner._current_stream = lambda index: 0
     runner._current_device = lambda: None  # a CPU tensor's device index: no device switch
+    from convgen.torch import host_path
+
     before = devices._runner, devices.torch.cuda.get_device_capability
     devices._runner = lambda tensor: runner
     devices.torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    host_path.clear()  # the compiled host path's entries are the stand-in's inside the block, and only there
     try:
         yield runner
     finally:
         devices._runner, devices.torch.cuda.get_device_capability = before
+        host_path.clear()

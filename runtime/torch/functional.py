@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from convgen.checking import describe, plain
 from convgen.geometry import Family, Geometry
-from convgen.torch import devices, library
+from convgen.torch import devices, host_path, library
 from convgen.torch.precision import conv_precision
 
 __all__ = ["avg_pool", "conv", "conv_transpose", "max_pool", "smooth_max_pool"]
@@ -201,7 +201,16 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
          dilation: Any = 1, groups: int = 1, padding_mode: str = "zeros") -> Tensor:
     """N-D convolution (torch.nn.functional.conv{1,2,3}d at every rank); padding an int, a tuple, 'valid' or 'same'
     (stride 1, an even dilation * (kernel - 1) on every axis); padding_mode 'zeros' or 'circular'."""
+    if torch.compiler.is_compiling():
+        return _conv(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+    return _CONV(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+
+
+def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: Any,
+          padding_mode: Any) -> Tensor:
+    """conv's Python path."""
     op = "conv"
+    given = (input, weight, bias, stride, padding, dilation, groups, padding_mode)
     input, weight, bias = _checked(op, _CONV_TENSORS, (input, weight, bias), autocast=True)
     key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
                     groups, padding_mode)
@@ -211,7 +220,7 @@ def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any 
                                                padding_mode))
     precision = conv_precision(input.dtype)
     if _eager(input):
-        return _run_eager(op, geom, precision, weight, bias, input)
+        return _run_eager(op, geom, precision, (weight, bias, input), given)
     return library.conv(input, weight, bias, geom.stride, geom.padding, geom.dilation, geom.groups, geom.circular,
                         precision)
 
@@ -235,7 +244,16 @@ def _conv_geometry(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, 
 def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """N-D transposed convolution (torch.nn.functional.conv_transpose{1,2,3}d at every rank)."""
+    if torch.compiler.is_compiling():
+        return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _CONV_TRANSPOSE(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any,
+                    output_padding: Any, groups: Any, dilation: Any) -> Tensor:
+    """conv_transpose's Python path."""
     op = "conv_transpose"
+    given = (input, weight, bias, stride, padding, output_padding, groups, dilation)
     input, weight, bias = _checked(op, _CONV_TENSORS, (input, weight, bias), autocast=True)
     key = _memo_key(op, input.shape, weight.shape, None if bias is None else bias.shape, stride, padding,
                     output_padding, groups, dilation)
@@ -245,7 +263,7 @@ def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, st
                                                          groups, dilation))
     precision = conv_precision(input.dtype)
     if _eager(input):
-        return _run_eager(op, geom, precision, weight, bias, input)
+        return _run_eager(op, geom, precision, (weight, bias, input), given)
     return library.conv_transpose(input, weight, bias, geom.stride, geom.padding, geom.output_padding, geom.dilation,
                                   geom.groups, precision)
 
@@ -293,12 +311,15 @@ def _eager(input: Tensor) -> bool:
     return _EAGER_FUNCTION and not torch.compiler.is_compiling() and not input.is_meta
 
 
-def _run_eager(op: str, geom: Geometry, precision: str, *tensors: Tensor | None) -> Tensor:
+def _run_eager(op: str, geom: Geometry, precision: str, tensors: tuple[Tensor | None, ...],
+               given: tuple[Any, ...]) -> Tensor:
     """An op in eager mode: the device code first, so that its kernels are launched before autograd's
     bookkeeping (which then overlaps them: about 6 µs of a call's host time on the H200's host), then
     _Eager attaches the backward where autograd will want one (nowhere else: an autograd.Function's
-    bookkeeping is a third of a tiny op's host cost)."""
+    bookkeeping is a third of a tiny op's host cost). `tensors` in the backend's order; `given`, the op's arguments
+    as the user gave them, keys the compiled host path's entry (host_path.remember)."""
     computed = devices.forward(op, geom, tensors, precision)
+    host_path.remember(op, given, len(tensors), geom, precision, tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _apply_eager(op, geom, precision, computed, *tensors)
     return computed[0]
@@ -306,23 +327,47 @@ def _run_eager(op: str, geom: Geometry, precision: str, *tensors: Tensor | None)
 
 def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """N-D max pooling (torch.nn.functional.max_pool{1,2,3}d at every rank, without ceil_mode or indices)."""
+    if torch.compiler.is_compiling():
+        return _max_pool(input, kernel_size, stride, padding, dilation)
+    return _MAX_POOL(input, kernel_size, stride, padding, dilation)
+
+
+def _max_pool(input: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> Tensor:
+    """max_pool's Python path."""
+    given = (input, kernel_size, stride, padding, dilation)
     input, geom = _pool_geometry("max_pool", Family.MAX_POOL, input, kernel_size, stride, padding, dilation)
     if _eager(input):
-        return _run_eager("max_pool", geom, "highest", input)
+        return _run_eager("max_pool", geom, "highest", (input,), given)
     return library.max_pool(input, geom.kernel, geom.stride, geom.padding, geom.dilation)[0]
 
 
 def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Tensor:
     """N-D average pooling, padded zeros counted (torch's count_include_pad=True, ceil_mode=False)."""
+    if torch.compiler.is_compiling():
+        return _avg_pool(input, kernel_size, stride, padding)
+    return _AVG_POOL(input, kernel_size, stride, padding)
+
+
+def _avg_pool(input: Tensor, kernel_size: Any, stride: Any, padding: Any) -> Tensor:
+    """avg_pool's Python path."""
+    given = (input, kernel_size, stride, padding)
     input, geom = _pool_geometry("avg_pool", Family.AVG_POOL, input, kernel_size, stride, padding, None)
     if _eager(input):
-        return _run_eager("avg_pool", geom, "highest", input)
+        return _run_eager("avg_pool", geom, "highest", (input,), given)
     return library.avg_pool(input, geom.kernel, geom.stride, geom.padding)
 
 
 def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = None, padding: Any = 0,
                     dilation: Any = 1) -> Tensor:
     """N-D smooth max pooling: log Σ exp(β·x) / β over each window, padded zeros included (SEMANTICS §3)."""
+    if torch.compiler.is_compiling():
+        return _smooth_max_pool(input, kernel_size, beta, stride, padding, dilation)
+    return _SMOOTH_MAX_POOL(input, kernel_size, beta, stride, padding, dilation)
+
+
+def _smooth_max_pool(input: Tensor, kernel_size: Any, beta: Any, stride: Any, padding: Any, dilation: Any) -> Tensor:
+    """smooth_max_pool's Python path."""
+    given = (input, kernel_size, beta, stride, padding, dilation)
     # Under torch.compile beta may be symbolic and its float32 rounding (NumPy's) cannot be traced: the window
     # is checked by max pool's rules, which are smooth max's without beta, and the op checks beta when it runs.
     compiling = torch.compiler.is_compiling()
@@ -330,7 +375,7 @@ def smooth_max_pool(input: Tensor, kernel_size: Any, beta: float, stride: Any = 
     input, geom = _pool_geometry("smooth_max_pool", family, input, kernel_size, stride, padding, dilation,
                                  checked_beta)
     if _eager(input):
-        return _run_eager("smooth_max_pool", geom, "highest", input)
+        return _run_eager("smooth_max_pool", geom, "highest", (input,), given)
     return library.smooth_max_pool(input, geom.kernel, beta if compiling else geom.beta, geom.stride, geom.padding,
                                    geom.dilation)[0]
 
@@ -417,3 +462,16 @@ _EAGER_FUNCTION = True
 # setup_context (_Eager has none) and unwraps functorch's dead wrappers (_checked refuses a running
 # transform): torch's C++ apply itself, 2 of a tiny conv step's 6 µs of apply on the development machine.
 _apply_eager = super(torch.autograd.Function, _Eager).apply
+
+
+def _eager_call(op: str, python_call: Any, tensors: int, arguments: int) -> Any:
+    """An op's call outside torch.compile: compiled for arguments it has run before (host_path), else `python_call`."""
+    return host_path.eager_call(op, python_call, tensors, arguments, tensors == 3, _transforms_active, _any_autocast,
+                                conv_precision, _apply_eager)
+
+
+_CONV = _eager_call("conv", _conv, 3, 8)
+_CONV_TRANSPOSE = _eager_call("conv_transpose", _conv_transpose, 3, 8)
+_MAX_POOL = _eager_call("max_pool", _max_pool, 1, 5)
+_AVG_POOL = _eager_call("avg_pool", _avg_pool, 1, 4)
+_SMOOTH_MAX_POOL = _eager_call("smooth_max_pool", _smooth_max_pool, 1, 6)

@@ -1,0 +1,144 @@
+"""convgen.torch's compiled host path: an eager op call on CUDA tensors whose arguments an earlier call had is replayed
+in C.
+
+For the same tensor shapes and arguments, an eager call checks, plans, allocates and launches the same things every
+time, and in Python that costs more host time than the CUDA tape's call (whose own compiled path is convgen.host_path):
+on a batched conv, tens of µs before its first kernel reaches the GPU. After a call on CUDA tensors succeeds on the
+Python path, `remember` keeps an entry for its arguments: the tensors' shapes and the other arguments as given (the
+key), the dtype, device and precision it ran in, the forward's launch program (convgen.launch_program) with torch's
+allocators, and how to attach the backward (functional.py's _Eager). Each functional op in eager mode is then
+`convgen._host_path.EagerCall` (runtime/compiled/eager_call.c): a call whose key is an entry's, exactly, on tensors the
+program reads as they are (that dtype and device, strided, contiguous, aligned), outside torch.func transforms and
+autocast, with torch's precision setting and current device as they were, is replayed there; every other call, and any
+replay that fails on the way, is the Python path's. Without the extension (CONVGEN_HOST_PATH=python, or not built)
+the ops are the Python path alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from convgen import host_path as compiled_paths
+from convgen.checking import plain
+from convgen.cuda_kernels import KernelLaunches
+from convgen.generated.contract import ARRAY_ALIGNMENT
+from convgen.geometry import Geometry
+from convgen.launch_program import Allocation, Scratch
+from convgen.torch import devices
+
+# An entry's fields, in the order of runtime/compiled/eager_call.c's enum.
+ENTRY_FIELDS = ("key", "dtype", "device", "current", "current_device", "stream", "precision", "fixed", "reads",
+                "program", "apply_head", "order")
+COMPILED = compiled_paths.COMPILED
+if COMPILED and compiled_paths._host_path.EAGER_ENTRY_FIELDS != len(ENTRY_FIELDS):
+    raise ImportError("convgen._host_path was built from another version of convgen; reinstall convgen")
+
+# What CALLS holds for a key whose forward is not replayed: EagerCall takes only a tuple for an entry.
+NOT_REPLAYED = False
+# op -> key -> entry; each op's dict is the one its EagerCall reads, emptied (never replaced) at ENTRY_LIMIT.
+CALLS: dict[str, dict[tuple[Any, ...], Any]] = {}
+ENTRY_LIMIT = 4096
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Where the functional ops' tensors go in the backend's order (functional._run_eager's), by how many the op takes.
+_BACKEND_ORDER = {3: (1, 2, 0), 1: (0,)}
+# Where the forward program's inputs come from, by how many tensors the op takes: a conv's pass reads (x, weight, bias),
+# the op takes (input, weight, bias); a missing bias is the entry's first fixed tensor (index 3).
+_PROGRAM_READS = {3: (0, 1, 2), 1: (0,)}
+
+
+def eager_call(op: str, python_call: Callable[..., torch.Tensor], tensors: int, arguments: int, conv: bool,
+               transforms_active: Callable[[], bool], autocast_active: Callable[[], bool],
+               precision_of: Callable[[torch.dtype], str], apply: Callable[..., torch.Tensor]) -> Any:
+    """The eager call of `op`, which takes `arguments` positional arguments, its `tensors` tensors first:
+    EagerCall over `python_call` (which remembers what it accepts), or `python_call` itself without the extension. A
+    `conv` family's calls depend on autocast and torch's precision setting, a pool's on neither."""
+    if not COMPILED:
+        return python_call
+    return compiled_paths._host_path.EagerCall(
+        python_call, CALLS.setdefault(op, {}), tensors, arguments, _TENSOR_TYPES, torch.strided, ARRAY_ALIGNMENT,
+        transforms_active, autocast_active if conv else None, precision_of if conv else None, torch.is_grad_enabled,
+        apply)
+
+
+def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, precision: str,
+             ran: tuple[torch.Tensor | None, ...]) -> None:
+    """Keep the entry of an eager call that succeeded: `given` its arguments as the user gave them (tensors first),
+    `ran` the tensors the device code ran on, in the backend's order. Nothing is kept where the call ran on other
+    tensors than it was given (autocast's casts), on the CPU, or with arguments that would not key it exactly
+    (checking.plain)."""
+    if not COMPILED:
+        return
+    user = given[:tensors]
+    if any(ran[position] is not user[index] for position, index in enumerate(_BACKEND_ORDER[tensors])):
+        return
+    x = user[0]
+    runner = devices._runner(x)
+    if not isinstance(runner, devices._CudaRunner) or not plain(given[tensors:], floats=True):
+        return
+    key = (*(None if t is None else t.shape for t in user), *given[tensors:])
+    calls = CALLS.setdefault(op, {})
+    known = calls.get(key)
+    if known is not None:  # arguments equal to an entry's but of other types (2 and 2.0) stay on the Python path
+        return
+    entry = _entry(op, runner, key, user, geom, precision)
+    if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
+        clear()
+    calls[key] = NOT_REPLAYED if entry is None else entry
+
+
+def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor | None, ...], geom: Geometry,
+           precision: str) -> tuple[Any, ...] | None:
+    """The entry of `geom`'s forward on `runner`'s backend, in the order of ENTRY_FIELDS; None where the forward is
+    not one program (nothing to compute; a circular conv's wrap first), the backend makes or launches its own way,
+    a missing bias's zeros are not kept (made during a graph capture), or the program is past what the C side holds."""
+    x = user[0]
+    current = runner._current_device()
+    backend = runner._backend(x, precision)
+    kind = type(backend)
+    if (not geom.output_numel or (geom.circular and any(geom.padding)) or current != x.device.index
+            or kind._call is not KernelLaunches._call
+            or any(getattr(kind, name) is not getattr(devices._TorchCupyBackend, name)
+                   for name in ("_output", "_output_like", "_scratch", "_scratch_base"))):
+        return None
+    fixed: tuple[torch.Tensor, ...] = ()
+    if geom.family.is_conv and user[2] is None:
+        zeros = devices._ZERO_BIASES.get((geom.out_c, x.dtype, x.device))
+        if zeros is None:
+            return None
+        fixed = (zeros,)
+    reads = tuple(index if index < len(user) and user[index] is not None else len(user)
+                  for index in _PROGRAM_READS[len(user)])
+    compiled = backend._compile(geom)
+    if compiled.is_conv:
+        program = backend._program(compiled, "forward", "conv_forward")
+        base_size = compiled.forward_scratch.size
+    else:
+        program = backend._program(compiled, "forward", "pool_forward")
+        base_size = 0
+    placement = {"device": x.device}
+    base = (base_size, backend._allocate, backend._free)
+    fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement), base,
+                                           torch.Tensor.data_ptr, backend._launch_kernel)
+    if fields is None:
+        return None
+    return (key, x.dtype, x.get_device(), current, runner._current_device, runner._current_stream, precision, fixed,
+            reads, fields, (op, geom, precision), _BACKEND_ORDER[len(user)])
+
+
+def _step(backend: Any, step: Allocation | Scratch, placement: dict[str, Any]) -> tuple[Any, ...]:
+    """An output or scratch step as the C side makes it, as _TorchCupyBackend's _output, _output_like and _scratch
+    make them: like an input (torch.empty_like), or torch.empty of its shape and dtype on the call's device."""
+    if type(step) is Allocation and step.like is not None:
+        return compiled_paths.STEP_OUTPUT_LIKE, torch.empty_like, step.like
+    dtype = devices._TORCH_DTYPES[backend.dtype if step.dtype is None else step.dtype]
+    kind = compiled_paths.STEP_SCRATCH if type(step) is Scratch else compiled_paths.STEP_OUTPUT
+    return kind, torch.empty, (step.shape,), {"dtype": dtype, **placement}
+
+
+def clear() -> None:
+    """Forget every entry (each op's dict stays the one its EagerCall reads)."""
+    for by_key in CALLS.values():
+        by_key.clear()
+
