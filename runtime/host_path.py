@@ -101,11 +101,11 @@ def remember(backend: Any, info: OpInfo, check: Callable[..., Any], args: tuple[
 
 def program_fields(program: Program, inputs: int, step_of: Callable[[Allocation | Scratch], tuple[Any, ...]],
                    base: tuple[int, Any, Any], address: Any, launch: Any) -> tuple[Any, ...] | None:
-    """`program` as _host_path.c replays it, in the order of PROGRAM_FIELDS (None where it is past what the C side
-    holds): each launch with its constants as bytes and its holes flat, each output or scratch as `step_of` gives it
-    ((kind, make, args, kwargs) or (STEP_OUTPUT_LIKE, make, input index)); `base` the scratch base's (size, alloc,
-    free: None where the allocation is given back when dropped), `address` the reader of what the steps make (None:
-    CuPy's `.data.ptr` and `.ptr`), `launch` the driver's launch."""
+    """`program` as runtime/compiled/program.c replays it, in the order of PROGRAM_FIELDS (None where it is past
+    what the C side holds): each launch with its constants as bytes and its holes flat, each output or scratch as
+    `step_of` gives it ((kind, make, args, kwargs) or (STEP_OUTPUT_LIKE, make, input index)); `base` the scratch
+    base's (size, alloc, free: None where the allocation is given back when dropped), `address` the reader of what
+    the steps make (None: CuPy's `.data.ptr` and `.ptr`), `launch` the driver's launch."""
     made = sum(type(step) is not Launch for step in program.steps)
     if inputs + 1 + made > MAX_VALUES or any(
             type(step) is Launch and len(step.constants) > MAX_SLOTS for step in program.steps):
@@ -149,7 +149,7 @@ def _entry(backend: Any, info: OpInfo, geom: Geometry, args: tuple[Any, ...], de
 
 
 def _step(backend: Any, step: Allocation | Scratch, direct: bool) -> tuple[Any, ...]:
-    """An output or scratch step as _host_path.c reads it: the callable that makes it and its arguments, CuPy's own
+    """An output or scratch step as the C side reads it: the callable that makes it and its arguments, CuPy's own
     where the backend's method only calls it (`direct`), else that method."""
     from convgen.cuda import _ITEMSIZES, STORAGE_DTYPES  # which imports this module
 

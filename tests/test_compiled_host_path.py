@@ -1,4 +1,4 @@
-"""The CUDA tape's compiled host path (convgen.host_path, runtime/_host_path.c): a call whose arguments the tape
+"""The CUDA tape's compiled host path (convgen.host_path, runtime/compiled/tape_apply.c): a call whose arguments the tape
 accepted before is replayed in C with the same allocations and launches, argument for argument, as the Python path
 makes, and records the same node; every other call, and every replay that fails on the way, gives the Python path's
 Result. On the benchmark's stand-in CuPy, which records each launch's argument slots (tests/test_host_path.py), and
