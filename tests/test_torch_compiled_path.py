@@ -57,9 +57,9 @@ def _tensors(shapes, dtype=torch.float32, grad=True):
 
 
 def _symbolic(launches, known):
-    """The launches with every slot inside a known tensor (name -> tensor) as (name, byte offset), and any other CPU
-    address (a tensor the pass made and dropped) by the order it first appears: CPU tensors get new addresses every
-    call. A pass's scratch has the stand-in's counted ones, under 2**32 as the kernels' other arguments are."""
+    """The launches with every slot inside a known tensor (name -> tensor) as (name, byte offset), and any other value
+    of 2**20 or more (a tensor the pass made and dropped, a pass's scratch) by the order it first appears: CPU tensors
+    get new addresses every call, and the same value stands for the same thing throughout a call."""
     spans = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in known.items()]
     others: dict[int, str] = {}
 
@@ -67,7 +67,7 @@ def _symbolic(launches, known):
         for name, start, size in spans:
             if start <= value < start + max(size, 1):
                 return name, value - start
-        return others.setdefault(value, f"other {len(others)}") if value >= 1 << 32 else value
+        return others.setdefault(value, f"other {len(others)}") if value >= 1 << 20 else value
 
     return [(symbol, grid, block, tuple(slot(v) for v in slots)) for symbol, grid, block, slots in launches]
 
@@ -213,6 +213,22 @@ def test_a_failed_replay_gives_the_python_paths_error(recording, monkeypatch):
         ct.conv(x, w, b, 1, 1)
     assert str(error.value) == "convgen.torch.conv: out of memory (needs 0.0 GiB)"
     assert recording == ["conv", "conv"]
+
+
+def test_a_conv_without_bias_is_remembered_only_once_its_zeros_are_kept(recording, monkeypatch):
+    """Zeros made while a CUDA graph is captured are not kept (they are filled when the graph replays): a call then
+    leaves no entry, and the next one outside the capture does."""
+    x, w = _tensors(((1, 2, 8), (3, 2, 3)))
+    devices._ZERO_BIASES.clear()
+    monkeypatch.setattr(devices.torch.cuda, "is_current_stream_capturing", lambda: True)
+    ct.conv(x, w)
+    assert not devices._ZERO_BIASES and not eager_host_path.CALLS["conv"]
+    monkeypatch.setattr(devices.torch.cuda, "is_current_stream_capturing", lambda: False)
+    ct.conv(x, w)
+    ct.conv(x, w)
+    (zeros,) = devices._ZERO_BIASES.values()
+    (entry,) = eager_host_path.CALLS["conv"].values()
+    assert entry[eager_host_path.ENTRY_FIELDS.index("fixed")] == (zeros,) and recording == ["conv", "conv"]
 
 
 def test_the_cache_starts_over_at_its_limit(recording, monkeypatch):

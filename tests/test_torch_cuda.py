@@ -324,7 +324,7 @@ def test_a_missing_bias_reads_zeros_made_once_and_never_kept_from_a_capture() ->
     """A conv without bias reads a zero bias (the kernels always add one), made once per channels, dtype and
     device. One made while a CUDA graph is captured is filled only when the graph replays, so none is kept from
     a capture: the eager calls after it still add zeros."""
-    from convgen.torch import devices
+    from convgen.torch import devices, host_path
 
     x, w = torch.randn(2, 3, 6, 6, device="cuda"), torch.randn(4, 3, 3, 3, device="cuda")
     expected = F.conv2d(x, w, None, 1, 1)
@@ -334,13 +334,16 @@ def test_a_missing_bias_reads_zeros_made_once_and_never_kept_from_a_capture() ->
         ct.conv(x, w, None, 1, 1)
     torch.cuda.current_stream().wait_stream(side)
     devices._ZERO_BIASES.clear()
+    host_path.clear()  # else the capture replays the warm-up's entry, which holds the zeros it read
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = ct.conv(x, w, None, 1, 1)
-    assert not devices._ZERO_BIASES
+    assert not devices._ZERO_BIASES and not any(host_path.CALLS.values())  # nothing kept from the capture
     graph.replay()
     first, second = ct.conv(x, w, None, 1, 1), ct.conv(x, w, None, 1, 1)
     (bias,) = devices._ZERO_BIASES.values()
     assert bias.shape == (4,) and bias.dtype == torch.float32 and not bias.any()
+    (entry,) = host_path.CALLS["conv"].values()  # the first eager call's, replayed by the second
+    assert entry[host_path.ENTRY_FIELDS.index("fixed")] == (bias,)
     for y in (captured, first, second):
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)

@@ -82,6 +82,9 @@ def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, prec
     known = calls.get(key)
     if known is not None:  # arguments equal to an entry's but of other types (2 and 2.0) stay on the Python path
         return
+    if runner._current_device() != x.device.index or (
+            tensors == 3 and user[2] is None and (geom.out_c, x.dtype, x.device) not in devices._ZERO_BIASES):
+        return  # for now: ran under another current device, or its zeros were made during a graph capture, not kept
     entry = _entry(op, runner, key, user, geom, precision)
     if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
         clear()
@@ -91,23 +94,17 @@ def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, prec
 def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor | None, ...], geom: Geometry,
            precision: str) -> tuple[Any, ...] | None:
     """The entry of `geom`'s forward on `runner`'s backend, in the order of ENTRY_FIELDS; None where the forward is
-    not one program (nothing to compute; a circular conv's wrap first), the backend makes or launches its own way,
-    a missing bias's zeros are not kept (made during a graph capture), or the program is past what the C side holds."""
+    not one program (nothing to compute; a circular conv's wrap first), the backend makes or launches its own way, or
+    the program is past what the C side holds."""
     x = user[0]
-    current = runner._current_device()
     backend = runner._backend(x, precision)
     kind = type(backend)
-    if (not geom.output_numel or (geom.circular and any(geom.padding)) or current != x.device.index
+    if (not geom.output_numel or (geom.circular and any(geom.padding))
             or kind._call is not KernelLaunches._call
             or any(getattr(kind, name) is not getattr(devices._TorchCupyBackend, name)
                    for name in ("_output", "_output_like", "_scratch", "_scratch_base"))):
         return None
-    fixed: tuple[torch.Tensor, ...] = ()
-    if geom.family.is_conv and user[2] is None:
-        zeros = devices._ZERO_BIASES.get((geom.out_c, x.dtype, x.device))
-        if zeros is None:
-            return None
-        fixed = (zeros,)
+    fixed = (devices._ZERO_BIASES[(geom.out_c, x.dtype, x.device)],) if len(user) == 3 and user[2] is None else ()
     reads = tuple(index if index < len(user) and user[index] is not None else len(user)
                   for index in _PROGRAM_READS[len(user)])
     compiled = backend._compile(geom)
@@ -123,8 +120,8 @@ def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor 
                                            torch.Tensor.data_ptr, backend._launch_kernel)
     if fields is None:
         return None
-    return (key, x.dtype, x.get_device(), current, runner._current_device, runner._current_stream, precision, fixed,
-            reads, fields, (op, geom, precision), _BACKEND_ORDER[len(user)])
+    return (key, x.dtype, x.get_device(), x.device.index, runner._current_device, runner._current_stream, precision,
+            fixed, reads, fields, (op, geom, precision), _BACKEND_ORDER[len(user)])
 
 
 def _step(backend: Any, step: Allocation | Scratch, placement: dict[str, Any]) -> tuple[Any, ...]:
