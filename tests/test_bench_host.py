@@ -45,8 +45,9 @@ def test_step_host_stand_in_times_the_adapters_host_path_on_the_cpu() -> None:
     assert [" ".join(row[1:-2]) for row in rows] == [
         "convgen.torch forward (no grad)", "convgen.torch step", "trivial autograd.Function step"]
     assert all(row[0] == "bfloat16" and float(row[-2]) > 0 for row in rows)
-    # The profile reaches the CUDA backend: which of its modules rank in the top functions varies from run to run.
-    assert any(module in out for module in ("runtime/cuda.py", "runtime/cuda_kernels.py", "runtime/launch_program.py"))
+    # The profile shows convgen.torch's own Python: with the compiled host path that is the functional ops' wrappers
+    # (the forward and backward replay in C), without it the CUDA backend too.
+    assert "runtime/torch/functional.py" in out
 
 
 def test_the_stand_in_adapter_is_undone_after_its_block() -> None:

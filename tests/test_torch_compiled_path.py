@@ -33,17 +33,23 @@ CALLS = {
 
 @pytest.fixture
 def recording(request, monkeypatch):
-    """convgen.torch on the recording stand-in: yields the list of the Python path's forwards (what devices.forward
-    ran) since the block began; every launch lands in RecordingModule.launches."""
+    """convgen.torch on the recording stand-in: yields the list of the Python path's forwards and backwards (the ops
+    devices.forward ran, and "<op> backward" for each devices.backward) since the block began; every launch lands in
+    RecordingModule.launches."""
     request.getfixturevalue("recording_tape")
     forwards = []
-    forward = devices.forward
+    forward, backward = devices.forward, devices.backward
 
     def counted(op, geom, tensors, precision="highest"):
         forwards.append(op)
         return forward(op, geom, tensors, precision)
 
+    def counted_backward(op, *args):
+        forwards.append(f"{op} backward")
+        return backward(op, *args)
+
     monkeypatch.setattr(devices, "forward", counted)
+    monkeypatch.setattr(devices, "backward", counted_backward)
     # A conv without a bias keeps its zeros unless a graph is being captured; torch's CPU build cannot say.
     monkeypatch.setattr(devices.torch.cuda, "is_current_stream_capturing", lambda: False)
     with stand_in.stand_in_adapter(devices):
@@ -101,20 +107,39 @@ def test_a_replayed_call_launches_what_the_python_path_launches(recording, monke
         [None if t is None else t.shape for t in first.grad_fn.saved_tensors]
 
 
-def test_a_replayed_calls_backward_launches_what_the_python_paths_backward_launches(recording, monkeypatch):
+@pytest.mark.parametrize(("name", "input_grad"), [
+    ("conv 2-D grouped", True), ("conv 2-D grouped", False), ("conv 3-D no bias", True), ("conv_transpose 2-D", True),
+    ("conv_transpose 2-D", False), ("max_pool 2-D", True)])
+def test_a_replayed_backward_launches_what_the_python_paths_backward_launches(recording, monkeypatch, name,
+                                                                              input_grad):
+    """A conv family's backward is replayed from its second call on (per geometry, precision and the gradients
+    wanted), with the Python path's launches and gradients' shapes; a pool's backward stays on the Python path."""
     from test_host_path import RecordingModule
 
-    op, shapes, args = CALLS["conv 2-D grouped"]
+    op, shapes, args = CALLS[name]
     tensors = _tensors(shapes)
-    launches = []
+    tensors[0].requires_grad_(input_grad)
+    wanted = [t for t in tensors if t is not None and t.requires_grad]
+    runs = []
     for _ in range(2):
         y, _ = _call(op, tensors, args, monkeypatch)
         del RecordingModule.launches[:]
         monkeypatch.setattr(stand_in, "_ADDRESSES", itertools.count(1 << 30, 1 << 8))
-        grads = torch.autograd.grad(y, tensors, torch.ones_like(y))
-        known = {f"input {i}": t for i, t in enumerate(tensors)} | {f"grad {i}": g for i, g in enumerate(grads)}
-        launches.append(_symbolic(RecordingModule.launches, known))
-    assert recording == ["conv"] and launches[0] and launches[1] == launches[0]
+        grads = torch.autograd.grad(y, wanted, torch.ones_like(y))
+        known = {f"input {i}": t for i, t in enumerate(tensors) if t is not None}
+        known |= {f"grad {i}": g for i, g in enumerate(grads)}
+        runs.append((_symbolic(RecordingModule.launches, known), [g.shape for g in grads]))
+    assert runs[0][0] and runs[1] == runs[0]
+    python_backwards = 2 if op.__name__.endswith("pool") else 1
+    assert recording == [op.__name__, f"{op.__name__} backward"] + [f"{op.__name__} backward"] * (python_backwards - 1)
+
+
+def test_a_backward_of_another_upstream_layout_takes_the_python_path(recording):
+    x, w, b = _tensors(((2, 4, 6, 5), (6, 2, 3, 2), (6,)))
+    for upstream in (torch.ones, lambda shape: torch.ones(shape[::-1]).permute(3, 2, 1, 0), torch.ones):
+        y = ct.conv(x, w, b, 1, 1, 1, 2)
+        torch.autograd.grad(y, (x, w, b), upstream(y.shape))
+    assert recording == ["conv", "conv backward", "conv backward"]  # the second's upstream is not contiguous
 
 
 def test_without_grad_a_replayed_call_attaches_no_backward(recording, monkeypatch):
@@ -251,11 +276,12 @@ def test_on_cuda_a_replayed_call_gives_the_python_paths_values_and_gradients(nam
     eager_host_path.clear()
     tensors = tuple(None if t is None else t.detach().cuda().requires_grad_() for t in _tensors(shapes))
     runs = []
-    for _ in range(2):  # the Python path's, then the replay
+    for _ in range(2):  # the Python path's, then the replays
         y = op(*tensors, *args)
         upstream = torch.linspace(-1, 1, y.numel(), device="cuda").view_as(y)
         runs.append((y.detach(), torch.autograd.grad(y, [t for t in tensors if t is not None], upstream)))
     entries = [entry for by_key in eager_host_path.CALLS.values() for entry in by_key.values()]
-    assert len(entries) == 1 and type(entries[0]) is tuple  # the second call was a replay
+    # The second call was a replay, and so was a conv family's second backward.
+    assert len(entries) == (2 if len(shapes) == 3 else 1) and all(type(entry) is tuple for entry in entries)
     (y0, grads0), (y1, grads1) = runs
     assert torch.equal(y0, y1) and all(torch.equal(g0, g1) for g0, g1 in zip(grads0, grads1, strict=True))

@@ -1,11 +1,12 @@
 /* convgen.torch's eager op call, compiled, for arguments it has run before on CUDA tensors (convgen.torch.host_path).
 
-   `EagerCall` is a functional op (conv, conv_transpose, a pool) in eager mode: called with every argument, in the
-   op's order, tensors first. Where the tensors' shapes and the other arguments are an entry's, exactly (types too),
+   `EagerCall` is a functional op (conv, conv_transpose, a pool) in eager mode, or the conv families' backward:
+   called with every argument, in the op's order, tensors first. Where the tensors' shapes and the other arguments are an entry's, exactly (types too),
    and the tensors are as the entry's program read them (the dtype, a CUDA device, strided, contiguous, aligned), no
    torch.func transform or autocast is active, torch's precision setting and current device are the entry's, it
    replays the forward's launch program on torch's current stream, its outputs from torch's allocator, then attaches
-   the backward as the Python path does (functional.py's _Eager) where autograd will want one. Anything else, and
+   the backward as the Python path does (functional.py's _Eager) where autograd will want one; a backward's returns
+   its gradients. Anything else, and
    anything that fails on the way, is the Python path's, which computes the call from the start and raises its
    error. */
 
@@ -26,12 +27,13 @@ static PyObject *s_shape, *s_dtype, *s_layout, *s_is_nested, *s_get_device, *s_i
 typedef struct {
     PyObject_HEAD
     PyObject *fallback;      /* the Python path, called with the op's arguments */
-    PyObject *calls;         /* (tensor shapes, *other arguments) -> entry */
-    Py_ssize_t tensors, arguments;
+    PyObject *calls;         /* (tensor shapes, *other keyed arguments) -> entry */
+    Py_ssize_t tensors, arguments, keyed;  /* the first `keyed` arguments key an entry; the rest only the fallback's */
     PyObject *tensor_types;  /* the exact types a tensor argument may have (torch.Tensor, torch.nn.Parameter) */
     PyObject *strided;       /* torch.strided */
     uint64_t alignment;      /* of every address a kernel reads */
-    PyObject *transforms_active, *autocast_active, *precision_of, *grad_enabled, *apply;
+    PyObject *transforms_active, *autocast_active, *precision_of, *grad_enabled;
+    PyObject *apply;         /* None: the call returns what the program returns, as a tuple (a backward) */
     vectorcallfunc vectorcall;
 } EagerCall;
 
@@ -80,9 +82,9 @@ static int as_read(EagerCall *self, PyObject *tensor, PyObject *dtype, long devi
 /* The entry of the call (a new reference) and its tensors' addresses, or NULL (with an exception set only where
    something failed). The dict is held while it is searched: a shape's or argument's __eq__ may run Python. */
 static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addresses) {
-    PyObject *key = PyTuple_New(self->arguments);
+    PyObject *key = PyTuple_New(self->keyed);
     if (key == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < self->arguments; i++) {
+    for (Py_ssize_t i = 0; i < self->keyed; i++) {
         PyObject *arg = args[i], *item;
         if (i < self->tensors && arg != Py_None) {
             if (PySequence_Contains(self->tensor_types, (PyObject *)Py_TYPE(arg)) != 1) { Py_DECREF(key); return NULL; }
@@ -156,6 +158,18 @@ static PyObject *computed(PyObject *program, Replay *replay) {
     return tuple;
 }
 
+/* Every return of the program, as a tuple (new reference). */
+static PyObject *all_returned(PyObject *program, Replay *replay) {
+    Py_ssize_t n = PyTuple_GET_SIZE(PyTuple_GET_ITEM(program, P_RETURNS));
+    PyObject *tuple = PyTuple_New(n);
+    for (Py_ssize_t i = 0; tuple && i < n; i++) {
+        PyObject *item = replay_returned(program, i, replay);
+        if (item == NULL) { Py_CLEAR(tuple); break; }
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    return tuple;
+}
+
 /* The op's output, with its backward attached where grad mode is on and a tensor requires grad: _Eager's apply with
    (op, geom, precision, computed, *tensors in the backend's order). */
 static PyObject *attached(EagerCall *self, PyObject *const *args, PyObject *entry, PyObject *outputs) {
@@ -221,6 +235,10 @@ static PyObject *replayed(EagerCall *self, PyObject *const *args) {
     }
     PyObject *program = PyTuple_GET_ITEM(entry, E_PROGRAM);
     if (replay_program(program, inputs, count, stream, &replay) < 0) goto done;
+    if (self->apply == Py_None) {
+        result = all_returned(program, &replay);
+        goto done;
+    }
     PyObject *outputs = computed(program, &replay);
     if (outputs == NULL) goto done;
     result = attached(self, args, entry, outputs);
@@ -245,22 +263,25 @@ static PyObject *eager_call_call(PyObject *callable, PyObject *const *args, size
 static int eager_call_init(EagerCall *self, PyObject *args, PyObject *kwargs) {
     PyObject *fallback, *calls, *tensor_types, *strided, *transforms_active, *autocast_active, *precision_of,
         *grad_enabled, *apply;
-    Py_ssize_t tensors, arguments;
+    Py_ssize_t tensors, arguments, keyed;
     unsigned long long alignment;
-    static char *names[] = {"fallback", "calls", "tensors", "arguments", "tensor_types", "strided", "alignment",
-                            "transforms_active", "autocast_active", "precision_of", "grad_enabled", "apply", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!nnO!OKOOOOO", names, &fallback, &PyDict_Type, &calls,
-                                     &tensors, &arguments, &PyTuple_Type, &tensor_types, &strided, &alignment,
+    static char *names[] = {"fallback", "calls", "tensors", "arguments", "keyed", "tensor_types", "strided",
+                            "alignment", "transforms_active", "autocast_active", "precision_of", "grad_enabled",
+                            "apply", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!nnnO!OKOOOOO", names, &fallback, &PyDict_Type, &calls,
+                                     &tensors, &arguments, &keyed, &PyTuple_Type, &tensor_types, &strided, &alignment,
                                      &transforms_active, &autocast_active, &precision_of, &grad_enabled, &apply))
         return -1;
-    if (tensors < 1 || tensors > MAX_TENSORS || arguments < tensors || alignment == 0) {
-        PyErr_SetString(PyExc_ValueError, "EagerCall: 1 to 8 tensors, no more than the arguments, a nonzero alignment");
+    if (tensors < 1 || tensors > MAX_TENSORS || keyed < tensors || arguments < keyed || alignment == 0) {
+        PyErr_SetString(PyExc_ValueError, "EagerCall: 1 to 8 tensors, keyed, no more keyed than arguments, a nonzero "
+                                          "alignment");
         return -1;
     }
     Py_XSETREF(self->fallback, Py_NewRef(fallback));
     Py_XSETREF(self->calls, Py_NewRef(calls));
     self->tensors = tensors;
     self->arguments = arguments;
+    self->keyed = keyed;
     Py_XSETREF(self->tensor_types, Py_NewRef(tensor_types));
     Py_XSETREF(self->strided, Py_NewRef(strided));
     self->alignment = alignment;

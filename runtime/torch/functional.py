@@ -412,14 +412,25 @@ class _Eager(torch.autograd.Function):
 def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     """_Eager's backward: the gradients of the inputs it was given, after its four leading non-tensors."""
     geom = ctx.geom
-    parents = 3 if geom.family.is_conv else 1
     stored = ctx.saved_tensors
-    tensors, saved = stored[:parents], stored[parents:]
     # Only the gradients autograd will read are computed (a missing bias and a tensor that needs no
     # gradient get None), as torch's convolution_backward does with its output_mask.
     wanted = ctx.needs_input_grad[4:]
-    grads = devices.backward(ctx.op, geom, tensors, saved, grad, ctx.precision, wanted)
+    if geom.family.is_conv:
+        weight, bias, x = stored
+        grads = _CONV_BACKWARD(grad, x, weight, geom, ctx.precision, wanted, ctx.op, bias)
+    else:
+        grads = devices.backward(ctx.op, geom, stored[:1], stored[1:], grad, ctx.precision, wanted)
     return None, None, None, None, *grads
+
+
+def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, geom: Geometry, precision: str, wanted: tuple[bool, ...],
+                   op: str, bias: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The conv families' backward on the Python path (host_path.backward_call): their gradients (weight, bias,
+    input), remembered for the compiled path."""
+    grads = devices.backward(op, geom, (weight, bias, x), (), grad, precision, wanted)
+    host_path.remember_backward(grad, x, weight, geom, precision, wanted)
+    return grads
 
 
 class _NoSecondBackward(torch.autograd.Function):
@@ -475,3 +486,4 @@ _CONV_TRANSPOSE = _eager_call("conv_transpose", _conv_transpose, 3, 8)
 _MAX_POOL = _eager_call("max_pool", _max_pool, 1, 5)
 _AVG_POOL = _eager_call("avg_pool", _avg_pool, 1, 4)
 _SMOOTH_MAX_POOL = _eager_call("smooth_max_pool", _smooth_max_pool, 1, 6)
+_CONV_BACKWARD = host_path.backward_call(_conv_backward)

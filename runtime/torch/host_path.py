@@ -35,6 +35,8 @@ COMPILED = compiled_paths.COMPILED
 if COMPILED and compiled_paths._host_path.EAGER_ENTRY_FIELDS != len(ENTRY_FIELDS):
     raise ImportError("convgen._host_path was built from another version of convgen; reinstall convgen")
 
+# CALLS's name for the conv families' backward (backward_call).
+BACKWARD = "conv backward"
 # What CALLS holds for a key whose forward is not replayed: EagerCall takes only a tuple for an entry.
 NOT_REPLAYED = False
 # op -> key -> entry; each op's dict is the one its EagerCall reads, emptied (never replaced) at ENTRY_LIMIT.
@@ -57,9 +59,20 @@ def eager_call(op: str, python_call: Callable[..., torch.Tensor], tensors: int, 
     if not COMPILED:
         return python_call
     return compiled_paths._host_path.EagerCall(
-        python_call, CALLS.setdefault(op, {}), tensors, arguments, _TENSOR_TYPES, torch.strided, ARRAY_ALIGNMENT,
-        transforms_active, autocast_active if conv else None, precision_of if conv else None, torch.is_grad_enabled,
-        apply)
+        python_call, CALLS.setdefault(op, {}), tensors, arguments, arguments, _TENSOR_TYPES, torch.strided,
+        ARRAY_ALIGNMENT, transforms_active, autocast_active if conv else None, precision_of if conv else None,
+        torch.is_grad_enabled, apply)
+
+
+def backward_call(python_call: Callable[..., tuple[torch.Tensor | None, ...]]) -> Any:
+    """The conv families' backward, called (grad, x, weight, geom, precision, wanted, op, bias) and returning the
+    gradients (weight, bias, input; None where not wanted): EagerCall over `python_call` (which remembers what it
+    ran) keyed by the first six, or `python_call` itself without the extension."""
+    if not COMPILED:
+        return python_call
+    return compiled_paths._host_path.EagerCall(
+        python_call, CALLS.setdefault(BACKWARD, {}), 3, 8, 6, _TENSOR_TYPES, torch.strided, ARRAY_ALIGNMENT, None,
+        None, None, torch.is_grad_enabled, None)
 
 
 def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, precision: str,
@@ -91,6 +104,43 @@ def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, prec
     calls[key] = NOT_REPLAYED if entry is None else entry
 
 
+def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geom: Geometry, precision: str,
+                      wanted: tuple[bool, ...]) -> None:
+    """Keep the entry of a conv family's backward that succeeded on the Python path, keyed as backward_call keys it.
+    The geometry is keyed as the object it is (the C side compares it by identity): one equal to an entry's but
+    another object (made again after the functional ops' geometry memo started over) replaces that entry."""
+    if not COMPILED or not isinstance(runner := devices._runner(grad), devices._CudaRunner):
+        return
+    if runner._current_device() != grad.device.index or not geom.output_numel or (geom.circular and any(geom.padding)):
+        return
+    backend = runner._backend(grad, precision)
+    if _launches_its_own_way(backend):
+        return
+    compiled = backend._compile(geom)
+    program = backend._program(compiled, ("backward", *wanted), "conv_backward", wanted)
+    base = (compiled.backward_scratch[wanted].size, backend._allocate, backend._free)
+    placement = {"device": grad.device}
+    reads = (1, 2, 0)  # the pass reads (x, weight, grad), the call takes (grad, x, weight, ...)
+    fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement), base,
+                                           torch.Tensor.data_ptr, backend._launch_kernel)
+    key = (grad.shape, x.shape, weight.shape, geom, precision, wanted)
+    calls = CALLS.setdefault(BACKWARD, {})
+    if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
+        clear()
+    calls[key] = NOT_REPLAYED if fields is None else (
+        key, grad.dtype, grad.get_device(), grad.device.index, runner._current_device, runner._current_stream,
+        precision, (), reads, fields, None, ())
+
+
+def _launches_its_own_way(backend: Any) -> bool:
+    """Whether `backend` makes its buffers or launches otherwise than _TorchCupyBackend (a test's or benchmark's
+    subclass): the entries make and launch as that class does."""
+    kind = type(backend)
+    return kind._call is not KernelLaunches._call or any(
+        getattr(kind, name) is not getattr(devices._TorchCupyBackend, name)
+        for name in ("_output", "_output_like", "_scratch", "_scratch_base"))
+
+
 def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor | None, ...], geom: Geometry,
            precision: str) -> tuple[Any, ...] | None:
     """The entry of `geom`'s forward on `runner`'s backend, in the order of ENTRY_FIELDS; None where the forward is
@@ -98,11 +148,7 @@ def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor 
     the program is past what the C side holds."""
     x = user[0]
     backend = runner._backend(x, precision)
-    kind = type(backend)
-    if (not geom.output_numel or (geom.circular and any(geom.padding))
-            or kind._call is not KernelLaunches._call
-            or any(getattr(kind, name) is not getattr(devices._TorchCupyBackend, name)
-                   for name in ("_output", "_output_like", "_scratch", "_scratch_base"))):
+    if not geom.output_numel or (geom.circular and any(geom.padding)) or _launches_its_own_way(backend):
         return None
     fixed = (devices._ZERO_BIASES[(geom.out_c, x.dtype, x.device)],) if len(user) == 3 and user[2] is None else ()
     reads = tuple(index if index < len(user) and user[index] is not None else len(user)
