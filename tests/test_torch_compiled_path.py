@@ -261,7 +261,7 @@ def test_the_cache_starts_over_at_its_limit(recording, monkeypatch):
     x = torch.randn(1, 1, 8)
     for kernel in (2, 3, 4):
         ct.max_pool(x, kernel)
-    assert sum(map(len, eager_host_path.CALLS.values())) == 1 and (x.shape, 4, None, 0, 1) in \
+    assert sum(map(len, eager_host_path.CALLS.values())) == 1 and (x.shape, x.dtype, -1, 4, None, 0, 1) in \
         eager_host_path.CALLS["max_pool"]
     ct.max_pool(x, 4)
     assert recording == ["max_pool"] * 3

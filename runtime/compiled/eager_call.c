@@ -80,10 +80,17 @@ static int as_read(EagerCall *self, PyObject *tensor, PyObject *dtype, long devi
 }
 
 /* The entry of the call (a new reference) and its tensors' addresses, or NULL (with an exception set only where
-   something failed). The dict is held while it is searched: a shape's or argument's __eq__ may run Python. */
+   something failed). The key: the tensors' shapes (None for a missing one), the first tensor's dtype and device
+   index, then the other keyed arguments. The dict is held while it is searched: a key's __eq__ may run Python. */
 static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addresses) {
-    PyObject *key = PyTuple_New(self->keyed);
+    if (PySequence_Contains(self->tensor_types, (PyObject *)Py_TYPE(args[0])) != 1) return NULL;
+    PyObject *key = PyTuple_New(self->keyed + 2);
     if (key == NULL) return NULL;
+    PyObject *dtype = PyObject_GetAttr(args[0], s_dtype);
+    PyObject *on = dtype ? PyObject_CallMethodNoArgs(args[0], s_get_device) : NULL;
+    if (on == NULL) { Py_XDECREF(dtype); Py_DECREF(key); return NULL; }
+    PyTuple_SET_ITEM(key, self->tensors, dtype);
+    PyTuple_SET_ITEM(key, self->tensors + 1, on);
     for (Py_ssize_t i = 0; i < self->keyed; i++) {
         PyObject *arg = args[i], *item;
         if (i < self->tensors && arg != Py_None) {
@@ -92,7 +99,7 @@ static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addr
         } else {
             item = Py_NewRef(arg);
         }
-        PyTuple_SET_ITEM(key, i, item);
+        PyTuple_SET_ITEM(key, i < self->tensors ? i : i + 2, item);
     }
     PyObject *calls = Py_NewRef(self->calls);
     PyObject *entry = Py_XNewRef(PyDict_GetItemWithError(calls, key));

@@ -1,17 +1,18 @@
 """convgen.torch's compiled host path: an eager op call on CUDA tensors whose arguments an earlier call had is replayed
 in C.
 
-For the same tensor shapes and arguments, an eager call checks, plans, allocates and launches the same things every
-time, and in Python that costs more host time than the CUDA tape's call (whose own compiled path is convgen.host_path):
-on a batched conv, tens of µs before its first kernel reaches the GPU. After a call on CUDA tensors succeeds on the
-Python path, `remember` keeps an entry for its arguments: the tensors' shapes and the other arguments as given (the
-key), the dtype, device and precision it ran in, the forward's launch program (convgen.launch_program) with torch's
-allocators, and how to attach the backward (functional.py's _Eager). Each functional op in eager mode is then
-`convgen._host_path.EagerCall` (runtime/compiled/eager_call.c): a call whose key is an entry's, exactly, on tensors the
-program reads as they are (that dtype and device, strided, contiguous, aligned), outside torch.func transforms and
-autocast, with torch's precision setting and current device as they were, is replayed there; every other call, and any
-replay that fails on the way, is the Python path's. Without the extension (CONVGEN_HOST_PATH=python, or not built)
-the ops are the Python path alone.
+For the same tensor shapes, dtype, device and arguments, an eager call checks, plans, allocates and launches the same
+things every time, and in Python that costs more host time than the CUDA tape's call (whose own compiled path is
+convgen.host_path): on a batched conv, tens of µs before its first kernel reaches the GPU. After a call on CUDA
+tensors succeeds on the Python path, `remember` keeps an entry for its arguments: the tensors' shapes, the first one's
+dtype and device index and the other arguments as given (the key), the precision it ran in, the forward's launch
+program (convgen.launch_program) with torch's allocators, and how to attach the backward (functional.py's _Eager).
+Each functional op in eager mode is then `convgen._host_path.EagerCall` (runtime/compiled/eager_call.c): a call whose
+key is an entry's, exactly, on tensors the program reads as they are (that dtype and device, strided, contiguous,
+aligned), outside torch.func transforms and autocast, with torch's precision setting and current device as they
+were, is replayed there; every other call, and any replay that fails on the way, is the Python path's. The conv
+families' backward is replayed the same way (`backward_call`, `remember_backward`); a pool's runs in Python. Without
+the extension (CONVGEN_HOST_PATH=python, or not built) the ops are the Python path alone.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, prec
     runner = devices._runner(x)
     if not isinstance(runner, devices._CudaRunner) or not plain(given[tensors:], floats=True):
         return
-    key = (*(None if t is None else t.shape for t in user), *given[tensors:])
+    key = (*(None if t is None else t.shape for t in user), x.dtype, x.get_device(), *given[tensors:])
     calls = CALLS.setdefault(op, {})
     known = calls.get(key)
     if known is not None:  # arguments equal to an entry's but of other types (2 and 2.0) stay on the Python path
@@ -111,6 +112,11 @@ def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     another object (made again after the functional ops' geometry memo started over) replaces that entry."""
     if not COMPILED or not isinstance(runner := devices._runner(grad), devices._CudaRunner):
         return
+    key = (grad.shape, x.shape, weight.shape, grad.dtype, grad.get_device(), geom, precision, wanted)
+    calls = CALLS.setdefault(BACKWARD, {})
+    known = calls.get(key)
+    if known is NOT_REPLAYED or (known is not None and known[0][5] is geom):
+        return  # a call the entry does not take (an upstream gradient not contiguous): no entry to make again
     if runner._current_device() != grad.device.index or not geom.output_numel or (geom.circular and any(geom.padding)):
         return
     backend = runner._backend(grad, precision)
@@ -123,8 +129,6 @@ def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     reads = (1, 2, 0)  # the pass reads (x, weight, grad), the call takes (grad, x, weight, ...)
     fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement), base,
                                            torch.Tensor.data_ptr, backend._launch_kernel)
-    key = (grad.shape, x.shape, weight.shape, geom, precision, wanted)
-    calls = CALLS.setdefault(BACKWARD, {})
     if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
         clear()
     calls[key] = NOT_REPLAYED if fields is None else (
