@@ -197,6 +197,14 @@ def test_keyword_arguments_are_replayed_as_positional_ones(recording):
     assert recording == ["conv"]
 
 
+def test_each_dtype_of_the_same_shapes_has_its_own_entry(recording):
+    tensors32 = _tensors(((1, 2, 8), (3, 2, 3), (3,)))
+    tensors64 = tuple(t.detach().double() for t in tensors32)
+    for tensors in (tensors32, tensors64, tensors32, tensors64):
+        ct.conv(*tensors, 1, 1)
+    assert recording == ["conv", "conv"] and len(eager_host_path.CALLS["conv"]) == 2
+
+
 class _Subclass(torch.Tensor):
     """A tensor subclass, which the C side does not take."""
 
