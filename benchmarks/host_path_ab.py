@@ -28,6 +28,7 @@ import convgen.cuda
 from convgen.cuda import STORAGE_DTYPES, CupyBackend
 from suite import stand_in
 from suite.cases import CASES_BY_NAME, Case
+from suite.host import python_host_path
 from suite.timing import L2_FLUSH_BYTES
 
 _METHODS = ("_launch_group", "_scratch_base")
@@ -190,9 +191,18 @@ def main() -> None:
 
     adapter.set_float32_precision(args.precision)
     flush = torch.empty(L2_FLUSH_BYTES // 4, device="cuda")
-    print(f"host path A/B, ms (median of {args.rounds} rounds, modes alternating; float32 in {args.precision})")
+    with python_host_path():  # each mode swaps the Python path's methods
+        gpu_ab(cases, args.dtypes.split(","), args.precision, args.rounds, flush, backend_class, backends)
+
+
+def gpu_ab(cases: list[Case], dtypes: list[str], precision: str, rounds: int, flush: Any, backend_class: type,
+           backends: Any) -> None:
+    """The A/B on CUDA tensors through convgen.torch, printed a line per case, dtype and call."""
+    import torch
+
+    print(f"host path A/B, ms (median of {rounds} rounds, modes alternating; float32 in {precision})")
     for case in cases:
-        for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
+        for dtype in (getattr(torch, name) for name in dtypes):
             ops, results = calls(case, dtype)
             same = []
             for mode in MODES:
@@ -203,7 +213,7 @@ def main() -> None:
             bits = all(torch.equal(a, b) for other in same[1:] for a, b in zip(same[0], other, strict=True))
             for name, op in ops.items():
                 samples: dict[str, list[float]] = {mode: [] for mode in MODES}
-                for _ in range(args.rounds):
+                for _ in range(rounds):
                     for mode in MODES:
                         use(mode, backend_class, backends)
                         samples[mode].append(timed_ms(op, flush))

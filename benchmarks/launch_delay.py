@@ -28,6 +28,7 @@ import cupy
 import torch
 from convgen.cuda import CupyBackend
 from convgen.torch import devices, functional
+from suite.host import python_host_path
 from suite.trivial import trivial_function
 
 CALLS = 300
@@ -146,9 +147,10 @@ def probe_backward(input_shape: tuple[int, ...], weight_shape: tuple[int, ...], 
 def main() -> None:
     _install_marks()
     convgen.torch.set_float32_precision("highest")
-    for case in CASES:
-        probe_case(*case)
-    probe_backward(*CASES[0])
+    with python_host_path():  # the segments are the Python path's
+        for case in CASES:
+            probe_case(*case)
+        probe_backward(*CASES[0])
 
 
 if __name__ == "__main__":

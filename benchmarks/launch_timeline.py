@@ -42,6 +42,7 @@ from suite.contestants import (
     make_device_inputs,
     on_calling_thread,
 )
+from suite.host import python_host_path
 from suite.measure import run_case
 from suite.timing import QUICK
 
@@ -98,16 +99,18 @@ class OnCallingThread:
 
 
 def print_timelines(contestants: list[tuple[str, Any]], calls: int, flush: Any) -> None:
-    """Each contestant's timeline, forward and training step, with every launch marked while they run."""
+    """Each contestant's timeline, forward and training step, with every launch marked while they run (on the Python
+    path, whose launches the marks are)."""
     original = CupyBackend._call
     CupyBackend._call = _marked_call(original)
     try:
-        for mode in ("fwd", "fwd_bwd"):
-            for label, contestant in contestants:
-                call_us, host_us, launches = timeline(contestant.call_for(mode), calls, flush)
-                print(f"  {label:<22} {mode:<8} call {call_us:7.1f}  host returns {host_us:6.1f}")
-                for stage, host, gpu in launches:
-                    print(f"      {stage:<32} host {host:7.1f}  GPU reaches it {gpu:7.1f}")
+        with python_host_path():
+            for mode in ("fwd", "fwd_bwd"):
+                for label, contestant in contestants:
+                    call_us, host_us, launches = timeline(contestant.call_for(mode), calls, flush)
+                    print(f"  {label:<22} {mode:<8} call {call_us:7.1f}  host returns {host_us:6.1f}")
+                    for stage, host, gpu in launches:
+                        print(f"      {stage:<32} host {host:7.1f}  GPU reaches it {gpu:7.1f}")
     finally:
         CupyBackend._call = original
 

@@ -30,6 +30,7 @@ from convgen.cuda import CupyBackend
 from convgen.torch import devices, functional
 from suite.cases import BATCHED_CASES, CASES_BY_NAME, Case
 from suite.contestants import CHANNELS_LAST_FORMAT, torch_op
+from suite.host import python_host_path
 from suite.trivial import trivial_function
 
 _marks: list[tuple[str, int, int]] = []  # (stage, perf_counter_ns, thread) of the call being timed
@@ -164,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     case = CASES_BY_NAME[args.case]
     print(f"{case.title}: where a call's host time goes")
-    with instrumented():
+    with python_host_path(), instrumented():  # the stages are the Python path's
         if args.stand_in:
             from suite.stand_in import stand_in_adapter
 

@@ -117,3 +117,38 @@ def test_step_stages_puts_convgen_torch_back_after_its_block() -> None:
     with step_stages.instrumented():
         assert all(a is not b for a, b in zip(parts(), before))
     assert parts() == before
+
+
+def test_python_host_path_keeps_every_call_on_the_python_path_inside_its_block() -> None:
+    """The instrumenting scripts (step_stages, launch_delay, launch_timeline, host_path_ab) mark or swap the Python
+    path's methods: inside suite.host.python_host_path no call is replayed in C, after it calls are again."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH_DIR))
+    import convgen.torch as ct
+    from convgen.torch import devices
+    from convgen.torch import host_path as torch_paths
+    from suite.host import python_host_path
+    from suite.stand_in import stand_in_adapter
+
+    if not torch_paths.COMPILED:
+        pytest.skip("convgen._host_path is not built")
+    forwards = []
+    forward = devices.forward
+
+    def counted(*args):
+        forwards.append(args[0])
+        return forward(*args)
+
+    x = torch.randn(1, 2, 8)
+    devices.forward = counted
+    try:
+        with stand_in_adapter(devices):
+            with python_host_path():
+                for _ in range(3):
+                    ct.max_pool(x, 2)
+            assert forwards == ["max_pool"] * 3 and not torch_paths.CALLS["max_pool"]
+            for _ in range(3):
+                ct.max_pool(x, 2)
+    finally:
+        devices.forward = forward
+    assert forwards == ["max_pool"] * 4  # after the block: the first call's entry, then replays

@@ -13,7 +13,8 @@ import platform
 import pstats
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,3 +201,21 @@ def format_split(split: dict[str, Any]) -> list[str]:
     path = split.get("host_path", "python")
     return [f"- {name}: {entry['us_per_call']:.2f} µs" + (f" ({path} host path)" if "CUDA backend" in name else "")
             for name, entry in split["ops"].items()]
+
+
+@contextmanager
+def python_host_path() -> Iterator[None]:
+    """Inside the block every op call of the CUDA tape and of convgen.torch takes the Python path: no entries are kept
+    for the compiled one (convgen.host_path, convgen.torch.host_path). For the scripts that mark or swap the Python
+    path's methods (the launches, the allocations, the passes), which a call replayed in C would not run."""
+    import convgen.host_path as tape_paths
+    from convgen.torch import host_path as torch_paths
+
+    saved = tape_paths.remember, torch_paths.remember, torch_paths.remember_backward
+    tape_paths.remember = torch_paths.remember = torch_paths.remember_backward = lambda *args: None
+    tape_paths.CALLS.clear()
+    torch_paths.clear()
+    try:
+        yield
+    finally:
+        tape_paths.remember, torch_paths.remember, torch_paths.remember_backward = saved
