@@ -1,14 +1,14 @@
 /* convgen.torch's eager op call, compiled, for arguments it has run before on CUDA tensors (convgen.torch.host_path).
 
    `EagerCall` is a functional op (conv, conv_transpose, a pool) in eager mode, or the conv families' backward:
-   called with every argument, in the op's order, tensors first. Where the tensors' shapes and the other arguments are an entry's, exactly (types too),
-   and the tensors are as the entry's program read them (the dtype, a CUDA device, strided, contiguous, aligned), no
-   torch.func transform or autocast is active, torch's precision setting and current device are the entry's, it
-   replays the forward's launch program on torch's current stream, its outputs from torch's allocator, then attaches
-   the backward as the Python path does (functional.py's _Eager) where autograd will want one; a backward's returns
-   its gradients. Anything else, and
-   anything that fails on the way, is the Python path's, which computes the call from the start and raises its
-   error. */
+   called with every argument, in the op's order, tensors first. Where the key (the tensors' shapes, the first one's
+   dtype and device, the other keyed arguments) is an entry's, exactly (types too), and the tensors are as the
+   entry's program reads them (the dtype, the device, strided, contiguous, aligned), no torch.func transform or
+   autocast is active, and torch's precision setting and current device are the entry's, it replays the launch
+   program on torch's current stream with its outputs from torch's allocator. A forward then attaches the backward as
+   the Python path does (functional.py's _Eager) where autograd will want one; a backward returns its gradients.
+   Anything else, and anything that fails on the way, is the Python path's, which computes the call from the start
+   and raises its error. */
 
 #include "host_path.h"
 
@@ -114,7 +114,8 @@ static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addr
     long device = PyLong_AsLong(PyTuple_GET_ITEM(entry, E_DEVICE));
     for (Py_ssize_t i = 0; i < self->tensors; i++) {
         addresses[i] = 0;
-        if (args[i] != Py_None && as_read(self, args[i], PyTuple_GET_ITEM(entry, E_DTYPE), device, &addresses[i]) != 1) {
+        PyObject *dtype_read = PyTuple_GET_ITEM(entry, E_DTYPE);
+        if (args[i] != Py_None && as_read(self, args[i], dtype_read, device, &addresses[i]) != 1) {
             Py_DECREF(entry);
             return NULL;
         }

@@ -93,8 +93,8 @@ static int launch(PyObject *step, PyObject *launch_kernel, PyObject *stream, con
     void *pointers[MAX_SLOTS];
     PyObject *constants = PyTuple_GET_ITEM(step, 5), *holes = PyTuple_GET_ITEM(step, 6);
     Py_ssize_t bytes = PyBytes_GET_SIZE(constants), count = bytes / 8;
-    if (count > MAX_SLOTS) {
-        PyErr_SetString(PyExc_ValueError, "a launch with more parameters than the host path holds");
+    if (count > MAX_SLOTS || bytes % 8) {
+        PyErr_SetString(PyExc_ValueError, "a launch past the host path's parameter slots, or not in 8-byte slots");
         return -1;
     }
     memcpy(slots, PyBytes_AS_STRING(constants), (size_t)bytes);
@@ -206,7 +206,8 @@ int replay_program(PyObject *program, PyObject *const *inputs, Py_ssize_t input_
             made = PyObject_CallOneArg(PyTuple_GET_ITEM(step, 1), inputs[like]);
         } else {
             PyObject *kwargs = PyTuple_GET_ITEM(step, 3);
-            made = PyObject_Call(PyTuple_GET_ITEM(step, 1), PyTuple_GET_ITEM(step, 2), kwargs == Py_None ? NULL : kwargs);
+            PyObject *make = PyTuple_GET_ITEM(step, 1);
+            made = PyObject_Call(make, PyTuple_GET_ITEM(step, 2), kwargs == Py_None ? NULL : kwargs);
         }
         if (made == NULL) { status = -1; break; }
         replay->made[replay->made_count++] = made;
