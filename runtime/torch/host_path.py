@@ -46,9 +46,8 @@ ENTRY_LIMIT = 4096
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # Where the functional ops' tensors go in the backend's order (functional._run_eager's), by how many the op takes.
 _BACKEND_ORDER = {3: (1, 2, 0), 1: (0,)}
-# Where the forward program's inputs come from, by how many tensors the op takes: a conv's pass reads (x, weight, bias),
-# the op takes (input, weight, bias); a missing bias is the entry's first fixed tensor (index 3).
-_PROGRAM_READS = {3: (0, 1, 2), 1: (0,)}
+# Where a backward key holds the geometry (backward_call's keyed arguments after the shapes, dtype and device).
+_BACKWARD_KEY_GEOM = 5
 
 
 def eager_call(op: str, python_call: Callable[..., torch.Tensor], tensors: int, arguments: int, conv: bool,
@@ -115,7 +114,7 @@ def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     key = (grad.shape, x.shape, weight.shape, grad.dtype, grad.get_device(), geom, precision, wanted)
     calls = CALLS.setdefault(BACKWARD, {})
     known = calls.get(key)
-    if known is NOT_REPLAYED or (known is not None and known[0][5] is geom):
+    if known is NOT_REPLAYED or (known is not None and known[0][_BACKWARD_KEY_GEOM] is geom):
         return  # a call the entry does not take (an upstream gradient not contiguous): no entry to make again
     if runner._current_device() != grad.device.index or not geom.output_numel or (geom.circular and any(geom.padding)):
         return
@@ -124,16 +123,12 @@ def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         return
     compiled = backend._compile(geom)
     program = backend._program(compiled, ("backward", *wanted), "conv_backward", wanted)
-    base = (compiled.backward_scratch[wanted].size, backend._allocate, backend._free)
-    placement = {"device": grad.device}
-    reads = (1, 2, 0)  # the pass reads (x, weight, grad), the call takes (grad, x, weight, ...)
-    fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement), base,
-                                           torch.Tensor.data_ptr, backend._launch_kernel)
+    # The pass reads (x, weight, grad), the call takes (grad, x, weight, ...); it returns the gradients, attaches none.
+    entry = _program_entry(runner, backend, key, grad, precision, program, compiled.backward_scratch[wanted].size,
+                           (1, 2, 0), (), (None, ()))
     if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
         clear()
-    calls[key] = NOT_REPLAYED if fields is None else (
-        key, grad.dtype, grad.get_device(), grad.device.index, runner._current_device, runner._current_stream,
-        precision, (), reads, fields, None, ())
+    calls[key] = NOT_REPLAYED if entry is None else entry
 
 
 def _launches_its_own_way(backend: Any) -> bool:
@@ -155,8 +150,9 @@ def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor 
     if not geom.output_numel or (geom.circular and any(geom.padding)) or _launches_its_own_way(backend):
         return None
     fixed = (devices._ZERO_BIASES[(geom.out_c, x.dtype, x.device)],) if len(user) == 3 and user[2] is None else ()
-    reads = tuple(index if index < len(user) and user[index] is not None else len(user)
-                  for index in _PROGRAM_READS[len(user)])
+    # The pass reads the op's tensors in its own order (a conv's (x, weight, bias)); a missing bias is the first fixed
+    # tensor, the one after the op's.
+    reads = tuple(len(user) if tensor is None else index for index, tensor in enumerate(user))
     compiled = backend._compile(geom)
     if compiled.is_conv:
         program = backend._program(compiled, "forward", "conv_forward")
@@ -164,14 +160,24 @@ def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor 
     else:
         program = backend._program(compiled, "forward", "pool_forward")
         base_size = 0
-    placement = {"device": x.device}
-    base = (base_size, backend._allocate, backend._free)
-    fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement), base,
-                                           torch.Tensor.data_ptr, backend._launch_kernel)
+    return _program_entry(runner, backend, key, x, precision, program, base_size, reads, fixed,
+                          ((op, geom, precision), _BACKEND_ORDER[len(user)]))
+
+
+def _program_entry(runner: Any, backend: Any, key: tuple[Any, ...], tensor: torch.Tensor, precision: str,
+                   program: Any, base_size: int, reads: tuple[int, ...], fixed: tuple[torch.Tensor, ...],
+                   attach: tuple[Any, Any]) -> tuple[Any, ...] | None:
+    """An entry in the order of ENTRY_FIELDS for `program` run by `backend` on `tensor`'s dtype and device (None where
+    the program is past what the C side holds): `attach` the apply head and backend order of a forward's backward,
+    (None, ()) for a backward's own entry."""
+    placement = {"device": tensor.device}
+    fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement),
+                                           (base_size, backend._allocate, backend._free), torch.Tensor.data_ptr,
+                                           backend._launch_kernel)
     if fields is None:
         return None
-    return (key, x.dtype, x.get_device(), x.device.index, runner._current_device, runner._current_stream, precision,
-            fixed, reads, fields, (op, geom, precision), _BACKEND_ORDER[len(user)])
+    return (key, tensor.dtype, tensor.get_device(), tensor.device.index, runner._current_device,
+            runner._current_stream, precision, fixed, reads, fields, *attach)
 
 
 def _step(backend: Any, step: Allocation | Scratch, placement: dict[str, Any]) -> tuple[Any, ...]:
