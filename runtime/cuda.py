@@ -33,7 +33,7 @@ from convgen.generated.contract import (
     CIRCULAR_KERNELS,
     KERNELS,
 )
-from convgen.geometry import Family, Geometry
+from convgen.geometry import Geometry
 from convgen.host_path import COMPILED, tape_apply
 from convgen.launch_program import Program, replay, trace
 from convgen.wgmma_tiles import WgmmaChooser, choose_wgmma
@@ -350,23 +350,15 @@ class CupyBackend(KernelLaunches):
             grad_x = None if grad_padded is None else self._wrap_stage(wrapping, "fold", geom, grad_padded, x.shape)
             return grad_weight, grad_bias, grad_x
         compiled = self._compile(geom)
-        images = compiled.images
-        family = compiled.family
         if compiled.is_conv:
             weight, _, x = inputs  # the bias is not read: its gradient has the geometry's out_c
             wanted = (True, True, True) if wanted is None else tuple(wanted)
             program = self._program(compiled, ("backward", *wanted), "conv_backward", wanted)
             return replay(self, program, compiled.backward_scratch[wanted], (x, weight, grad))
         (x,) = inputs
-        grad_x = self._output(x.shape)
+        kept = () if saved is None else saved if type(saved) is tuple else (saved,)
         address = self._address
-        values = {"x": address(x), "grad": address(grad), "images": images, "grad_x": address(grad_x)}
-        if family is Family.MAX_POOL:
-            values["argmax"] = address(saved)
-        elif family is Family.SMOOTH_MAX_POOL:
-            values["pivots"], values["sums"], values["beta"] = address(saved[0]), address(saved[1]), compiled.beta_bits
-        self._launch(compiled, "backward_input", values)
-        return (grad_x,)
+        return (self._pool_backward(compiled, address(x), address(grad), *(address(array) for array in kept)),)
 
 
 from convgen.tape import Node, OpRecord  # noqa: E402

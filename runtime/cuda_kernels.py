@@ -103,8 +103,13 @@ class Compiled:
             weight, bias, x = geom.parent_shapes
             self.pass_inputs = {"conv_forward": (x, weight, bias), "conv_backward": (x, weight, geom.output_shape)}
         else:
-            self.output_shape = geom.output_shape
-            self.pass_inputs = {"pool_forward": geom.parent_shapes}
+            self.input_shape, self.output_shape = geom.input_shape, geom.output_shape
+            saved = {Family.MAX_POOL: 1, Family.SMOOTH_MAX_POOL: 2}.get(geom.family, 0)
+            # The backward reads the input, its output's gradient and what the forward kept, each output-shaped. The
+            # gradient, which every pool's backward reads, comes first of those: where the input's gradient has its
+            # shape it is made like the gradient (launch_program.trace), never like window offsets of another dtype.
+            self.pass_inputs = {"pool_forward": geom.parent_shapes,
+                                "pool_backward": (geom.input_shape, *(geom.output_shape,) * (1 + saved))}
 
 
 class Wrapping:
@@ -297,6 +302,20 @@ class KernelLaunches:
             saved = None
         self._launch(compiled, "forward", values)
         return y, saved
+
+    def _pool_backward(self, compiled: Compiled, x: Any, grad: Any, *saved: Any) -> Any:
+        """A pool's input gradient from the addresses of its input, its output's gradient and what its forward kept
+        (_pool_forward's saved, in order)."""
+        grad_x = self._output(compiled.input_shape)
+        values = {"x": x, "grad": grad, "images": compiled.images, "grad_x": self._address(grad_x)}
+        family = compiled.family
+        if family is Family.MAX_POOL:
+            (values["argmax"],) = saved
+        elif family is Family.SMOOTH_MAX_POOL:
+            values["pivots"], values["sums"] = saved
+            values["beta"] = compiled.beta_bits
+        self._launch(compiled, "backward_input", values)
+        return grad_x
 
     def _conv_forward(self, compiled: Compiled, x: Any, weight: Any, bias: Any) -> Any:
         layout = compiled.forward_scratch

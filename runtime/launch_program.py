@@ -1,6 +1,6 @@
-"""A pass's launches as a program (a conv's forward and backward, a pool's forward): traced once per geometry and choice
-of gradients by running the backend's own pass on symbolic addresses, then replayed per call with the call's addresses
-filled in.
+"""A pass's launches as a program (a conv's forward and backward, a pool's forward and backward): traced once per
+geometry and choice of gradients by running the backend's own pass on symbolic addresses, then replayed per call with
+the call's addresses filled in.
 
 A pass decides, per call, the same things every time for one geometry: which layouts to launch, where in its scratch
 each buffer lies, which kernels go in a launch group, which outputs and scratch to make and when. The trace records
@@ -100,13 +100,13 @@ def _launch_of(stage: str, function: int, grid: tuple[int], block: tuple[int], s
 
 def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable[..., Any]) -> Program:
     """The program of `run(tracer, *addresses)`: a method of `backend`'s class making one pass from the addresses of
-    its inputs (arrays of the backend's dtype, of `input_shapes`), returning its outputs (None where it makes none, a
-    tuple where it returns several) and any scratch it keeps, run on a copy of `backend` whose outputs, scratch and
-    launches are recorded instead of made. An output of the shape and dtype of an input that the pass reads is made
-    like that input (a gradient like its tensor): torch's empty_like skips the parsing of a shape, dtype and device,
-    1.3 of torch.empty's 3.0 µs on the H200's host. An input no launch reads may stand in with another shape (a
-    circular conv's backward passes the unpadded input where only the weight gradient would read the padded one), so
-    no output is made like it."""
+    its inputs (arrays of `input_shapes`, of the backend's dtype but for a pool's kept state), returning its outputs
+    (None where it makes none, a tuple where it returns several) and any scratch it keeps, run on a copy of `backend`
+    whose outputs, scratch and launches are recorded instead of made. An output of the shape and dtype of an input
+    that the pass reads is made like the first such input (a gradient like its tensor): torch's empty_like skips the
+    parsing of a shape, dtype and device, 1.3 of torch.empty's 3.0 µs on the H200's host. An input no launch reads
+    may stand in with another shape (a circular conv's backward passes the unpadded input where only the weight
+    gradient would read the padded one), so no output is made like it."""
     inputs = len(input_shapes)
     steps: list[Allocation | Scratch | Launch] = []
     made: list[TracedOutput] = []  # outputs and scratch, in the order made
@@ -146,7 +146,7 @@ def trace(backend: Any, input_shapes: tuple[tuple[int, ...], ...], run: Callable
 
 def replay(backend: Any, program: Program, layout: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """A conv pass's `program` on the call's `inputs` (arrays), with the pass's scratch laid out by `layout`: its
-    outputs as it returns them. (A pool's forward program, with its Scratch steps, is replayed only in C.)"""
+    outputs as it returns them. (A pool's programs, one launch each, are replayed only in C.)"""
     address = backend._address
     values = [address(array) for array in inputs]
     scratch, base = backend._scratch_base(layout)  # held until the launches are queued

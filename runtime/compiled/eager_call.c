@@ -3,7 +3,7 @@
    `EagerCall` is a functional op (conv, conv_transpose, a pool) in eager mode, or the conv families' backward:
    called with every argument, in the op's order, tensors first. Where the key (the tensors' shapes, the first one's
    dtype and device, the other keyed arguments) is an entry's, exactly (types too), and the tensors are as the
-   entry's program reads them (the dtype, the device, strided, contiguous, aligned), no torch.func transform or
+   entry's program reads them (each its dtype, the device, strided, contiguous, aligned), no torch.func transform or
    autocast is active, and torch's precision setting and current device are the entry's, it replays the launch
    program on torch's current stream with its outputs from torch's allocator. A forward then attaches the backward as
    the Python path does (functional.py's _Eager) where autograd will want one; a backward returns its gradients.
@@ -16,7 +16,7 @@
 
 /* An entry's fields, in the order convgen.torch.host_path's ENTRY_FIELDS names them. */
 enum {
-    E_KEY, E_DTYPE, E_DEVICE, E_CURRENT, E_CURRENT_DEVICE, E_STREAM, E_PRECISION, E_FIXED, E_READS, E_PROGRAM,
+    E_KEY, E_DTYPES, E_DEVICE, E_CURRENT, E_CURRENT_DEVICE, E_STREAM, E_PRECISION, E_FIXED, E_READS, E_PROGRAM,
     E_APPLY_HEAD, E_ORDER, E_FIELDS
 };
 #define MAX_TENSORS 8
@@ -112,10 +112,14 @@ static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addr
     }
     Py_DECREF(key);
     long device = PyLong_AsLong(PyTuple_GET_ITEM(entry, E_DEVICE));
+    PyObject *dtypes = PyTuple_GET_ITEM(entry, E_DTYPES);  /* one a tensor: a pool's kept state may be of another */
+    if (!PyTuple_CheckExact(dtypes) || PyTuple_GET_SIZE(dtypes) != self->tensors) {
+        Py_DECREF(entry);
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < self->tensors; i++) {
         addresses[i] = 0;
-        PyObject *dtype_read = PyTuple_GET_ITEM(entry, E_DTYPE);
-        if (args[i] != Py_None && as_read(self, args[i], dtype_read, device, &addresses[i]) != 1) {
+        if (args[i] != Py_None && as_read(self, args[i], PyTuple_GET_ITEM(dtypes, i), device, &addresses[i]) != 1) {
             Py_DECREF(entry);
             return NULL;
         }
@@ -124,12 +128,13 @@ static PyObject *entry_of(EagerCall *self, PyObject *const *args, uint64_t *addr
 }
 
 /* Whether the state around the call is the entry's: no torch.func transform or autocast, the precision torch's
-   setting gives the entry's dtype, the current device the one the entry ran on. 1, 0, or -1. */
+   setting gives the first tensor's dtype, the current device the one the entry ran on. 1, 0, or -1. */
 static int state_is_entrys(EagerCall *self, PyObject *entry) {
     int status = says_false(self->transforms_active);
     if (status == 1) status = says_false(self->autocast_active);
     if (status == 1 && self->precision_of != Py_None) {
-        PyObject *precision = PyObject_CallOneArg(self->precision_of, PyTuple_GET_ITEM(entry, E_DTYPE));
+        PyObject *dtype = PyTuple_GET_ITEM(PyTuple_GET_ITEM(entry, E_DTYPES), 0);  /* entry_of checked the tuple */
+        PyObject *precision = PyObject_CallOneArg(self->precision_of, dtype);
         if (precision == NULL) return -1;
         status = PyObject_RichCompareBool(precision, PyTuple_GET_ITEM(entry, E_PRECISION), Py_EQ);
         Py_DECREF(precision);

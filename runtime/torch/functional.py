@@ -420,7 +420,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         weight, bias, x = stored
         grads = _CONV_BACKWARD(grad, x, weight, geom, ctx.precision, wanted, ctx.op, bias)
     else:
-        grads = devices.backward(ctx.op, geom, stored[:1], stored[1:], grad, ctx.precision, wanted)
+        grads = _POOL_BACKWARDS[geom.family](grad, *stored, geom, wanted, ctx.op)
     return None, None, None, None, *grads
 
 
@@ -429,7 +429,16 @@ def _conv_backward(grad: Tensor, x: Tensor, weight: Tensor, geom: Geometry, prec
     """The conv families' backward on the Python path (host_path.backward_call): their gradients (weight, bias,
     input), remembered for the compiled path."""
     grads = devices.backward(op, geom, (weight, bias, x), (), grad, precision, wanted)
-    host_path.remember_backward(grad, x, weight, geom, precision, wanted)
+    host_path.remember_backward((grad, x, weight), geom, (precision, wanted), precision, wanted)
+    return grads
+
+
+def _pool_backward(grad: Tensor, x: Tensor, *rest: Any) -> tuple[Tensor]:
+    """A pool's backward on the Python path (host_path.backward_call), called (grad, x, *kept, geom, wanted, op) with
+    what its forward kept: its input's gradient, remembered for the compiled path."""
+    *kept, geom, wanted, op = rest
+    grads = devices.backward(op, geom, (x,), tuple(kept), grad, "highest", wanted)
+    host_path.remember_backward((grad, x, *kept), geom, (wanted,), "highest", wanted)
     return grads
 
 
@@ -486,4 +495,7 @@ _CONV_TRANSPOSE = _eager_call("conv_transpose", _conv_transpose, 3, 8)
 _MAX_POOL = _eager_call("max_pool", _max_pool, 1, 5)
 _AVG_POOL = _eager_call("avg_pool", _avg_pool, 1, 4)
 _SMOOTH_MAX_POOL = _eager_call("smooth_max_pool", _smooth_max_pool, 1, 6)
-_CONV_BACKWARD = host_path.backward_call(_conv_backward)
+_CONV_BACKWARD = host_path.backward_call(Family.CONV, _conv_backward, 3, 6, 8)
+# A pool's backward by its family: (grad, x, *what its forward kept, geom, wanted, op), keyed by all but the op.
+_POOL_BACKWARDS = {family: host_path.backward_call(family, _pool_backward, 2 + kept, 4 + kept, 5 + kept)
+                   for family, kept in ((Family.AVG_POOL, 0), (Family.MAX_POOL, 1), (Family.SMOOTH_MAX_POOL, 2))}

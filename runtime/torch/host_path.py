@@ -10,9 +10,9 @@ program (convgen.launch_program) with torch's allocators, and how to attach the 
 Each functional op in eager mode is then `convgen._host_path.EagerCall` (runtime/compiled/eager_call.c): a call whose
 key is an entry's, exactly, on tensors the program reads as they are (that dtype and device, strided, contiguous,
 aligned), outside torch.func transforms and autocast, with torch's precision setting and current device as they
-were, is replayed there; every other call, and any replay that fails on the way, is the Python path's. The conv
-families' backward is replayed the same way (`backward_call`, `remember_backward`); a pool's runs in Python. Without
-the extension (CONVGEN_HOST_PATH=python, or not built) the ops are the Python path alone.
+were, is replayed there; every other call, and any replay that fails on the way, is the Python path's. Each family's
+backward is replayed the same way (`backward_call`, `remember_backward`). Without the extension
+(CONVGEN_HOST_PATH=python, or not built) the ops are the Python path alone.
 """
 
 from __future__ import annotations
@@ -25,19 +25,17 @@ from convgen import host_path as compiled_paths
 from convgen.checking import plain
 from convgen.cuda_kernels import KernelLaunches
 from convgen.generated.contract import ARRAY_ALIGNMENT
-from convgen.geometry import Geometry
+from convgen.geometry import Family, Geometry
 from convgen.launch_program import Allocation, Scratch
 from convgen.torch import devices
 
 # An entry's fields, in the order of runtime/compiled/eager_call.c's enum.
-ENTRY_FIELDS = ("key", "dtype", "device", "current", "current_device", "stream", "precision", "fixed", "reads",
+ENTRY_FIELDS = ("key", "dtypes", "device", "current", "current_device", "stream", "precision", "fixed", "reads",
                 "program", "apply_head", "order")
 COMPILED = compiled_paths.COMPILED
 if COMPILED and compiled_paths._host_path.EAGER_ENTRY_FIELDS != len(ENTRY_FIELDS):
     raise ImportError("convgen._host_path was built from another version of convgen; reinstall convgen")
 
-# CALLS's name for the conv families' backward (backward_call).
-BACKWARD = "conv backward"
 # What CALLS holds for a key whose forward is not replayed: EagerCall takes only a tuple for an entry.
 NOT_REPLAYED = False
 # op -> key -> entry; each op's dict is the one its EagerCall reads, emptied (never replaced) at ENTRY_LIMIT.
@@ -46,8 +44,6 @@ ENTRY_LIMIT = 4096
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # Where the functional ops' tensors go in the backend's order (functional._run_eager's), by how many the op takes.
 _BACKEND_ORDER = {3: (1, 2, 0), 1: (0,)}
-# Where a backward key holds the geometry (backward_call's keyed arguments after the shapes, dtype and device).
-_BACKWARD_KEY_GEOM = 5
 
 
 def eager_call(op: str, python_call: Callable[..., torch.Tensor], tensors: int, arguments: int, conv: bool,
@@ -64,15 +60,22 @@ def eager_call(op: str, python_call: Callable[..., torch.Tensor], tensors: int, 
         torch.is_grad_enabled, apply)
 
 
-def backward_call(python_call: Callable[..., tuple[torch.Tensor | None, ...]]) -> Any:
-    """The conv families' backward, called (grad, x, weight, geom, precision, wanted, op, bias) and returning the
-    gradients (weight, bias, input; None where not wanted): EagerCall over `python_call` (which remembers what it
-    ran) keyed by the first six, or `python_call` itself without the extension."""
+def backward_name(family: Family) -> str:
+    """CALLS's name for the backward of `family`'s ops (the conv families share one)."""
+    return "conv backward" if family.is_conv else f"{family.value} backward"
+
+
+def backward_call(family: Family, python_call: Callable[..., tuple[torch.Tensor | None, ...]], tensors: int,
+                  keyed: int, arguments: int) -> Any:
+    """The backward of `family`'s ops, called with `arguments` positional arguments: its `tensors` tensors (the
+    upstream gradient first), the geometry and the rest (what the backward reads, the first `keyed` arguments
+    together, keys it), and returning the gradients in the backend's order (None where not wanted): EagerCall over
+    `python_call` (which remembers what it ran), or `python_call` itself without the extension."""
     if not COMPILED:
         return python_call
     return compiled_paths._host_path.EagerCall(
-        python_call, CALLS.setdefault(BACKWARD, {}), 3, 8, 6, _TENSOR_TYPES, torch.strided, ARRAY_ALIGNMENT, None,
-        None, None, torch.is_grad_enabled, None)
+        python_call, CALLS.setdefault(backward_name(family), {}), tensors, arguments, keyed, _TENSOR_TYPES,
+        torch.strided, ARRAY_ALIGNMENT, None, None, None, torch.is_grad_enabled, None)
 
 
 def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, precision: str,
@@ -104,17 +107,20 @@ def remember(op: str, given: tuple[Any, ...], tensors: int, geom: Geometry, prec
     calls[key] = NOT_REPLAYED if entry is None else entry
 
 
-def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geom: Geometry, precision: str,
+def remember_backward(tensors: tuple[torch.Tensor, ...], geom: Geometry, keyed: tuple[Any, ...], precision: str,
                       wanted: tuple[bool, ...]) -> None:
-    """Keep the entry of a conv family's backward that succeeded on the Python path, keyed as backward_call keys it.
-    The geometry is keyed as the object it is (the C side compares it by identity): one equal to an entry's but
-    another object (made again after the functional ops' geometry memo started over) replaces that entry."""
+    """Keep the entry of a backward that succeeded on the Python path, keyed as backward_call keys it: `tensors` the
+    call's (the upstream gradient, the op's input, then a conv's weight or what a pool's forward kept), `keyed` its
+    keyed arguments after the geometry. The geometry is keyed as the object it is (the C side compares it by
+    identity): one equal to an entry's but another object (made again after the functional ops' geometry memo started
+    over) replaces that entry."""
+    grad = tensors[0]
     if not COMPILED or not isinstance(runner := devices._runner(grad), devices._CudaRunner):
         return
-    key = (grad.shape, x.shape, weight.shape, grad.dtype, grad.get_device(), geom, precision, wanted)
-    calls = CALLS.setdefault(BACKWARD, {})
+    key = (*(t.shape for t in tensors), grad.dtype, grad.get_device(), geom, *keyed)
+    calls = CALLS.setdefault(backward_name(geom.family), {})
     known = calls.get(key)
-    if known is NOT_REPLAYED or (known is not None and known[0][_BACKWARD_KEY_GEOM] is geom):
+    if known is NOT_REPLAYED or (known is not None and known[0][len(tensors) + 2] is geom):
         return  # a call the entry does not take (an upstream gradient not contiguous): no entry to make again
     if runner._current_device() != grad.device.index or not geom.output_numel or (geom.circular and any(geom.padding)):
         return
@@ -122,10 +128,15 @@ def remember_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if _launches_its_own_way(backend):
         return
     compiled = backend._compile(geom)
-    program = backend._program(compiled, ("backward", *wanted), "conv_backward", wanted)
-    # The pass reads (x, weight, grad), the call takes (grad, x, weight, ...); it returns the gradients, attaches none.
-    entry = _program_entry(runner, backend, key, grad, precision, program, compiled.backward_scratch[wanted].size,
-                           (1, 2, 0), (), (None, ()))
+    # The call takes (grad, x, ...); a conv's pass reads (x, weight, grad), a pool's (x, grad, *kept). It returns the
+    # gradients and attaches none.
+    if compiled.is_conv:
+        program = backend._program(compiled, ("backward", *wanted), "conv_backward", wanted)
+        base_size, reads = compiled.backward_scratch[wanted].size, (1, 2, 0)
+    else:
+        program = backend._program(compiled, "backward", "pool_backward")
+        base_size, reads = 0, (1, 0, *range(2, len(tensors)))
+    entry = _program_entry(runner, backend, key, tensors, precision, program, base_size, reads, (), (None, ()))
     if sum(map(len, CALLS.values())) >= ENTRY_LIMIT:
         clear()
     calls[key] = NOT_REPLAYED if entry is None else entry
@@ -160,23 +171,26 @@ def _entry(op: str, runner: Any, key: tuple[Any, ...], user: tuple[torch.Tensor 
     else:
         program = backend._program(compiled, "forward", "pool_forward")
         base_size = 0
-    return _program_entry(runner, backend, key, x, precision, program, base_size, reads, fixed,
+    return _program_entry(runner, backend, key, user, precision, program, base_size, reads, fixed,
                           ((op, geom, precision), _BACKEND_ORDER[len(user)]))
 
 
-def _program_entry(runner: Any, backend: Any, key: tuple[Any, ...], tensor: torch.Tensor, precision: str,
-                   program: Any, base_size: int, reads: tuple[int, ...], fixed: tuple[torch.Tensor, ...],
-                   attach: tuple[Any, Any]) -> tuple[Any, ...] | None:
-    """An entry in the order of ENTRY_FIELDS for `program` run by `backend` on `tensor`'s dtype and device (None where
-    the program is past what the C side holds): `attach` the apply head and backend order of a forward's backward,
-    (None, ()) for a backward's own entry."""
+def _program_entry(runner: Any, backend: Any, key: tuple[Any, ...], tensors: tuple[torch.Tensor | None, ...],
+                   precision: str, program: Any, base_size: int, reads: tuple[int, ...],
+                   fixed: tuple[torch.Tensor, ...], attach: tuple[Any, Any]) -> tuple[Any, ...] | None:
+    """An entry in the order of ENTRY_FIELDS for `program` run by `backend` on the call's `tensors` (each later call's
+    of the same dtype, None where it has none; all on the first one's device), or None where the program is past
+    what the C side holds: `attach` the apply head and backend order of a forward's backward, (None, ()) for a
+    backward's own entry."""
+    tensor = tensors[0]
+    dtypes = tuple(None if t is None else t.dtype for t in tensors)
     placement = {"device": tensor.device}
     fields = compiled_paths.program_fields(program, len(reads), lambda step: _step(backend, step, placement),
                                            (base_size, backend._allocate, backend._free), torch.Tensor.data_ptr,
                                            backend._launch_kernel)
     if fields is None:
         return None
-    return (key, tensor.dtype, tensor.get_device(), tensor.device.index, runner._current_device,
+    return (key, dtypes, tensor.get_device(), tensor.device.index, runner._current_device,
             runner._current_stream, precision, fixed, reads, fields, *attach)
 
 
