@@ -4,11 +4,13 @@
 - autograd.Function: the device code, then the eager wrapper attaching its backward (functional.py's `_Eager`),
 - functional: `convgen.torch.conv` as users call it (validation included, whichever path it takes),
 - torch: `torch.nn.functional.conv2d`, the yardstick (the issue allows 1.5x of it),
+- and a 2x2 max pool of the same input, `convgen.torch.max_pool` against `torch.nn.functional.max_pool2d`,
 
 forward only (under no_grad, where the functional path goes straight to the device code) and forward +
 backward, on the CPU and (when present) on CUDA. The `stub` rows replace the device code with one that
 only allocates its outputs, leaving the host cost of each path alone (on the CPU the NumPy compute of
-even a tiny conv hides it; on CUDA what is left is torch's autograd bookkeeping and the allocations).
+even a tiny conv hides it; on CUDA what is left is torch's autograd bookkeeping and the allocations); they
+run every call on the Python path (the compiled one would replay the real device code).
 Median µs per call over `--calls` back-to-back calls, repeated `--repeats` times. `--json` prints the
 rows as JSON. `--profile` also prints, per device, a cProfile of the functional path (forward, then
 forward + backward): where a call's host time goes.
@@ -27,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from convgen.torch import devices, functional, library
-from suite.host import profile_summary
+from suite.host import profile_summary, python_host_path
 
 
 def _per_call_us(run: Callable[[], object], calls: int, repeats: int, sync: Callable[[], None]) -> float:
@@ -59,13 +61,18 @@ def _paths(device: str) -> dict[str, Callable[..., torch.Tensor]]:
         return F.conv2d(x, w, b, stride, padding, dilation)
 
     return {"custom op": custom_op, "autograd.Function": autograd_function,
-            "functional": lambda x, w, b: functional.conv(x, w, b, 1, 1), "torch F.conv2d": torch_conv2d}
+            "functional": lambda x, w, b: functional.conv(x, w, b, 1, 1), "torch F.conv2d": torch_conv2d,
+            "functional max_pool": lambda x, w, b: functional.max_pool(x, 2),
+            "torch F.max_pool2d": lambda x, w, b: F.max_pool2d(x, 2)}
 
 
 class _StubDevices:
-    """devices.forward/backward replaced by allocations of the right shapes, while the context is open."""
+    """devices.forward/backward replaced by allocations of the right shapes, and every call on the Python path,
+    while the context is open."""
 
     def __enter__(self) -> None:
+        self.python_path = python_host_path()
+        self.python_path.__enter__()
         self.saved = devices.forward, devices.backward
         devices.forward = lambda op, geom, tensors, precision="highest": (tensors[-1].new_empty(geom.output_shape),)
         devices.backward = lambda op, geom, tensors, saved, grad, precision="highest", wanted=None: tuple(
@@ -74,6 +81,7 @@ class _StubDevices:
 
     def __exit__(self, *exc: object) -> None:
         devices.forward, devices.backward = self.saved
+        self.python_path.__exit__(*exc)
 
 
 def _tiny_conv(device: str) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
@@ -87,12 +95,17 @@ def _tiny_conv(device: str) -> tuple[Callable[[], None], tuple[torch.Tensor, ...
 
 def measure(device: str, calls: int, repeats: int, stub: bool = False) -> list[dict]:
     sync, (x, w, b, grad) = _tiny_conv(device)
+    upstream = {grad.shape: grad, (1, 4, 4, 4): torch.ones(1, 4, 4, 4, device=device)}  # the conv's, the pool's
+
+    def step(path: Callable[..., torch.Tensor]) -> None:
+        y = path(x, w, b)
+        torch.autograd.backward(y, upstream[y.shape])
+
     rows = []
     for name, path in _paths(device).items():
         with torch.no_grad():
             forward = _per_call_us(lambda path=path: path(x, w, b), calls, repeats, sync)
-        both = _per_call_us(lambda path=path: torch.autograd.backward(path(x, w, b), grad), calls // 2, repeats,
-                            sync)
+        both = _per_call_us(lambda path=path: step(path), calls // 2, repeats, sync)
         rows.append({"device": device + (" stub" if stub else ""), "path": name, "forward_us": round(forward, 2),
                      "forward_backward_us": round(both, 2)})
     return rows
