@@ -295,3 +295,17 @@ def test_on_cuda_a_replayed_call_gives_the_python_paths_values_and_gradients(nam
     assert len(entries) == 2 and all(type(entry) is tuple for entry in entries)
     (y0, grads0), (y1, grads1) = runs
     assert torch.equal(y0, y1) and all(torch.equal(g0, g1) for g0, g1 in zip(grads0, grads1, strict=True))
+
+
+@pytest.mark.parametrize("name", ["max_pool 2-D k1", "smooth_max_pool 1-D"])
+def test_a_pools_backward_is_replayed_with_its_kept_state_of_another_dtype(recording, name):
+    """A bf16 pool keeps its window offsets as integers and its sums in float32: the entry checks each tensor's own
+    dtype, and the input's gradient is bf16."""
+    op, shapes, args = CALLS[name]
+    (x,) = _tensors(shapes, dtype=torch.bfloat16)
+    for _ in range(2):
+        y = op(x, *args)
+        kept_dtypes = {t.dtype for t in y.grad_fn.saved_tensors[1:]}
+        (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    assert kept_dtypes and torch.bfloat16 not in kept_dtypes and grad.dtype == torch.bfloat16
+    assert recording == [op.__name__, f"{op.__name__} backward"]
