@@ -91,7 +91,7 @@ static PyObject *replayed(TapeApply *self, PyObject *tape, PyObject *info, PyObj
     PyObject *backend = PyObject_GetAttr(tape, s_backend);
     if (backend == NULL) return NULL;
     PyObject *entry = entry_of(self, backend, check, args);  /* held to the end: a callback may drop the cache */
-    PyObject *nodes = NULL, *arrays[MAX_VALUES], *result = NULL;
+    PyObject *nodes = NULL, *given[MAX_VALUES], *arrays[MAX_VALUES], *result = NULL;
     Replay replay = {.made_count = 0};
     uint64_t addresses[MAX_VALUES], stream = 0, device = 0;
     if (entry == NULL) goto done;
@@ -118,17 +118,18 @@ static PyObject *replayed(TapeApply *self, PyObject *tape, PyObject *info, PyObj
         PyObject *node = PyList_GET_ITEM(nodes, index);
         if (!PyTuple_Check(node) || PyTuple_GET_SIZE(node) < 3) goto done;
         if (PyObject_RichCompareBool(PyTuple_GET_ITEM(node, 2), PyTuple_GET_ITEM(dims, i), Py_EQ) != 1) goto done;
+        given[i] = PyTuple_GET_ITEM(node, 0);  /* the node's array, held by the list held here */
         uint64_t size, numel;
-        if (read_u64(PyTuple_GET_ITEM(node, 0), s_size, &size) < 0) goto done;
+        if (read_u64(given[i], s_size, &size) < 0) goto done;
         if (read_u64(PyTuple_GET_ITEM(numels, i), NULL, &numel) < 0 || size != numel) goto done;
-        if (array_address(PyTuple_GET_ITEM(node, 0), &addresses[i]) < 0) goto done;
+        if (array_address(given[i], &addresses[i]) < 0) goto done;
     }
     PyObject *reads = PyTuple_GET_ITEM(entry, E_READS);
     for (Py_ssize_t i = 0; i < inputs; i++) {  /* in the program's order of its inputs */
         Py_ssize_t read = PyLong_AsSsize_t(PyTuple_GET_ITEM(reads, i));
         if (read < 0 || read >= inputs) goto done;
         replay.values[i] = addresses[read];
-        arrays[i] = PyTuple_GET_ITEM(PyList_GET_ITEM(nodes, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, read))), 0);
+        arrays[i] = given[read];
     }
 
     PyObject *stream_object = PyObject_CallNoArgs(PyTuple_GET_ITEM(entry, E_STREAM));
