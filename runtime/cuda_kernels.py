@@ -58,6 +58,11 @@ def float_bits(value: float) -> int:
     return int(np.float32(value).view(np.uint32))
 
 
+# How many arrays a pool's forward keeps for its backward (_pool_forward): a max pool's window offsets, a smooth max
+# pool's pivots and sums.
+POOL_KEPT = {Family.AVG_POOL: 0, Family.MAX_POOL: 1, Family.SMOOTH_MAX_POOL: 2}
+
+
 def _array_address(value: Any) -> int:
     return value.data.ptr
 
@@ -104,12 +109,11 @@ class Compiled:
             self.pass_inputs = {"conv_forward": (x, weight, bias), "conv_backward": (x, weight, geom.output_shape)}
         else:
             self.input_shape, self.output_shape = geom.input_shape, geom.output_shape
-            saved = {Family.MAX_POOL: 1, Family.SMOOTH_MAX_POOL: 2}.get(geom.family, 0)
             # The backward reads the input, its output's gradient and what the forward kept, each output-shaped. The
             # gradient, which every pool's backward reads, comes first of those: where the input's gradient has its
             # shape it is made like the gradient (launch_program.trace), never like window offsets of another dtype.
-            self.pass_inputs = {"pool_forward": geom.parent_shapes,
-                                "pool_backward": (geom.input_shape, *(geom.output_shape,) * (1 + saved))}
+            backward_inputs = (geom.input_shape, *(geom.output_shape,) * (1 + POOL_KEPT[geom.family]))
+            self.pass_inputs = {"pool_forward": geom.parent_shapes, "pool_backward": backward_inputs}
 
 
 class Wrapping:

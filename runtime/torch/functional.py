@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from convgen.checking import describe, plain
+from convgen.cuda_kernels import POOL_KEPT
 from convgen.geometry import Family, Geometry
 from convgen.torch import devices, host_path, library
 from convgen.torch.precision import conv_precision
@@ -498,4 +499,4 @@ _SMOOTH_MAX_POOL = _eager_call("smooth_max_pool", _smooth_max_pool, 1, 6)
 _CONV_BACKWARD = host_path.backward_call(Family.CONV, _conv_backward, 3, 6, 8)
 # A pool's backward by its family: (grad, x, *what its forward kept, geom, wanted, op), keyed by all but the op.
 _POOL_BACKWARDS = {family: host_path.backward_call(family, _pool_backward, 2 + kept, 4 + kept, 5 + kept)
-                   for family, kept in ((Family.AVG_POOL, 0), (Family.MAX_POOL, 1), (Family.SMOOTH_MAX_POOL, 2))}
+                   for family, kept in POOL_KEPT.items()}
